@@ -1,0 +1,49 @@
+// Package testenv checks test prerequisites (root, FUSE, TUN, network namespaces,
+// external tools). Outside CI a missing prerequisite skips the test; when the CI
+// environment variable is set it fails the test with a message, so nothing is skipped
+// silently where the suite is supposed to prove everything.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// InCI reports whether the CI environment variable is set to a non-empty value.
+func InCI() bool { return os.Getenv("CI") != "" }
+
+// Missing skips the test, or fails it under CI, naming the missing prerequisite.
+func Missing(t testing.TB, what string) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("prerequisite missing under CI: %s (the README test command installs it)", what)
+	}
+	t.Skipf("prerequisite missing: %s", what)
+}
+
+// Tool returns the path of an executable on PATH, or skips/fails via Missing.
+func Tool(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Missing(t, "tool "+name+" not on PATH")
+	}
+	return p
+}
+
+// Root requires that the test runs as root.
+func Root(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, "root privileges")
+	}
+}
+
+// File requires that a path exists (a device node, a shared tool directory).
+func File(t testing.TB, path string) {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		Missing(t, path+": "+err.Error())
+	}
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need (Debian packages, idempotent), then
+# checks formatting and vet, then runs every Go test with the race detector.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(tshark opensm ibsim-utils infiniband-diags libibumad-dev gcc make iperf3 iproute2)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "installing: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+echo "== gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$bad" ]; then echo "gofmt needed: $bad"; exit 1; fi
+echo "== go vet"
+go vet ./...
+echo "== go test -race"
+go test -race -count=1 -timeout 15m ./... "$@"
