@@ -1,0 +1,605 @@
+//go:build linux
+
+package kernel
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/tun"
+)
+
+// tunPath is the TUN clone device; tests replace it to simulate a missing device.
+var tunPath = "/dev/net/tun"
+
+// vnetHdrLen is sizeof(struct virtio_net_hdr), the header in front of every packet
+// read from or written to an IFF_VNET_HDR TUN.
+const vnetHdrLen = 10
+
+const (
+	tunCsum = unix.TUN_F_CSUM
+	tunTSO  = unix.TUN_F_TSO4 | unix.TUN_F_TSO6
+	tunUSO  = unix.TUN_F_USO4 | unix.TUN_F_USO6
+)
+
+// Device is one TUN device. Read, Write and the control methods may be called
+// concurrently; Read calls are serialised among themselves, as are Write calls.
+type Device struct {
+	name  string
+	ns    netns.NsHandle // open for a named namespace; None for the process's own
+	nsTag string         // for error messages: "" or " (netns NAME)"
+	h     *netlink.Handle
+	index int
+	link  netlink.Link // index-only stub for netlink calls
+	tun   tun.Device
+	rc    syscall.RawConn
+	batch int
+	uso   bool // kernel accepts TUN_F_USO4|USO6
+
+	mtu atomic.Int64 // last MTU set through this package (Read's buffer check)
+	gro atomic.Bool
+
+	offMu    sync.Mutex
+	offloads Offloads
+
+	mu       sync.RWMutex // control ops hold it shared; Close exclusively
+	closed   bool
+	done     chan struct{}
+	watchers sync.WaitGroup
+
+	wmu   sync.Mutex
+	wbufs [][]byte // write slots, cap vnetHdrLen+maxPacket each (GRO grows packets in place)
+	wvec  [][]byte
+}
+
+// Open creates the TUN device cfg.Name in cfg.NetNS (creating the namespace when
+// missing), sets its MTU and offloads, and returns it administratively down with
+// carrier on. Errors name the device and the reason; errors.Is(err, ErrUnavailable)
+// reports that the kernel bridge cannot work here (no /dev/net/tun, no privilege), and
+// errors.Is(err, ErrExists) that the name is taken in that namespace.
+func Open(cfg Config) (_ *Device, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	d := &Device{name: cfg.Name, done: make(chan struct{})}
+	if cfg.NetNS != "" {
+		d.nsTag = " (netns " + cfg.NetNS + ")"
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("kernel bridge: %s%s: "+format, append([]any{d.name, d.nsTag}, args...)...)
+	}
+	defer func() {
+		if err != nil {
+			d.release()
+		}
+	}()
+
+	if d.ns, err = openNetNS(cfg.NetNS); err != nil {
+		if denied(err) {
+			return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, err)
+		}
+		return nil, fail("%w", err)
+	}
+	// The handle's socket is created in the device's namespace by a throwaway thread
+	// (netlink's own NewHandleAt switches the calling thread there and back).
+	if err = inNetNS(d.ns, func() (e error) { d.h, e = netlink.NewHandle(unix.NETLINK_ROUTE); return e }); err != nil {
+		if denied(err) {
+			return nil, fmt.Errorf("%w: %s%s: netlink: %w", ErrUnavailable, d.name, d.nsTag, err)
+		}
+		return nil, fail("netlink: %w", err)
+	}
+	if _, lerr := d.h.LinkByName(cfg.Name); lerr == nil {
+		return nil, fail("%w", ErrExists)
+	} else if _, notFound := lerr.(netlink.LinkNotFoundError); !notFound {
+		return nil, fail("look up existing device: %w", lerr)
+	}
+
+	var fd int
+	if err = inNetNS(d.ns, func() (e error) { fd, e = createTUN(cfg.Name); return e }); err != nil {
+		var ue unavailableError
+		if errors.As(err, &ue) {
+			return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, ue.err)
+		}
+		return nil, fail("%w", err)
+	}
+	dev, _, err := tun.CreateUnmonitoredTUNFromFD(fd)
+	if err != nil {
+		// createTUN ran the same ioctls successfully, so this does not happen in
+		// practice; the fd may be owned by an unreachable *os.File now, but closing
+		// it is the only way to remove the device.
+		unix.Close(fd)
+		return nil, fail("TUN setup: %w", err)
+	}
+	d.tun = dev
+	d.batch = dev.BatchSize()
+	if d.rc, err = dev.File().SyscallConn(); err != nil {
+		return nil, fail("%w", err)
+	}
+
+	l, err := d.h.LinkByName(cfg.Name)
+	if err != nil {
+		return nil, fail("look up new device: %w", err)
+	}
+	d.index = l.Attrs().Index
+	d.link = &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: d.index, Name: d.name}}
+	d.mtu.Store(int64(l.Attrs().MTU))
+	// Never let the kernel build a super-packet with more segments than one Read can
+	// return (wireguard's split fails with ErrTooManySegments otherwise). Best effort:
+	// the kernel may refuse gso_max_segs changes on a live device.
+	if l.Attrs().GSOMaxSegs == 0 || int(l.Attrs().GSOMaxSegs) > d.batch {
+		_ = d.h.LinkSetGSOMaxSegs(d.link, d.batch)
+	}
+	if cfg.MTU != 0 {
+		if err := d.h.LinkSetMTU(d.link, cfg.MTU); err != nil {
+			return nil, fail("set MTU %d: %w", cfg.MTU, err)
+		}
+		d.mtu.Store(int64(cfg.MTU))
+	}
+	// Probe UDP segmentation offload (Linux >= 6.2) once.
+	d.uso = d.ioctlOffload(tunCsum|tunTSO|tunUSO) == nil
+	if err := d.applyOffloads(cfg.Offloads); err != nil {
+		return nil, fail("%w", err)
+	}
+	return d, nil
+}
+
+// createTUN opens the clone device and creates the TUN in the namespace of the calling
+// thread. IFF_TUN_EXCL makes the kernel refuse an existing name instead of attaching
+// to a persistent TUN of that name.
+func createTUN(name string) (int, error) {
+	fd, err := unix.Open(tunPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		err = &os.PathError{Op: "open", Path: tunPath, Err: err}
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENODEV) ||
+			errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+			return -1, unavailableError{err}
+		}
+		return -1, err
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR | unix.IFF_TUN_EXCL)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		switch {
+		case errors.Is(err, unix.EPERM):
+			return -1, unavailableError{fmt.Errorf("create TUN (needs CAP_NET_ADMIN): %w", err)}
+		case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EEXIST):
+			return -1, fmt.Errorf("create TUN: %w (%w)", ErrExists, err)
+		}
+		return -1, fmt.Errorf("create TUN: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TUNGETIFF: %w", err)
+	}
+	if got := ifr.Name(); got != name {
+		unix.Close(fd)
+		return -1, fmt.Errorf("kernel named the TUN %q", got)
+	}
+	// wireguard's setup requires CSUM|TSO4|TSO6 with IFF_VNET_HDR; check here, where
+	// failing still lets us close the fd cleanly.
+	if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunCsum|tunTSO); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TUNSETOFFLOAD: %w", err)
+	}
+	return fd, nil
+}
+
+// denied reports a privilege error (the process may not enter or create namespaces).
+func denied(err error) bool {
+	return errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)
+}
+
+// unavailableError marks a createTUN failure that means the kernel bridge cannot work.
+type unavailableError struct{ err error }
+
+func (e unavailableError) Error() string { return e.err.Error() }
+
+// release frees what Open acquired (after a failed Open or at the end of Close).
+func (d *Device) release() {
+	if d.tun != nil {
+		d.tun.Close()
+	}
+	if d.h != nil {
+		d.h.Close()
+	}
+	if d.ns.IsOpen() {
+		d.ns.Close()
+	}
+}
+
+// Name returns the interface name.
+func (d *Device) Name() string { return d.name }
+
+// BatchSize is the number of buffers Read wants (and the best Write batch): 128.
+func (d *Device) BatchSize() int { return d.batch }
+
+func (d *Device) errorf(format string, args ...any) error {
+	return fmt.Errorf("kernel bridge: %s%s: "+format, append([]any{d.name, d.nsTag}, args...)...)
+}
+
+// ioErr maps a TUN I/O error; a closed device reports os.ErrClosed.
+func (d *Device) ioErr(op string, err error) error {
+	if errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EBADFD) {
+		return d.errorf("%s: %w", op, os.ErrClosed)
+	}
+	return d.errorf("%s: %w", op, err)
+}
+
+// Read reads one packet from the kernel and returns it as n IP packets in
+// bufs[i][:sizes[i]]: a super-packet (TSO) is split into MTU-sized packets with fixed-up
+// IP/TCP/UDP headers and checksums, a packet with a partial checksum gets it completed.
+// Every packet returned fits the MTU.
+//
+// Buffers need no headroom (offset 0). Each element of bufs must hold at least the MTU
+// (Read refuses smaller ones), and len(bufs) should be BatchSize(): the device's
+// gso_max_segs is set to BatchSize so a super-packet never splits into more; with fewer
+// buffers a larger super-packet is truncated to len(bufs) packets and an error wrapping
+// tun.ErrTooManySegments is returned with them. len(sizes) must be >= len(bufs).
+// If the MTU is raised behind the package's back (ip link set mtu) beyond the buffers,
+// such packets are dropped with an error. After Close, errors.Is(err, os.ErrClosed).
+func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	if len(sizes) < len(bufs) {
+		return 0, d.errorf("read: %d sizes for %d buffers", len(sizes), len(bufs))
+	}
+	mtu := int(d.mtu.Load())
+	for i, b := range bufs {
+		if len(b) < mtu {
+			return 0, d.errorf("read: buffer %d holds %d bytes, the MTU is %d", i, len(b), mtu)
+		}
+	}
+	defer func() {
+		// wireguard's split indexes the output buffers without length checks; a buffer
+		// smaller than a segment (MTU raised externally) must not crash the engine.
+		if r := recover(); r != nil {
+			n, err = 0, d.errorf("read: packet larger than the buffers (MTU changed outside ipoibfs?): %v", r)
+		}
+	}()
+	n, err = d.tun.Read(bufs, sizes, 0)
+	if err != nil {
+		return n, d.ioErr("read", err)
+	}
+	return n, nil
+}
+
+// Write injects IP packets into the kernel as if received on the device. With GRO on,
+// TCP/UDP segments of one flow are coalesced into super-packets first. The packets are
+// copied (the caller keeps ownership of pkts and needs no headroom).
+//
+// Packets the kernel refuses (malformed, device down: EIO) are dropped and their errors
+// joined into err; n still counts them as consumed, so n == len(pkts) unless the device
+// was closed (errors.Is(err, os.ErrClosed)) or a packet is empty or longer than 65535
+// bytes (nothing is written then).
+func (d *Device) Write(pkts [][]byte) (n int, err error) {
+	for i, p := range pkts {
+		if len(p) == 0 || len(p) > maxPacket {
+			return 0, d.errorf("write: packet %d has %d bytes (1..%d)", i, len(p), maxPacket)
+		}
+	}
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	gro := d.gro.Load()
+	var errs []error
+	for len(pkts) > 0 {
+		chunk := pkts[:min(len(pkts), d.batch)]
+		pkts = pkts[len(chunk):]
+		vec := d.wvec[:0]
+		for i, p := range chunk {
+			if i == len(d.wbufs) {
+				d.wbufs = append(d.wbufs, make([]byte, vnetHdrLen+maxPacket))
+			}
+			b := d.wbufs[i][:vnetHdrLen+len(p)]
+			copy(b[vnetHdrLen:], p)
+			vec = append(vec, b)
+		}
+		d.wvec = vec
+		if gro {
+			if _, err := d.tun.Write(vec, vnetHdrLen); err != nil {
+				if isClosed(err) {
+					return n, d.ioErr("write", err)
+				}
+				errs = append(errs, err)
+			}
+		} else {
+			f := d.tun.File()
+			for _, b := range vec {
+				clear(b[:vnetHdrLen]) // no GSO, no checksum offload
+				if _, err := f.Write(b); err != nil {
+					if isClosed(err) {
+						return n, d.ioErr("write", err)
+					}
+					errs = append(errs, err)
+				}
+			}
+		}
+		n += len(chunk)
+	}
+	if len(errs) > 0 {
+		return n, d.errorf("write: %w", errors.Join(errs...))
+	}
+	return n, nil
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, os.ErrClosed) || errors.Is(err, unix.EBADFD)
+}
+
+// control runs fn with the netlink handle unless the device is closed.
+func (d *Device) control(fn func() error) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return d.errorf("%w", os.ErrClosed)
+	}
+	return fn()
+}
+
+// ioctl runs fn on the TUN file descriptor.
+func (d *Device) ioctl(fn func(fd int) error) error {
+	var ierr error
+	if err := d.rc.Control(func(fd uintptr) { ierr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ierr
+}
+
+func (d *Device) ioctlOffload(flags int) error {
+	return d.ioctl(func(fd int) error { return unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, flags) })
+}
+
+// SetMTU changes the MTU of the kernel device (in its namespace).
+func (d *Device) SetMTU(mtu int) error {
+	return d.control(func() error {
+		if err := d.h.LinkSetMTU(d.link, mtu); err != nil {
+			return d.errorf("set MTU %d: %w", mtu, err)
+		}
+		d.mtu.Store(int64(mtu))
+		return nil
+	})
+}
+
+// SetOffloads switches offloads at run time: checksum and TSO through TUNSETOFFLOAD
+// (the kernel stops/starts handing over super-packets at once, also on established
+// connections), GRO for the following Write calls. TSO without Checksum is recorded as
+// TSO off, as ethtool does.
+func (d *Device) SetOffloads(o Offloads) error {
+	return d.control(func() error {
+		if err := d.applyOffloads(o); err != nil {
+			return d.errorf("%w", err)
+		}
+		return nil
+	})
+}
+
+func (d *Device) applyOffloads(o Offloads) error {
+	o = o.effective()
+	flags := 0
+	if o.Checksum {
+		flags |= tunCsum
+		if o.TSO {
+			flags |= tunTSO
+			if d.uso {
+				flags |= tunUSO
+			}
+		}
+	}
+	d.offMu.Lock()
+	defer d.offMu.Unlock()
+	if err := d.ioctlOffload(flags); err != nil {
+		return fmt.Errorf("TUNSETOFFLOAD %#x (%v): %w", flags, o, err)
+	}
+	d.offloads = o
+	d.gro.Store(o.GRO)
+	return nil
+}
+
+// Offloads returns the offloads in effect.
+func (d *Device) Offloads() Offloads {
+	d.offMu.Lock()
+	defer d.offMu.Unlock()
+	return d.offloads
+}
+
+// SetUp sets or clears IFF_UP on the kernel device.
+func (d *Device) SetUp(up bool) error {
+	return d.control(func() error {
+		var err error
+		if up {
+			err = d.h.LinkSetUp(d.link)
+		} else {
+			err = d.h.LinkSetDown(d.link)
+		}
+		if err != nil {
+			return d.errorf("set up=%v: %w", up, err)
+		}
+		return nil
+	})
+}
+
+// SetCarrier sets the carrier of the TUN (TUNSETCARRIER, Linux >= 5.0). An
+// administratively up device without carrier shows NO-CARRIER and the kernel does not
+// route through it.
+func (d *Device) SetCarrier(on bool) error {
+	return d.control(func() error {
+		v := 0
+		if on {
+			v = 1
+		}
+		err := d.ioctl(func(fd int) error { return unix.IoctlSetPointerInt(fd, unix.TUNSETCARRIER, v) })
+		if err != nil {
+			return d.errorf("set carrier %v: %w", on, err)
+		}
+		return nil
+	})
+}
+
+// Addrs returns the addresses the kernel has on the device (in its namespace), IPv4
+// and IPv6 in kernel order, without zones.
+func (d *Device) Addrs() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	err := d.control(func() error {
+		var addrs []netlink.Addr
+		var err error
+		for range 5 { // a dump interrupted by a concurrent change is retried
+			addrs, err = d.h.AddrList(d.link, netlink.FAMILY_ALL)
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
+		}
+		if err != nil {
+			return d.errorf("list addresses: %w", err)
+		}
+		out = make([]netip.Prefix, 0, len(addrs))
+		for _, a := range addrs {
+			if p, ok := prefixOf(a.IPNet); ok {
+				out = append(out, p)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// WatchAddrs calls fn with the full address list of the device, first with the current
+// list and then whenever it changes (netlink subscription in the device's namespace),
+// until the device is closed. Calls of one watch are sequential; no call happens after
+// Close returns. fn must not call Close.
+func (d *Device) WatchAddrs(fn func([]netip.Prefix)) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return
+	}
+	d.watchers.Add(1)
+	go d.watch(fn)
+}
+
+func (d *Device) watch(fn func([]netip.Prefix)) {
+	defer d.watchers.Done()
+	var last []netip.Prefix
+	reported := false
+	report := func() {
+		list, err := d.Addrs()
+		if err != nil {
+			return
+		}
+		if reported && slices.Equal(list, last) {
+			return
+		}
+		select {
+		case <-d.done:
+			return
+		default:
+		}
+		last, reported = list, true
+		fn(slices.Clone(list))
+	}
+	for {
+		ch := make(chan netlink.AddrUpdate, 64)
+		stop := make(chan struct{})
+		// Subscribe from a throwaway thread in the device's namespace, so the socket
+		// lives there without netlink switching (and restoring) one of our threads.
+		err := inNetNS(d.ns, func() error {
+			return netlink.AddrSubscribeWithOptions(ch, stop, netlink.AddrSubscribeOptions{
+				ErrorCallback: func(error) {}, // a broken subscription closes ch; we resubscribe
+			})
+		})
+		if err == nil {
+			report() // after subscribing, so no change falls between list and events
+			if d.follow(ch, report) {
+				close(stop)
+				for range ch { // let the subscription goroutine finish
+				}
+				return
+			}
+		}
+		close(stop)
+		if err == nil {
+			for range ch {
+			}
+		}
+		select {
+		case <-d.done:
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// follow reports address changes of the device until the device closes (true) or the
+// subscription ends (false).
+func (d *Device) follow(ch <-chan netlink.AddrUpdate, report func()) bool {
+	for {
+		select {
+		case <-d.done:
+			return true
+		case u, ok := <-ch:
+			if !ok {
+				return false
+			}
+			if u.LinkIndex != d.index {
+				continue
+			}
+			// Coalesce a burst (e.g. a flush) into one report.
+			for drained := false; !drained; {
+				select {
+				case _, ok := <-ch:
+					if !ok {
+						report()
+						return false
+					}
+				default:
+					drained = true
+				}
+			}
+			report()
+		}
+	}
+}
+
+// Close removes the device from the kernel (closing the TUN deletes it), stops address
+// watches and unblocks pending Read/Write calls, which then report os.ErrClosed.
+// Closing twice is a no-op.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	close(d.done)
+	d.mu.Unlock()
+
+	err := d.tun.Close()
+	d.watchers.Wait()
+	// The kernel unregisters a non-persistent TUN when its last fd closes; delete it
+	// explicitly should it still be there (someone made it persistent).
+	if l, lerr := d.h.LinkByIndex(d.index); lerr == nil && l.Attrs().Name == d.name && l.Type() == "tuntap" {
+		if derr := d.h.LinkDel(l); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}
+	d.release()
+	if err != nil {
+		return d.errorf("close: %w", err)
+	}
+	return nil
+}

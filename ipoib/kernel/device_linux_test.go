@@ -1,0 +1,796 @@
+//go:build linux
+
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"ipoibfs/internal/testenv"
+)
+
+// Test namespaces and devices are named ipt<pid><letter><n>: unique per run, and a
+// later run can tell leftovers of a killed run (dead pid) from a concurrent one.
+var (
+	nameSeq   atomic.Int32
+	staleName = regexp.MustCompile(`^ipt([0-9]+)[a-z][0-9]*$`)
+)
+
+// childEnv, when set, makes TestCurrentNamespace act as the child process started inside
+// a namespace by the parent test.
+const childEnv = "IPOIB_KERNEL_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "" && os.Geteuid() == 0 {
+		removeStaleNamespaces()
+	}
+	os.Exit(m.Run())
+}
+
+// removeStaleNamespaces deletes test namespaces left by runs that were killed.
+func removeStaleNamespaces() {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		m := staleName.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		pid, err := strconv.Atoi(m[1])
+		if err != nil || pid == os.Getpid() || unix.Kill(pid, 0) != unix.ESRCH {
+			continue
+		}
+		_ = netns.DeleteNamed(e.Name())
+	}
+}
+
+func prereqs(t *testing.T) {
+	t.Helper()
+	testenv.Root(t)
+	testenv.File(t, "/dev/net/tun")
+	testenv.Tool(t, "ip")
+}
+
+// uniq returns a fresh name for a namespace or device (at most 15 bytes).
+func uniq(letter string) string {
+	return fmt.Sprintf("ipt%d%s%d", os.Getpid(), letter, nameSeq.Add(1))
+}
+
+// testNS registers the removal of namespace name (which Open will create) and returns
+// its name. Cleanups run last-in first-out, so devices opened afterwards close first.
+func testNS(t *testing.T, letter string) string {
+	t.Helper()
+	name := uniq(letter)
+	t.Cleanup(func() {
+		if _, err := os.Stat("/run/netns/" + name); err == nil {
+			if err := netns.DeleteNamed(name); err != nil {
+				t.Errorf("delete netns %s: %v", name, err)
+			}
+		}
+	})
+	return name
+}
+
+func open(t *testing.T, cfg Config) *Device {
+	t.Helper()
+	d, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Open(%+v): %v", cfg, err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("Close %s: %v", d.Name(), err)
+		}
+	})
+	return d
+}
+
+// nlHandle returns a netlink handle in the named namespace.
+func nlHandle(t *testing.T, ns string) *netlink.Handle {
+	t.Helper()
+	nsh, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+func addAddr(t *testing.T, ns, dev, prefix string) {
+	t.Helper()
+	h := nlHandle(t, ns)
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := netlink.ParseAddr(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Flags |= unix.IFA_F_NODAD
+	if err := h.AddrAdd(l, a); err != nil {
+		t.Fatalf("add %s to %s in %s: %v", prefix, dev, ns, err)
+	}
+}
+
+func ipCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	return string(out), err
+}
+
+func linkShow(t *testing.T, ns, dev string) string {
+	t.Helper()
+	out, err := ipCmd(t, "-n", ns, "link", "show", "dev", dev)
+	if err != nil {
+		t.Fatalf("ip -n %s link show %s: %v: %s", ns, dev, err, out)
+	}
+	return out
+}
+
+// dirStats counts what one relay direction saw.
+type dirStats struct {
+	reads    atomic.Int64 // Read calls that returned packets (one kernel packet each)
+	multi    atomic.Int64 // of those, super-packets split into >1 packets
+	pkts     atomic.Int64 // packets returned by Read (= handed to Write)
+	maxSize  atomic.Int64 // largest packet returned by Read
+	readErr  atomic.Int64
+	writeErr atomic.Int64
+	lastErr  atomic.Value
+}
+
+func (s *dirStats) reset() {
+	s.reads.Store(0)
+	s.multi.Store(0)
+	s.pkts.Store(0)
+	s.maxSize.Store(0)
+}
+
+func (s *dirStats) String() string {
+	return fmt.Sprintf("reads=%d super=%d packets=%d max=%d readErr=%d writeErr=%d last=%v",
+		s.reads.Load(), s.multi.Load(), s.pkts.Load(), s.maxSize.Load(), s.readErr.Load(), s.writeErr.Load(), s.lastErr.Load())
+}
+
+// relay copies every packet from one device to the other until from is closed: the
+// "engine - fabric - engine" path with a zero-cost fabric.
+func relay(from, to *Device, st *dirStats) {
+	bufs := make([][]byte, from.BatchSize())
+	for i := range bufs {
+		bufs[i] = make([]byte, maxPacket)
+	}
+	sizes := make([]int, len(bufs))
+	out := make([][]byte, len(bufs))
+	for {
+		n, err := from.Read(bufs, sizes)
+		if err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			st.readErr.Add(1)
+			st.lastErr.Store(err.Error())
+			if n == 0 {
+				continue
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		st.reads.Add(1)
+		if n > 1 {
+			st.multi.Add(1)
+		}
+		st.pkts.Add(int64(n))
+		for i := range n {
+			if int64(sizes[i]) > st.maxSize.Load() {
+				st.maxSize.Store(int64(sizes[i]))
+			}
+			out[i] = bufs[i][:sizes[i]]
+		}
+		if _, err := to.Write(out[:n]); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			st.writeErr.Add(1)
+			st.lastErr.Store(err.Error())
+		}
+	}
+}
+
+type pair struct {
+	nsA, nsB string
+	a, b     *Device
+	ab, ba   dirStats
+	mtu      int
+}
+
+// newPair opens two devices in two fresh namespaces, addresses them 10.77.0.1/24 and
+// 10.77.0.2/24 (and fd77::1/64, fd77::2/64), brings them up and relays between them.
+func newPair(t *testing.T, mtu int, o Offloads) *pair {
+	t.Helper()
+	p := &pair{nsA: testNS(t, "a"), nsB: testNS(t, "b"), mtu: mtu}
+	p.a = open(t, Config{Name: uniq("a"), MTU: mtu, NetNS: p.nsA, Offloads: o})
+	p.b = open(t, Config{Name: uniq("b"), MTU: mtu, NetNS: p.nsB, Offloads: o})
+	addAddr(t, p.nsA, p.a.Name(), "10.77.0.1/24")
+	addAddr(t, p.nsB, p.b.Name(), "10.77.0.2/24")
+	addAddr(t, p.nsA, p.a.Name(), "fd77::1/64")
+	addAddr(t, p.nsB, p.b.Name(), "fd77::2/64")
+	for _, d := range []*Device{p.a, p.b} {
+		if err := d.SetUp(true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); relay(p.a, p.b, &p.ab) }()
+	go func() { defer wg.Done(); relay(p.b, p.a, &p.ba) }()
+	t.Cleanup(func() {
+		p.a.Close()
+		p.b.Close()
+		wg.Wait()
+		t.Logf("relay A->B: %v", &p.ab)
+		t.Logf("relay B->A: %v", &p.ba)
+	})
+	return p
+}
+
+// rxPackets is the kernel's receive counter of a device: one per skb written into the
+// TUN, so GRO super-packets count once.
+func rxPackets(t *testing.T, ns, dev string) uint64 {
+	t.Helper()
+	l, err := nlHandle(t, ns).LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().Statistics.RxPackets
+}
+
+// transfer sends size pseudo-random bytes over TCP from a dialer in nsA to a listener
+// on dst in nsB and checks they arrive intact. It returns the elapsed time.
+func transfer(t *testing.T, nsA, nsB, dst string, size int) time.Duration {
+	t.Helper()
+	hA, err := netns.GetFromName(nsA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hA.Close()
+	hB, err := netns.GetFromName(nsB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hB.Close()
+
+	var ln net.Listener
+	if err := inNetNS(hB, func() (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(dst, "0"))
+		return err
+	}); err != nil {
+		t.Fatalf("listen in %s: %v", nsB, err)
+	}
+	defer ln.Close()
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(60 * time.Second))
+
+	type result struct {
+		sum [32]byte
+		n   int64
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		h := sha256.New()
+		n, err := io.Copy(h, c)
+		var r result
+		copy(r.sum[:], h.Sum(nil))
+		r.n, r.err = n, err
+		got <- r
+	}()
+
+	data := make([]byte, size)
+	rng := rand.NewChaCha8([32]byte{1, 2, 3})
+	rng.Read(data)
+	want := sha256.Sum256(data)
+
+	var c net.Conn
+	if err := inNetNS(hA, func() (err error) {
+		c, err = net.DialTimeout("tcp", ln.Addr().String(), 10*time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("dial %s from %s: %v", ln.Addr(), nsA, err)
+	}
+	start := time.Now()
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	if _, err := io.Copy(c, bytes.NewReader(data)); err != nil {
+		c.Close()
+		t.Fatalf("send: %v", err)
+	}
+	c.Close()
+	r := <-got
+	elapsed := time.Since(start)
+	if r.err != nil {
+		t.Fatalf("receive: %v", r.err)
+	}
+	if r.n != int64(size) || r.sum != want {
+		t.Fatalf("received %d bytes (sha256 %x), sent %d (sha256 %x)", r.n, r.sum[:8], size, want[:8])
+	}
+	return elapsed
+}
+
+func mbps(size int, d time.Duration) string {
+	return fmt.Sprintf("%.2f Gbit/s", float64(size)*8/d.Seconds()/1e9)
+}
+
+func TestRelay(t *testing.T) {
+	prereqs(t)
+	const mtu = 4092 // IPoIB datagram mode on a 4K IB MTU
+	all := Offloads{Checksum: true, TSO: true, GRO: true}
+	p := newPair(t, mtu, all)
+	size := 32 << 20
+	if raceEnabled {
+		size = 8 << 20
+	}
+
+	addrs, err := p.a.Addrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s addresses: %v", p.a.Name(), addrs)
+	for _, want := range []string{"10.77.0.1/24", "fd77::1/64"} {
+		if !slices.Contains(addrs, netip.MustParsePrefix(want)) {
+			t.Errorf("Addrs() = %v, want %s in it", addrs, want)
+		}
+	}
+
+	t.Run("ping", func(t *testing.T) {
+		testenv.Tool(t, "ping")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", p.nsA, "ping", "-c", "3", "-W", "2", "10.77.0.2").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ping: %v\n%s", err, out)
+		}
+		t.Logf("%s", lastLine(string(out)))
+	})
+
+	// checkTSO transfers data A->B and checks what the kernel handed to A's Read.
+	checkTSO := func(t *testing.T, dst string, wantSuper bool) {
+		t.Helper()
+		p.ab.reset()
+		rx0 := rxPackets(t, p.nsB, p.b.Name())
+		el := transfer(t, p.nsA, p.nsB, dst, size)
+		rx := rxPackets(t, p.nsB, p.b.Name()) - rx0
+		reads, multi, pkts, maxSize := p.ab.reads.Load(), p.ab.multi.Load(), p.ab.pkts.Load(), p.ab.maxSize.Load()
+		t.Logf("%d MB to %s in %v (%s); offloads %v; A Read: %d kernel packets -> %d packets (%d super-packets), largest %d; B kernel rx %d skbs",
+			size>>20, dst, el.Round(time.Millisecond), mbps(size, el), p.a.Offloads(), reads, pkts, multi, maxSize, rx)
+		if maxSize > mtu {
+			t.Errorf("Read returned a %d-byte packet, MTU %d", maxSize, mtu)
+		}
+		if wantSuper && multi == 0 {
+			t.Errorf("TSO on but the kernel handed over no super-packets (%d reads, %d packets)", reads, pkts)
+		}
+		if !wantSuper && multi != 0 {
+			t.Errorf("TSO off but %d reads returned super-packets", multi)
+		}
+		// GRO coalesces within one Write batch; the relay writes what one Read returned,
+		// so only split super-packets give it something to coalesce.
+		if wantSuper && p.b.Offloads().GRO && rx*3/2 > uint64(pkts) {
+			t.Errorf("GRO on: %d packets written into B became %d skbs, want coalescing", pkts, rx)
+		}
+	}
+
+	t.Run("tcp4", func(t *testing.T) { checkTSO(t, "10.77.0.2", true) })
+	t.Run("tcp6", func(t *testing.T) { checkTSO(t, "fd77::2", true) })
+
+	t.Run("offloads", func(t *testing.T) {
+		off := Offloads{Checksum: true, GRO: true}
+		if err := p.a.SetOffloads(off); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.a.Offloads(); got != off {
+			t.Errorf("Offloads() = %+v, want %+v", got, off)
+		}
+		checkTSO(t, "10.77.0.2", false)
+
+		// No checksum offload implies no TSO (ethtool's rule).
+		if err := p.a.SetOffloads(Offloads{TSO: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.a.Offloads(); got != (Offloads{}) {
+			t.Errorf("Offloads() after TSO without checksum = %+v, want all off", got)
+		}
+		checkTSO(t, "10.77.0.2", false)
+
+		// GRO off on the writing side: every packet is its own skb.
+		if err := p.b.SetOffloads(Offloads{Checksum: true, TSO: true}); err != nil {
+			t.Fatal(err)
+		}
+		p.ab.reset()
+		rx0 := rxPackets(t, p.nsB, p.b.Name())
+		el := transfer(t, p.nsA, p.nsB, "10.77.0.2", size/4)
+		rx := rxPackets(t, p.nsB, p.b.Name()) - rx0
+		t.Logf("GRO off: %d MB in %v (%s), %d packets written, B kernel rx %d", size>>22, el.Round(time.Millisecond), mbps(size/4, el), p.ab.pkts.Load(), rx)
+		if rx < uint64(p.ab.pkts.Load()) {
+			t.Errorf("GRO off: %d packets written into B but only %d skbs", p.ab.pkts.Load(), rx)
+		}
+
+		for _, d := range []*Device{p.a, p.b} {
+			if err := d.SetOffloads(all); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkTSO(t, "10.77.0.2", true)
+	})
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func TestThroughput(t *testing.T) {
+	prereqs(t)
+	if testing.Short() || raceEnabled {
+		t.Skip("throughput table only in a normal run")
+	}
+	size := 256 << 20
+	for _, tc := range []struct {
+		mtu int
+		o   Offloads
+	}{
+		{1500, Offloads{Checksum: true, TSO: true, GRO: true}},
+		{2044, Offloads{Checksum: true, TSO: true, GRO: true}},
+		{4092, Offloads{Checksum: true, TSO: true, GRO: true}},
+		{4092, Offloads{Checksum: true, TSO: true}},
+		{4092, Offloads{}},
+		{65520, Offloads{}},
+	} {
+		t.Run(fmt.Sprintf("mtu%d_csum%v_tso%v_gro%v", tc.mtu, tc.o.Checksum, tc.o.TSO, tc.o.GRO), func(t *testing.T) {
+			p := newPair(t, tc.mtu, tc.o)
+			transfer(t, p.nsA, p.nsB, "10.77.0.2", 1<<20) // warm up
+			el := transfer(t, p.nsA, p.nsB, "10.77.0.2", size)
+			t.Logf("MTU %d %v: %d MB in %v = %s", tc.mtu, tc.o, size>>20, el.Round(time.Millisecond), mbps(size, el))
+		})
+	}
+}
+
+func TestControl(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "c")
+	d := open(t, Config{Name: uniq("c"), MTU: 2044, NetNS: ns})
+	name := d.Name()
+
+	if out := linkShow(t, ns, name); !strings.Contains(out, "mtu 2044") {
+		t.Errorf("after Open with MTU 2044: %s", out)
+	}
+	if err := d.SetMTU(4092); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); !strings.Contains(out, "mtu 4092") {
+		t.Errorf("after SetMTU(4092): %s", out)
+	}
+	if err := d.SetMTU(10); err == nil || !strings.Contains(err.Error(), name) {
+		t.Errorf("SetMTU(10) = %v, want an error naming %s", err, name)
+	}
+
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); !strings.Contains(out, ",UP,") && !strings.Contains(out, "<UP") {
+		t.Errorf("after SetUp(true): %s", out)
+	}
+	if err := d.SetCarrier(false); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); !strings.Contains(out, "NO-CARRIER") {
+		t.Errorf("after SetCarrier(false): %s", out)
+	}
+	if err := d.SetCarrier(true); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); strings.Contains(out, "NO-CARRIER") || !strings.Contains(out, "LOWER_UP") {
+		t.Errorf("after SetCarrier(true): %s", out)
+	}
+	if err := d.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); strings.Contains(out, ",UP") || strings.Contains(out, "<UP") {
+		t.Errorf("after SetUp(false): %s", out)
+	}
+
+	// Addresses: Addrs and WatchAddrs see what `ip addr add` does.
+	updates := make(chan []netip.Prefix, 16)
+	d.WatchAddrs(func(l []netip.Prefix) { updates <- l })
+	waitFor := func(what string, ok func([]netip.Prefix) bool) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case l := <-updates:
+				if ok(l) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("WatchAddrs: no update with %s", what)
+			}
+		}
+	}
+	waitFor("the initial (empty) list", func(l []netip.Prefix) bool { return len(l) == 0 })
+	v4 := netip.MustParsePrefix("10.78.0.1/24")
+	v6 := netip.MustParsePrefix("fd78::1/64")
+	if out, err := ipCmd(t, "-n", ns, "addr", "add", v4.String(), "dev", name); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	waitFor(v4.String(), func(l []netip.Prefix) bool { return slices.Contains(l, v4) })
+	if out, err := ipCmd(t, "-n", ns, "addr", "add", v6.String(), "dev", name); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	waitFor(v6.String(), func(l []netip.Prefix) bool { return slices.Contains(l, v4) && slices.Contains(l, v6) })
+	got, err := d.Addrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(got, v4) || !slices.Contains(got, v6) {
+		t.Errorf("Addrs() = %v, want %v and %v", got, v4, v6)
+	}
+	if out, err := ipCmd(t, "-n", ns, "addr", "del", v4.String(), "dev", name); err != nil {
+		t.Fatalf("ip addr del: %v: %s", err, out)
+	}
+	waitFor("no "+v4.String(), func(l []netip.Prefix) bool { return !slices.Contains(l, v4) && slices.Contains(l, v6) })
+
+	// Close removes the device and stops the watch.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ipCmd(t, "-n", ns, "link", "show", "dev", name); err == nil {
+		t.Errorf("device still exists after Close: %s", out)
+	}
+	for range len(updates) {
+		<-updates
+	}
+	select {
+	case l := <-updates:
+		t.Errorf("WatchAddrs called after Close with %v", l)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := d.SetMTU(1500); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("SetMTU after Close = %v, want os.ErrClosed", err)
+	}
+	bufs, sizes := [][]byte{make([]byte, 65535)}, []int{0}
+	if _, err := d.Read(bufs, sizes); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("Read after Close = %v, want os.ErrClosed", err)
+	}
+	if _, err := d.Write([][]byte{{0x45}}); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("Write after Close = %v, want os.ErrClosed", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestCloseUnblocksRead(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "r")
+	d := open(t, Config{Name: uniq("r"), NetNS: ns})
+	errc := make(chan error, 1)
+	go func() {
+		bufs := make([][]byte, d.BatchSize())
+		for i := range bufs {
+			bufs[i] = make([]byte, 1500)
+		}
+		_, err := d.Read(bufs, make([]int, len(bufs)))
+		errc <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	d.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Errorf("Read during Close = %v, want os.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Read still blocked after Close")
+	}
+}
+
+func TestReadWriteArguments(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "w")
+	d := open(t, Config{Name: uniq("w"), MTU: 2044, NetNS: ns})
+	t.Logf("kernel accepts UDP segmentation offload (TUN_F_USO4|USO6): %v", d.uso)
+	if got := d.BatchSize(); got < 64 {
+		t.Errorf("BatchSize() = %d, want a batched device", got)
+	}
+	if _, err := d.Read([][]byte{make([]byte, 1500)}, []int{0}); err == nil || !strings.Contains(err.Error(), "MTU is 2044") {
+		t.Errorf("Read with a 1500-byte buffer at MTU 2044 = %v", err)
+	}
+	if _, err := d.Read([][]byte{make([]byte, 2044), make([]byte, 2044)}, []int{0}); err == nil {
+		t.Error("Read with too few sizes succeeded")
+	}
+	if n, err := d.Write([][]byte{{}}); n != 0 || err == nil {
+		t.Errorf("Write of an empty packet = %d, %v", n, err)
+	}
+	if n, err := d.Write([][]byte{make([]byte, 65536)}); n != 0 || err == nil {
+		t.Errorf("Write of a 65536-byte packet = %d, %v", n, err)
+	}
+	// A packet the kernel refuses is dropped and reported; the device is down, so the
+	// kernel refuses everything (EIO), with and without GRO.
+	for _, gro := range []bool{true, false} {
+		if err := d.SetOffloads(Offloads{Checksum: true, TSO: true, GRO: gro}); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := d.Write([][]byte{{0x45, 0, 0, 20}}); n != 1 || err == nil || !strings.Contains(err.Error(), d.Name()) {
+			t.Errorf("GRO %v: Write on a down device = %d, %v; want 1 and an error naming the device", gro, n, err)
+		}
+	}
+	// No gso_max_segs above one Read's worth of buffers.
+	l, err := nlHandle(t, ns).LinkByName(d.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if segs := l.Attrs().GSOMaxSegs; segs == 0 || int(segs) > d.BatchSize() {
+		t.Errorf("gso_max_segs = %d, want <= %d", segs, d.BatchSize())
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "e")
+	d := open(t, Config{Name: uniq("e"), NetNS: ns})
+
+	_, err := Open(Config{Name: d.Name(), NetNS: ns})
+	if !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), d.Name()) || !strings.Contains(err.Error(), ns) {
+		t.Errorf("Open of an existing name = %v, want ErrExists naming device and namespace", err)
+	}
+	// The kernel side of the same check (IFF_TUN_EXCL), for a name that appears between
+	// the lookup and the creation.
+	nsh, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsh.Close()
+	err = inNetNS(nsh, func() error {
+		fd, err := createTUN(d.Name())
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err
+	})
+	if !errors.Is(err, ErrExists) {
+		t.Errorf("createTUN of an existing name = %v, want ErrExists", err)
+	}
+	// The same name in another namespace is fine.
+	other := testNS(t, "f")
+	open(t, Config{Name: d.Name(), NetNS: other})
+
+	if _, err := Open(Config{Name: "bad/name"}); err == nil || !strings.Contains(err.Error(), "bad/name") {
+		t.Errorf("Open with an invalid name = %v", err)
+	}
+	if _, err := Open(Config{Name: uniq("e"), NetNS: ns, MTU: 40}); err == nil || !strings.Contains(err.Error(), "MTU 40") {
+		t.Errorf("Open with MTU 40 = %v", err)
+	}
+	if out, err := ipCmd(t, "-n", ns, "-o", "link", "show"); err != nil || strings.Count(out, "\n") != 2 {
+		t.Errorf("after failed Opens, want lo and %s only in %s: %v\n%s", d.Name(), ns, err, out)
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	defer func(p string) { tunPath = p }(tunPath)
+	tunPath = "/nonexistent/net/tun"
+	_, err := Open(Config{Name: "iptunavail"})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Open without %s = %v, want ErrUnavailable", tunPath, err)
+	}
+	if s := err.Error(); !strings.HasPrefix(s, "kernel bridge unavailable: iptunavail: ") || !strings.Contains(s, tunPath) {
+		t.Errorf("error text %q", s)
+	}
+}
+
+// TestCurrentNamespace checks NetNS "" (the process's own namespace) in a child process
+// started inside a fresh namespace, so the test never creates devices in the host's.
+func TestCurrentNamespace(t *testing.T) {
+	if dev := os.Getenv(childEnv); dev != "" {
+		currentNamespaceChild(t, dev)
+		return
+	}
+	prereqs(t)
+	ns := testNS(t, "n")
+	nsh, err := openNetNS(ns) // create it
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsh.Close()
+	dev := uniq("n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, exe, "-test.run=^TestCurrentNamespace$", "-test.v")
+	cmd.Env = append(os.Environ(), childEnv+"="+dev)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestCurrentNamespace")) {
+		t.Fatalf("child in %s: %v\n%s", ns, err, out)
+	}
+	if out, err := ipCmd(t, "-n", ns, "link", "show", "dev", dev); err == nil {
+		t.Errorf("device left behind: %s", out)
+	}
+}
+
+func currentNamespaceChild(t *testing.T, dev string) {
+	d, err := Open(Config{Name: dev, MTU: 1400, Offloads: Offloads{Checksum: true, TSO: true, GRO: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	updates := make(chan []netip.Prefix, 16)
+	d.WatchAddrs(func(l []netip.Prefix) { updates <- l })
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Attrs().MTU != 1400 {
+		t.Errorf("MTU %d", l.Attrs().MTU)
+	}
+	want := netip.MustParsePrefix("10.79.0.1/24")
+	a, _ := netlink.ParseAddr(want.String())
+	if err := netlink.AddrAdd(l, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(10 * time.Second)
+	for done := false; !done; {
+		select {
+		case l := <-updates:
+			done = slices.Contains(l, want)
+		case <-timeout:
+			t.Fatal("WatchAddrs did not report the address")
+		}
+	}
+	if got, err := d.Addrs(); err != nil || !slices.Contains(got, want) {
+		t.Errorf("Addrs() = %v, %v", got, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlink.LinkByName(dev); err == nil {
+		t.Error("device still exists after Close")
+	}
+}

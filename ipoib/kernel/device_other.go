@@ -1,0 +1,60 @@
+//go:build !linux
+
+package kernel
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+)
+
+// Device is one TUN device. On this system none can be opened.
+type Device struct{ name string }
+
+// Open always fails with ErrUnavailable outside Linux.
+func Open(cfg Config) (*Device, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: %s: TUN bridge is Linux-only (GOOS=%s)", ErrUnavailable, cfg.Name, runtime.GOOS)
+}
+
+func (d *Device) unsupported() error {
+	return fmt.Errorf("%w: %s: not supported on %s", ErrUnavailable, d.name, runtime.GOOS)
+}
+
+// Name returns the interface name.
+func (d *Device) Name() string { return d.name }
+
+// BatchSize returns 1.
+func (d *Device) BatchSize() int { return 1 }
+
+// Read is not supported.
+func (d *Device) Read(bufs [][]byte, sizes []int) (int, error) { return 0, d.unsupported() }
+
+// Write is not supported.
+func (d *Device) Write(pkts [][]byte) (int, error) { return 0, d.unsupported() }
+
+// SetMTU is not supported.
+func (d *Device) SetMTU(mtu int) error { return d.unsupported() }
+
+// SetOffloads is not supported.
+func (d *Device) SetOffloads(o Offloads) error { return d.unsupported() }
+
+// Offloads returns no offloads.
+func (d *Device) Offloads() Offloads { return Offloads{} }
+
+// SetUp is not supported.
+func (d *Device) SetUp(up bool) error { return d.unsupported() }
+
+// SetCarrier is not supported.
+func (d *Device) SetCarrier(on bool) error { return d.unsupported() }
+
+// Addrs is not supported.
+func (d *Device) Addrs() ([]netip.Prefix, error) { return nil, d.unsupported() }
+
+// WatchAddrs does nothing.
+func (d *Device) WatchAddrs(fn func([]netip.Prefix)) {}
+
+// Close does nothing.
+func (d *Device) Close() error { return nil }

@@ -1,0 +1,158 @@
+// Package kernel is the kernel bridge of ipoibfs: every IPoIB interface of the engine
+// (ib0, ib0.8001, ...) appears in the Linux kernel as a TUN device of the same name, so
+// ping, iperf3 and the rest of the host stack run over the userspace engine.
+//
+// The package knows nothing about InfiniBand. A Device moves IP packets (IPv4/IPv6, no
+// link header) between the kernel and its caller:
+//
+//   - Read returns packets the kernel routed out of the device (the engine encapsulates
+//     them and sends them on the fabric);
+//   - Write injects packets received from the fabric into the kernel.
+//
+// Devices are opened with IFF_VNET_HDR and driven through golang.zx2c4.com/wireguard/tun,
+// so 64 KB units cross the kernel boundary: with TSO on, the kernel hands over TCP (and,
+// where the kernel supports it, UDP) super-packets that Read splits in memory into
+// MTU-sized packets with correct IP/TCP/UDP headers and checksums; with GRO on, Write
+// coalesces TCP/UDP segments of one flow into super-packets before handing them to the
+// kernel. Offloads follow ethtool's rules: large send (TSO) needs transmit checksum
+// offload and is reported off while checksum offload is off.
+//
+// A device may live in another network namespace (Config.NetNS): it is created inside
+// that namespace by a short-lived OS thread, so the calling process never leaves its own
+// namespace, and all later netlink calls for the device go through a netlink handle bound
+// to that namespace.
+//
+// The kernel device type of a TUN is ARPHRD_NONE with IFF_POINTOPOINT|IFF_NOARP; the
+// engine answers ARP/ND itself. Carrier is on after Open (the TUN default); use
+// SetCarrier(false) to show NO-CARRIER until the port is ready.
+//
+// The package is Linux-only; on other systems Open returns ErrUnavailable.
+package kernel
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+)
+
+// Config describes one TUN device.
+type Config struct {
+	// Name is the interface name, e.g. "ib0" or "ib0.8001" (at most 15 bytes, no '/',
+	// ':', '%' or white space).
+	Name string
+	// MTU of the kernel device; 0 keeps the kernel default (1500). The kernel accepts
+	// 68..65535 for a TUN.
+	MTU int
+	// NetNS is the named network namespace (/run/netns/NAME) the device lives in; ""
+	// is the namespace of the calling process. A missing namespace is created (and is
+	// not removed by Close: other devices may share it).
+	NetNS string
+	// Offloads to start with; the zero value is none (one kernel packet per Read and
+	// per write, as with a plain TUN).
+	Offloads Offloads
+}
+
+// Offloads are the offloads of a Device.
+type Offloads struct {
+	// Checksum: the kernel hands over packets with partial TCP/UDP checksums that Read
+	// completes (TUN_F_CSUM).
+	Checksum bool
+	// TSO (large send): the kernel hands over super-packets of up to 64 KB that Read
+	// splits into MTU-sized packets (TUN_F_TSO4|TSO6, plus USO4|USO6 where the kernel
+	// supports UDP segmentation offload). Needs Checksum.
+	TSO bool
+	// GRO: Write coalesces TCP/UDP segments of one flow into super-packets.
+	GRO bool
+}
+
+// String formats the offloads in ethtool's words.
+func (o Offloads) String() string {
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	return fmt.Sprintf("tx-checksumming: %s, tcp-segmentation-offload: %s, generic-receive-offload: %s",
+		onOff(o.Checksum), onOff(o.TSO), onOff(o.GRO))
+}
+
+// effective returns o with TSO cleared when checksum offload is off (ethtool's rule;
+// the kernel ignores TSO flags without TUN_F_CSUM).
+func (o Offloads) effective() Offloads {
+	o.TSO = o.TSO && o.Checksum
+	return o
+}
+
+var (
+	// ErrUnavailable is returned (wrapped, see errors.Is) by Open when the kernel bridge
+	// cannot work at all on this machine or for this process: /dev/net/tun is missing
+	// or not accessible, the process lacks CAP_NET_ADMIN, or the system is not Linux.
+	ErrUnavailable = errors.New("kernel bridge unavailable")
+	// ErrExists is returned (wrapped) by Open when a device of that name already exists
+	// in the target namespace.
+	ErrExists = errors.New("a network device of this name already exists")
+)
+
+// maxPacket is the largest IP packet a TUN moves (and the largest super-packet).
+const maxPacket = 65535
+
+// validName checks a Linux interface name as the kernel's dev_valid_name does, and
+// additionally refuses '%' (the kernel would treat it as a name template).
+func validName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty interface name")
+	case len(name) > 15:
+		return fmt.Errorf("interface name is %d bytes, the kernel allows 15", len(name))
+	case name == "." || name == "..":
+		return errors.New(`interface name may not be "." or ".."`)
+	case strings.ContainsAny(name, "/:% \t\n\r\v\f"):
+		return errors.New("interface name may not contain '/', ':', '%' or white space")
+	}
+	return nil
+}
+
+// validNetNS checks a named network namespace (a file name under /run/netns).
+func validNetNS(name string) error {
+	if name == "" {
+		return nil
+	}
+	if name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 255 {
+		return fmt.Errorf("invalid network namespace name %q", name)
+	}
+	return nil
+}
+
+func (c Config) validate() error {
+	if err := validName(c.Name); err != nil {
+		return fmt.Errorf("kernel bridge: %q: %w", c.Name, err)
+	}
+	if err := validNetNS(c.NetNS); err != nil {
+		return fmt.Errorf("kernel bridge: %s: %w", c.Name, err)
+	}
+	if c.MTU < 0 || c.MTU > maxPacket {
+		return fmt.Errorf("kernel bridge: %s: MTU %d out of range (0 = default, else 68..65535)", c.Name, c.MTU)
+	}
+	return nil
+}
+
+// prefixOf converts a kernel address (as netlink returns it) to a prefix.
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	a = a.Unmap()
+	ones, bits := n.Mask.Size()
+	if bits == 128 && a.Is4() {
+		ones -= 96
+	}
+	p := netip.PrefixFrom(a, ones)
+	return p, p.IsValid()
+}
