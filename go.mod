@@ -6,11 +6,9 @@ require (
 	github.com/google/go-cmp v0.7.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
+	golang.org/x/net v0.39.0
 	golang.org/x/sys v0.32.0
 	golang.zx2c4.com/wireguard v0.0.0-20260522210424-ecfc5a8d5446
 )
 
-require (
-	golang.org/x/net v0.39.0 // indirect
-	golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect
-)
+require golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect

@@ -1,0 +1,267 @@
+package soft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"ipoibfs/verbs"
+)
+
+// The fabric's own management traffic. A real subnet manager configures ports with
+// SMPs on QP0 and programs switch forwarding tables; on this fabric the "switch" is the
+// table of endpoint addresses every port keeps so that unicast goes straight to the
+// destination host, and multicast is replicated by the sender. Those messages travel on
+// QP0 as vendor-specific MADs (management class ctlClass), with the 24-byte common MAD
+// header followed by a body laid out below. They are larger than 256 bytes when the
+// fabric is large: this class is private to the fabric, so no RMPP is used.
+
+const (
+	ctlClass        = 0x09 // vendor-specific range 0x09-0x0f
+	ctlClassVersion = 1
+	ctlAttrHello    = 0xff01 // port -> SM: "I am here" and heartbeat
+	ctlAttrConfig   = 0xff02 // SM -> port: LID, SM LID, state, P_Key table
+	ctlAttrRoutes   = 0xff03 // SM -> port: unicast and multicast forwarding, faults
+	ctlMethodSend   = 0x03
+	ctlHeaderLen    = 24
+	maxCtlEntries   = 1 << 14
+)
+
+var errCtlShort = errors.New("control message truncated")
+
+type ctlHello struct {
+	NodeGUID, PortGUID verbs.GUID
+	PortNum, NumPorts  uint8
+	MaxMTU             verbs.MTU
+	Width              uint8
+	LaneMbps           uint32
+	Epoch              uint64 // SM epoch the port last saw
+	RoutesVersion      uint64
+	NodeDesc           string
+}
+
+type ctlConfig struct {
+	LID, SMLID verbs.LID
+	State      verbs.PortState
+	ActiveMTU  verbs.MTU
+	Rate       verbs.Rate
+	Reregister bool
+	SMEpoch    uint64
+	SMGID      verbs.GID
+	GIDPrefix  uint64
+	PKeys      []verbs.PKey
+}
+
+type ctlRoute struct {
+	LID  verbs.LID
+	GID  verbs.GID
+	Addr netip.AddrPort
+}
+
+type ctlMRoute struct {
+	MLID    verbs.LID
+	MGID    verbs.GID
+	Members []verbs.LID // ports that receive (full and non-members)
+}
+
+type ctlRoutes struct {
+	Version uint64
+	Faults  Faults
+	Uni     []ctlRoute
+	Multi   []ctlMRoute
+}
+
+func putCtlHeader(b []byte, attr uint16, tid uint64) []byte {
+	var h [ctlHeaderLen]byte
+	h[0] = 1 // base version
+	h[1] = ctlClass
+	h[2] = ctlClassVersion
+	h[3] = ctlMethodSend
+	binary.BigEndian.PutUint64(h[8:], tid)
+	binary.BigEndian.PutUint16(h[16:], attr)
+	return append(b, h[:]...)
+}
+
+// parseCtl returns the attribute ID and body of a control message.
+func parseCtl(b []byte) (uint16, []byte, error) {
+	if len(b) < ctlHeaderLen {
+		return 0, nil, errCtlShort
+	}
+	if b[0] != 1 || b[1] != ctlClass || b[2] != ctlClassVersion {
+		return 0, nil, fmt.Errorf("control message: unexpected class %#x version %d", b[1], b[2])
+	}
+	return binary.BigEndian.Uint16(b[16:]), b[ctlHeaderLen:], nil
+}
+
+func (m *ctlHello) append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(m.NodeGUID))
+	b = binary.BigEndian.AppendUint64(b, uint64(m.PortGUID))
+	b = append(b, m.PortNum, m.NumPorts, byte(m.MaxMTU), m.Width)
+	b = binary.BigEndian.AppendUint32(b, m.LaneMbps)
+	b = binary.BigEndian.AppendUint64(b, m.Epoch)
+	b = binary.BigEndian.AppendUint64(b, m.RoutesVersion)
+	var desc [64]byte
+	copy(desc[:], m.NodeDesc)
+	return append(b, desc[:]...)
+}
+
+const ctlHelloLen = 8 + 8 + 4 + 4 + 8 + 8 + 64
+
+func (m *ctlHello) parse(b []byte) error {
+	if len(b) < ctlHelloLen {
+		return errCtlShort
+	}
+	m.NodeGUID = verbs.GUID(binary.BigEndian.Uint64(b))
+	m.PortGUID = verbs.GUID(binary.BigEndian.Uint64(b[8:]))
+	m.PortNum, m.NumPorts, m.MaxMTU, m.Width = b[16], b[17], verbs.MTU(b[18]), b[19]
+	m.LaneMbps = binary.BigEndian.Uint32(b[20:])
+	m.Epoch = binary.BigEndian.Uint64(b[24:])
+	m.RoutesVersion = binary.BigEndian.Uint64(b[32:])
+	desc := b[40:104]
+	n := 0
+	for n < len(desc) && desc[n] != 0 {
+		n++
+	}
+	m.NodeDesc = string(desc[:n])
+	if m.PortNum == 0 || m.MaxMTU.Bytes() == 0 {
+		return fmt.Errorf("hello: invalid port %d or MTU %d", m.PortNum, m.MaxMTU)
+	}
+	return nil
+}
+
+func (m *ctlConfig) append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(m.LID))
+	b = binary.BigEndian.AppendUint16(b, uint16(m.SMLID))
+	var flags byte
+	if m.Reregister {
+		flags |= 1
+	}
+	b = append(b, byte(m.State), byte(m.ActiveMTU), byte(m.Rate), flags)
+	b = binary.BigEndian.AppendUint64(b, m.SMEpoch)
+	b = append(b, m.SMGID[:]...)
+	b = binary.BigEndian.AppendUint64(b, m.GIDPrefix)
+	b = append(b, byte(len(m.PKeys)))
+	for _, k := range m.PKeys {
+		b = binary.BigEndian.AppendUint16(b, uint16(k))
+	}
+	return b
+}
+
+func (m *ctlConfig) parse(b []byte) error {
+	const fixed = 2 + 2 + 4 + 8 + 16 + 8 + 1
+	if len(b) < fixed {
+		return errCtlShort
+	}
+	m.LID = verbs.LID(binary.BigEndian.Uint16(b))
+	m.SMLID = verbs.LID(binary.BigEndian.Uint16(b[2:]))
+	m.State, m.ActiveMTU, m.Rate = verbs.PortState(b[4]), verbs.MTU(b[5]), verbs.Rate(b[6])
+	m.Reregister = b[7]&1 != 0
+	m.SMEpoch = binary.BigEndian.Uint64(b[8:])
+	copy(m.SMGID[:], b[16:32])
+	m.GIDPrefix = binary.BigEndian.Uint64(b[32:])
+	n := int(b[40])
+	b = b[fixed:]
+	if n > verbs.PKeyTableCapacity || len(b) < 2*n {
+		return errCtlShort
+	}
+	m.PKeys = make([]verbs.PKey, n)
+	for i := range m.PKeys {
+		m.PKeys[i] = verbs.PKey(binary.BigEndian.Uint16(b[2*i:]))
+	}
+	if m.State > verbs.PortActive || m.ActiveMTU.Bytes() == 0 {
+		return fmt.Errorf("config: invalid state %d or MTU %d", m.State, m.ActiveMTU)
+	}
+	return nil
+}
+
+func appendAddr(b []byte, a netip.AddrPort) []byte {
+	ip := a.Addr().Unmap()
+	raw := ip.AsSlice()
+	b = append(b, byte(len(raw)))
+	b = append(b, raw...)
+	return binary.BigEndian.AppendUint16(b, a.Port())
+}
+
+func (m *ctlRoutes) append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint64(b, m.Version)
+	for _, p := range []float64{m.Faults.Loss, m.Faults.Dup, m.Faults.Reorder} {
+		b = binary.BigEndian.AppendUint32(b, uint32(p*1e6+0.5))
+	}
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Faults.Delay))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(m.Uni)))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(m.Multi)))
+	for _, r := range m.Uni {
+		b = binary.BigEndian.AppendUint16(b, uint16(r.LID))
+		b = append(b, r.GID[:]...)
+		b = appendAddr(b, r.Addr)
+	}
+	for _, r := range m.Multi {
+		b = binary.BigEndian.AppendUint16(b, uint16(r.MLID))
+		b = append(b, r.MGID[:]...)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(r.Members)))
+		for _, l := range r.Members {
+			b = binary.BigEndian.AppendUint16(b, uint16(l))
+		}
+	}
+	return b
+}
+
+func (m *ctlRoutes) parse(b []byte) error {
+	const fixed = 8 + 12 + 8 + 4
+	if len(b) < fixed {
+		return errCtlShort
+	}
+	m.Version = binary.BigEndian.Uint64(b)
+	m.Faults.Loss = float64(binary.BigEndian.Uint32(b[8:])) / 1e6
+	m.Faults.Dup = float64(binary.BigEndian.Uint32(b[12:])) / 1e6
+	m.Faults.Reorder = float64(binary.BigEndian.Uint32(b[16:])) / 1e6
+	m.Faults.Delay = durationFrom(binary.BigEndian.Uint64(b[20:]))
+	if err := m.Faults.Validate(); err != nil {
+		return err
+	}
+	nu, nm := int(binary.BigEndian.Uint16(b[28:])), int(binary.BigEndian.Uint16(b[30:]))
+	b = b[fixed:]
+	if nu > maxCtlEntries || nm > maxCtlEntries {
+		return errors.New("routes: too many entries")
+	}
+	m.Uni = make([]ctlRoute, 0, min(nu, len(b)/25))
+	for range nu {
+		if len(b) < 2+16+1 {
+			return errCtlShort
+		}
+		var r ctlRoute
+		r.LID = verbs.LID(binary.BigEndian.Uint16(b))
+		copy(r.GID[:], b[2:18])
+		al := int(b[18])
+		b = b[19:]
+		if (al != 4 && al != 16) || len(b) < al+2 {
+			return errors.New("routes: bad endpoint address")
+		}
+		ip, _ := netip.AddrFromSlice(b[:al])
+		r.Addr = netip.AddrPortFrom(ip, binary.BigEndian.Uint16(b[al:]))
+		b = b[al+2:]
+		m.Uni = append(m.Uni, r)
+	}
+	m.Multi = make([]ctlMRoute, 0, min(nm, len(b)/20))
+	for range nm {
+		if len(b) < 2+16+2 {
+			return errCtlShort
+		}
+		var r ctlMRoute
+		r.MLID = verbs.LID(binary.BigEndian.Uint16(b))
+		copy(r.MGID[:], b[2:18])
+		n := int(binary.BigEndian.Uint16(b[18:]))
+		b = b[20:]
+		if len(b) < 2*n {
+			return errCtlShort
+		}
+		r.Members = make([]verbs.LID, n)
+		for i := range r.Members {
+			r.Members[i] = verbs.LID(binary.BigEndian.Uint16(b[2*i:]))
+		}
+		b = b[2*n:]
+		m.Multi = append(m.Multi, r)
+	}
+	return nil
+}

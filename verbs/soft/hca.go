@@ -1,0 +1,227 @@
+package soft
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft/partitions"
+)
+
+// Config describes a soft HCA.
+type Config struct {
+	Name     string // node name; GUIDs derive from it, so a restart keeps addresses
+	Ports    int    // number of ports (default 1)
+	Network  Network
+	Listen   netip.AddrPort // endpoint of port 1; port n listens on Listen.Port()+n-1 (0 = any)
+	SM       netip.AddrPort // endpoint of the subnet manager's port to join
+	MaxMTU   verbs.MTU      // default 4096
+	Width    int            // lanes (default 4)
+	LaneMbps int            // per-lane speed (default QDR 10000)
+	// Heartbeat is the interval of the port's hello to the SM (default 250ms).
+	Heartbeat time.Duration
+	// HostSM runs the subnet manager on port 1 (SM is then ignored), configured with
+	// Partitions (nil = the OpenSM default).
+	HostSM     bool
+	Partitions *partitions.Config
+}
+
+// HCA is a software host channel adapter implementing verbs.Device.
+type HCA struct {
+	cfg   Config
+	guid  verbs.GUID
+	ports []*Port
+
+	mu      sync.Mutex
+	qps     map[verbs.QPN]*QP
+	nextQPN verbs.QPN
+	subs    map[chan verbs.Event]struct{}
+	closed  bool
+	evDrops atomic.Uint64
+
+	sm   *SM
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// GUIDFromName derives a stable EUI-64 from a node name (locally administered OUI
+// 0x02c903-like prefix is avoided: bit 1 of the first byte marks it local).
+func GUIDFromName(name string, index int) verbs.GUID {
+	h := sha256.Sum256([]byte(fmt.Sprintf("ipoibfs/%s/%d", name, index)))
+	g := binary.BigEndian.Uint64(h[:8])
+	g = (g &^ (0xff << 56)) | (0x02 << 56) // local, unicast
+	return verbs.GUID(g)
+}
+
+// New creates a soft HCA and attaches its ports to the fabric.
+func New(cfg Config) (*HCA, error) {
+	if cfg.Name == "" {
+		return nil, fmt.Errorf("soft hca: empty node name")
+	}
+	if cfg.Ports == 0 {
+		cfg.Ports = 1
+	}
+	if cfg.Ports < 0 || cfg.Ports > 254 {
+		return nil, fmt.Errorf("soft hca %s: %d ports out of range 1..254", cfg.Name, cfg.Ports)
+	}
+	if cfg.Network == nil {
+		return nil, fmt.Errorf("soft hca %s: no network", cfg.Name)
+	}
+	if cfg.MaxMTU == 0 {
+		cfg.MaxMTU = verbs.MTU4096
+	}
+	if cfg.MaxMTU.Bytes() == 0 {
+		return nil, fmt.Errorf("soft hca %s: invalid MTU enum %d", cfg.Name, cfg.MaxMTU)
+	}
+	if cfg.Width == 0 {
+		cfg.Width = 4
+	}
+	if cfg.LaneMbps == 0 {
+		cfg.LaneMbps = 10000
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 250 * time.Millisecond
+	}
+	h := &HCA{cfg: cfg, guid: GUIDFromName(cfg.Name, 0), qps: make(map[verbs.QPN]*QP),
+		nextQPN: 0x48, subs: make(map[chan verbs.Event]struct{}), stop: make(chan struct{})}
+	for i := 1; i <= cfg.Ports; i++ {
+		addr := cfg.Listen
+		if addr.Port() != 0 {
+			addr = netip.AddrPortFrom(addr.Addr(), addr.Port()+uint16(i-1))
+		}
+		ep, err := cfg.Network.Listen(addr)
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("soft hca %s port %d: %w", cfg.Name, i, err)
+		}
+		p := newPort(h, i, ep)
+		h.ports = append(h.ports, p)
+	}
+	if cfg.HostSM {
+		h.cfg.SM = h.ports[0].ep.Addr()
+		sm, err := NewSM(h.ports[0], cfg.Partitions)
+		if err != nil {
+			h.Close()
+			return nil, err
+		}
+		h.sm = sm
+	} else if !cfg.SM.IsValid() {
+		h.Close()
+		return nil, fmt.Errorf("soft hca %s: no subnet manager address to join", cfg.Name)
+	}
+	for _, p := range h.ports {
+		p.start()
+	}
+	return h, nil
+}
+
+func (h *HCA) Name() string                  { return h.cfg.Name }
+func (h *HCA) NodeGUID() verbs.GUID          { return h.guid }
+func (h *HCA) NodeDesc() string              { return "ipoibfs " + h.cfg.Name }
+func (h *HCA) FWVersion() string             { return "1.0.0" }
+func (h *HCA) NumPorts() int                 { return len(h.ports) }
+func (h *HCA) SoftPort(n int) *Port          { return h.ports[n-1] }
+func (h *HCA) SM() *SM                       { return h.sm }
+func (h *HCA) EventDrops() uint64            { return h.evDrops.Load() }
+func (h *HCA) Endpoint(n int) netip.AddrPort { return h.ports[n-1].ep.Addr() }
+
+// Port returns port num (1-based).
+func (h *HCA) Port(num int) (verbs.Port, error) {
+	if num < 1 || num > len(h.ports) {
+		return nil, &verbs.Error{Op: "query_port", Obj: fmt.Sprintf("%s port %d", h.cfg.Name, num), Err: verbs.ErrNoPort}
+	}
+	return h.ports[num-1], nil
+}
+
+// Subscribe returns a channel of asynchronous events.
+func (h *HCA) Subscribe(buf int) (<-chan verbs.Event, func()) {
+	ch := make(chan verbs.Event, max(buf, 1))
+	h.mu.Lock()
+	h.subs[ch] = struct{}{}
+	h.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			h.mu.Lock()
+			delete(h.subs, ch)
+			h.mu.Unlock()
+		})
+	}
+}
+
+func (h *HCA) event(t verbs.EventType, port int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs {
+		select {
+		case ch <- verbs.Event{Type: t, Port: port}:
+		default:
+			h.evDrops.Add(1)
+		}
+	}
+}
+
+// CreateCQ creates a completion queue.
+func (h *HCA) CreateCQ(attr verbs.CQAttr) (verbs.CQ, error) {
+	if attr.Entries <= 0 || attr.Entries > 1<<20 {
+		return nil, &verbs.Error{Op: "create_cq", Obj: h.cfg.Name, Err: fmt.Errorf("%w: %d entries", verbs.ErrInvalid, attr.Entries)}
+	}
+	return newCQ(attr.Entries), nil
+}
+
+// CreateAH creates an address handle.
+func (h *HCA) CreateAH(attr verbs.AHAttr) (verbs.AH, error) {
+	if attr.Port < 1 || attr.Port > len(h.ports) {
+		return nil, &verbs.Error{Op: "create_ah", Obj: h.cfg.Name, Err: verbs.ErrNoPort}
+	}
+	if attr.DLID == verbs.LIDReserved || (attr.DLID.IsMulticast() && !attr.GRH) {
+		return nil, &verbs.Error{Op: "create_ah", Obj: h.cfg.Name, Err: fmt.Errorf("%w: DLID %#x", verbs.ErrInvalid, attr.DLID)}
+	}
+	return &AH{attr: attr}, nil
+}
+
+// Close detaches every port and destroys all QPs.
+func (h *HCA) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	qps := make([]*QP, 0, len(h.qps))
+	for _, q := range h.qps {
+		qps = append(qps, q)
+	}
+	h.mu.Unlock()
+	for _, q := range qps {
+		q.Close()
+	}
+	if h.sm != nil {
+		h.sm.Close()
+	}
+	close(h.stop)
+	for _, p := range h.ports {
+		p.close()
+	}
+	h.wg.Wait()
+	return nil
+}
+
+// AH is a soft address handle.
+type AH struct{ attr verbs.AHAttr }
+
+func (a *AH) Attr() verbs.AHAttr { return a.attr }
+func (a *AH) Close() error       { return nil }
+
+func durationFrom(ns uint64) time.Duration {
+	if ns > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}

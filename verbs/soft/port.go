@@ -1,0 +1,519 @@
+package soft
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/wire"
+)
+
+// Port is one port of a soft HCA. Lock order: QP.mu before Port.mu (read) before CQ.mu; SA database before SM.
+type Port struct {
+	hca  *HCA
+	num  int
+	guid verbs.GUID
+	ep   *impaired
+
+	mu       sync.RWMutex
+	attr     verbs.PortAttr
+	pkeys    []verbs.PKey
+	smGID    verbs.GID
+	routesV  uint64
+	uni      map[verbs.LID]ctlRoute
+	byAddr   map[netip.AddrPort]ctlRoute
+	multi    map[verbs.LID]ctlMRoute
+	mgidLID  map[verbs.GID]verbs.LID
+	attached map[verbs.GID][]*QP // multicast attachments of this port's QPs
+	lastCfg  time.Time
+
+	// sm is set when this port hosts the subnet manager: QP0 and SA traffic go to it.
+	sm atomic.Pointer[SM]
+
+	gsi gsiAgent
+
+	cnt struct {
+		xmitPkts, rcvPkts, xmitBytes, rcvBytes                        atomic.Uint64
+		badPKey, badQKey, malformed, badICRC, noQP, rcvDrop, xmitDisc atomic.Uint64
+	}
+}
+
+func newPort(h *HCA, num int, ep Endpoint) *Port {
+	p := &Port{hca: h, num: num, guid: GUIDFromName(h.cfg.Name, num), ep: newImpaired(ep),
+		uni: map[verbs.LID]ctlRoute{}, byAddr: map[netip.AddrPort]ctlRoute{},
+		multi: map[verbs.LID]ctlMRoute{}, mgidLID: map[verbs.GID]verbs.LID{},
+		attached: map[verbs.GID][]*QP{}}
+	p.attr = verbs.PortAttr{State: verbs.PortDown, PhysState: verbs.PhysPolling,
+		MaxMTU: h.cfg.MaxMTU, ActiveMTU: h.cfg.MaxMTU, Width: h.cfg.Width, LaneMbps: h.cfg.LaneMbps,
+		GUID: p.guid, GIDPrefix: verbs.DefaultGIDPrefix, PKeyTabLen: verbs.PKeyTableCapacity,
+		LinkLayer: "InfiniBand", Rate: rateFor(h.cfg.Width, h.cfg.LaneMbps)}
+	p.gsi.port = p
+	p.gsi.pending = map[uint32]chan []byte{}
+	return p
+}
+
+// rateFor maps width x lane speed onto the IBTA rate enum.
+func rateFor(width, lane int) verbs.Rate {
+	total := width * lane
+	best, bestMbps := verbs.Rate(3), 0
+	for r := verbs.Rate(2); r <= 24; r++ {
+		if m := r.Mbps(); m <= total && m > bestMbps {
+			best, bestMbps = r, m
+		}
+	}
+	return best
+}
+
+func (p *Port) start() {
+	p.ep.Start(p.receive)
+	p.hca.wg.Add(1)
+	go p.heartbeat()
+}
+
+func (p *Port) close() { p.ep.Close() }
+
+func (p *Port) Num() int { return p.num }
+
+// Attr returns a snapshot of the port attributes.
+func (p *Port) Attr() verbs.PortAttr {
+	p.mu.RLock()
+	a := p.attr
+	p.mu.RUnlock()
+	a.QKeyViolCnt = p.cnt.badQKey.Load()
+	a.PKeyViolCnt = p.cnt.badPKey.Load()
+	return a
+}
+
+// GID returns GID table entry index; the soft HCA has one entry.
+func (p *Port) GID(index int) (verbs.GID, error) {
+	if index != 0 {
+		return verbs.GID{}, &verbs.Error{Op: "query_gid", Obj: p.String(), Err: fmt.Errorf("%w: index %d", verbs.ErrInvalid, index)}
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return verbs.MakeGID(p.attr.GIDPrefix, p.guid), nil
+}
+
+func (p *Port) gid0() verbs.GID { return verbs.MakeGID(p.attr.GIDPrefix, p.guid) }
+
+func (p *Port) String() string { return fmt.Sprintf("%s port %d", p.hca.cfg.Name, p.num) }
+
+// PKeyTable returns a copy of the P_Key table.
+func (p *Port) PKeyTable() []verbs.PKey {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return slices.Clone(p.pkeys)
+}
+
+// FindPKey finds key's index, preferring the same membership.
+func (p *Port) FindPKey(key verbs.PKey) (int, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return findPKey(p.pkeys, key)
+}
+
+func findPKey(tab []verbs.PKey, key verbs.PKey) (int, bool) {
+	partial := -1
+	for i, k := range tab {
+		if k == key && k.Valid() {
+			return i, true
+		}
+		if k.Valid() && k.Base() == key.Base() && partial < 0 {
+			partial = i
+		}
+	}
+	return partial, partial >= 0
+}
+
+// Counters returns the port counters.
+func (p *Port) Counters() verbs.PortCounters {
+	c := &p.cnt
+	return verbs.PortCounters{XmitPackets: c.xmitPkts.Load(), RcvPackets: c.rcvPkts.Load(),
+		XmitBytes: c.xmitBytes.Load(), RcvBytes: c.rcvBytes.Load(), BadPKey: c.badPKey.Load(),
+		BadQKey: c.badQKey.Load(), Malformed: c.malformed.Load(), BadICRC: c.badICRC.Load(),
+		NoQP: c.noQP.Load(), RcvDropped: c.rcvDrop.Load(), XmitDiscards: c.xmitDisc.Load()}
+}
+
+// MAD returns the port's QP1 agent.
+func (p *Port) MAD() verbs.MADAgent { return &p.gsi }
+
+// ---- control plane (port side) ----
+
+func (p *Port) heartbeat() {
+	defer p.hca.wg.Done()
+	t := time.NewTicker(p.hca.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		p.sendHello()
+		select {
+		case <-p.hca.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Port) sendHello() {
+	p.mu.RLock()
+	m := ctlHello{NodeGUID: p.hca.guid, PortGUID: p.guid, PortNum: uint8(p.num),
+		NumPorts: uint8(len(p.hca.ports)), MaxMTU: p.attr.MaxMTU, Width: uint8(p.attr.Width),
+		LaneMbps: uint32(p.attr.LaneMbps), Epoch: p.attr.SMEpoch, RoutesVersion: p.routesV,
+		NodeDesc: p.hca.NodeDesc()}
+	p.mu.RUnlock()
+	body := m.append(putCtlHeader(nil, ctlAttrHello, 0))
+	if sm := p.sm.Load(); sm != nil {
+		sm.handleCtl(p.ep.Addr(), body) // the SM is on this very port
+		return
+	}
+	p.sendCtl(p.hca.cfg.SM, body)
+}
+
+// sendCtl sends a QP0 control message to an endpoint.
+func (p *Port) sendCtl(dst netip.AddrPort, body []byte) {
+	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey), DestQP: 0},
+		DETH: wire.DETH{QKey: 0, SrcQP: 0}, Payload: body}
+	b := pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})
+	_ = p.ep.Send([]Datagram{{dst, b}})
+}
+
+func (p *Port) handleCtl(src netip.AddrPort, mad []byte) {
+	attr, body, err := parseCtl(mad)
+	if err != nil {
+		p.cnt.malformed.Add(1)
+		return
+	}
+	if sm := p.sm.Load(); sm != nil && attr == ctlAttrHello {
+		sm.handleCtl(src, mad)
+		return
+	}
+	// Only the subnet manager we joined may configure us.
+	if src != p.hca.cfg.SM && p.sm.Load() == nil {
+		p.cnt.malformed.Add(1)
+		return
+	}
+	switch attr {
+	case ctlAttrConfig:
+		var c ctlConfig
+		if err := c.parse(body); err != nil {
+			p.cnt.malformed.Add(1)
+			return
+		}
+		p.applyConfig(&c)
+	case ctlAttrRoutes:
+		var r ctlRoutes
+		if err := r.parse(body); err != nil {
+			p.cnt.malformed.Add(1)
+			return
+		}
+		p.applyRoutes(&r)
+	default:
+		p.cnt.malformed.Add(1)
+	}
+}
+
+func (p *Port) applyConfig(c *ctlConfig) {
+	var evs []verbs.EventType
+	p.mu.Lock()
+	a := &p.attr
+	p.lastCfg = time.Now()
+	wasActive := a.State == verbs.PortActive
+	if a.LID != c.LID && a.LID != 0 {
+		evs = append(evs, verbs.EventLIDChange)
+	}
+	if a.SMLID != c.SMLID && a.SMLID != 0 || (a.SMEpoch != c.SMEpoch && a.SMEpoch != 0) {
+		evs = append(evs, verbs.EventSMChange)
+	}
+	if !slices.Equal(p.pkeys, c.PKeys) {
+		// The first programming is a change too: the table was empty before.
+		evs = append(evs, verbs.EventPKeyChange)
+	}
+	if c.Reregister && a.SMEpoch != c.SMEpoch && a.SMEpoch != 0 {
+		evs = append(evs, verbs.EventClientReregister)
+	}
+	if a.GIDPrefix != c.GIDPrefix {
+		evs = append(evs, verbs.EventGIDChange)
+	}
+	a.LID, a.SMLID, a.SMEpoch, a.GIDPrefix = c.LID, c.SMLID, c.SMEpoch, c.GIDPrefix
+	a.ActiveMTU = min(c.ActiveMTU, a.MaxMTU)
+	if c.Rate.Valid() {
+		a.Rate = c.Rate
+	}
+	p.smGID = c.SMGID
+	p.pkeys = slices.Clone(c.PKeys)
+	a.State = c.State
+	if a.State == verbs.PortActive {
+		a.PhysState = verbs.PhysLinkUp
+	}
+	nowActive := a.State == verbs.PortActive
+	p.mu.Unlock()
+	if nowActive && !wasActive {
+		evs = append([]verbs.EventType{verbs.EventPortActive}, evs...)
+	}
+	if !nowActive && wasActive {
+		evs = append([]verbs.EventType{verbs.EventPortErr}, evs...)
+	}
+	for _, e := range evs {
+		p.hca.event(e, p.num)
+	}
+}
+
+func (p *Port) applyRoutes(r *ctlRoutes) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.routesV = r.Version
+	p.uni = make(map[verbs.LID]ctlRoute, len(r.Uni))
+	p.byAddr = make(map[netip.AddrPort]ctlRoute, len(r.Uni))
+	for _, u := range r.Uni {
+		p.uni[u.LID] = u
+		p.byAddr[u.Addr] = u
+	}
+	p.multi = make(map[verbs.LID]ctlMRoute, len(r.Multi))
+	p.mgidLID = make(map[verbs.GID]verbs.LID, len(r.Multi))
+	for _, m := range r.Multi {
+		p.multi[m.MLID] = m
+		p.mgidLID[m.MGID] = m.MLID
+	}
+	p.ep.set(r.Faults)
+}
+
+// ---- data plane: receive ----
+
+const grhLen = 40
+
+func (p *Port) receive(batch []Datagram) {
+	var pkt wire.Packet
+	for _, d := range batch {
+		if err := wire.Parse(d.Data, &pkt); err != nil || !wire.IsUD(pkt.BTH.Opcode) {
+			// RC arrives with connected mode; until then everything else is malformed.
+			p.cnt.malformed.Add(1)
+			continue
+		}
+		p.cnt.rcvPkts.Add(1)
+		p.cnt.rcvBytes.Add(uint64(len(d.Data)))
+		switch dqp := verbs.QPN(pkt.BTH.DestQP); dqp {
+		case verbs.SMIQPN:
+			if !wire.CheckICRC(d.Data, verbs.GID{}, verbs.GID{}) {
+				p.cnt.badICRC.Add(1)
+				continue
+			}
+			p.handleCtl(d.Addr, pkt.Payload)
+		case verbs.MulticastQPN:
+			p.receiveMulticast(d, &pkt)
+		default:
+			p.receiveUnicast(d, &pkt, dqp)
+		}
+	}
+}
+
+// source looks up the sending port by its endpoint.
+func (p *Port) source(addr netip.AddrPort) (ctlRoute, bool) {
+	p.mu.RLock()
+	r, ok := p.byAddr[addr]
+	p.mu.RUnlock()
+	if !ok {
+		if sm := p.sm.Load(); sm != nil {
+			return sm.routeByAddr(addr)
+		}
+	}
+	return r, ok
+}
+
+func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN) {
+	src, ok := p.source(d.Addr)
+	if !ok {
+		p.cnt.malformed.Add(1)
+		return
+	}
+	p.mu.RLock()
+	dgid := p.gid0()
+	pkeys := p.pkeys
+	p.mu.RUnlock()
+	if !wire.CheckICRC(d.Data, src.GID, dgid) {
+		p.cnt.badICRC.Add(1)
+		return
+	}
+	pk := verbs.PKey(pkt.BTH.PKey)
+	if dqp == verbs.GSIQPN {
+		// QP1 accepts any P_Key in the table.
+		idx, ok := findPKey(pkeys, pk)
+		if !ok || !pkeys[idx].CanTalk(pk) {
+			p.cnt.badPKey.Add(1)
+			return
+		}
+		if pkt.DETH.QKey != verbs.GSIQKey {
+			p.cnt.badQKey.Add(1)
+			return
+		}
+		p.gsi.receive(src, verbs.QPN(pkt.DETH.SrcQP), pkt.Payload)
+		return
+	}
+	q := p.hca.qp(dqp)
+	if q == nil || q.port != p {
+		p.cnt.noQP.Add(1)
+		return
+	}
+	q.deliver(pkt, src, dgid)
+}
+
+func (p *Port) receiveMulticast(d Datagram, pkt *wire.Packet) {
+	src, ok := p.source(d.Addr)
+	if !ok {
+		p.cnt.malformed.Add(1)
+		return
+	}
+	p.mu.RLock()
+	cands := make([]verbs.GID, 0, len(p.attached))
+	for g := range p.attached {
+		cands = append(cands, g)
+	}
+	p.mu.RUnlock()
+	i := wire.MatchICRC(d.Data, src.GID, cands)
+	if i < 0 {
+		p.cnt.badICRC.Add(1) // not for a group this port attached, or corrupted
+		return
+	}
+	p.mu.RLock()
+	qps := slices.Clone(p.attached[cands[i]])
+	p.mu.RUnlock()
+	for _, q := range qps {
+		q.deliver(pkt, src, cands[i])
+	}
+}
+
+// ---- data plane: send helpers ----
+
+// resolve returns the endpoints and destination GID for a DLID.
+func (p *Port) resolve(dlid verbs.LID, dst []Datagram) ([]Datagram, verbs.GID, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if dlid.IsMulticast() {
+		m, ok := p.multi[dlid]
+		if !ok {
+			return dst, verbs.GID{}, false
+		}
+		for _, l := range m.Members {
+			if r, ok := p.uni[l]; ok {
+				dst = append(dst, Datagram{Addr: r.Addr})
+			}
+		}
+		return dst, m.MGID, true
+	}
+	r, ok := p.uni[dlid]
+	if !ok {
+		return dst, verbs.GID{}, false
+	}
+	return append(dst, Datagram{Addr: r.Addr}), r.GID, true
+}
+
+// ---- QP1 general services agent ----
+
+type gsiAgent struct {
+	port    *Port
+	mu      sync.Mutex
+	pending map[uint32]chan []byte
+	tid     atomic.Uint32
+	handler atomic.Pointer[func(src ctlRoute, srcQP verbs.QPN, mad []byte) []byte]
+}
+
+// Call sends a request MAD to QP1 at dlid and waits for the matching response.
+func (g *gsiAgent) Call(ctx context.Context, dlid verbs.LID, req []byte, timeout time.Duration, retries int) ([]byte, error) {
+	if len(req) < 24 {
+		return nil, &verbs.Error{Op: "mad_call", Obj: g.port.String(), Err: fmt.Errorf("%w: MAD of %d bytes", verbs.ErrInvalid, len(req))}
+	}
+	req = slices.Clone(req)
+	// The low 32 bits of the TID identify the request on this agent, as the kernel MAD
+	// layer does with its agent bits; the caller's high bits are kept.
+	tid := g.tid.Add(1)
+	binary.BigEndian.PutUint32(req[12:], tid)
+	ch := make(chan []byte, 1)
+	g.mu.Lock()
+	g.pending[tid] = ch
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.pending, tid)
+		g.mu.Unlock()
+	}()
+	for try := 0; try <= retries; try++ {
+		if err := g.send(dlid, verbs.GSIQPN, req); err != nil {
+			return nil, &verbs.Error{Op: "mad_call", Obj: g.port.String(), Err: err}
+		}
+		t := time.NewTimer(timeout)
+		select {
+		case resp := <-ch:
+			t.Stop()
+			return resp, nil
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil, &verbs.Error{Op: "mad_call", Obj: fmt.Sprintf("%s to LID %#x", g.port, dlid), Err: verbs.ErrTimeout}
+}
+
+// send transmits a MAD from QP1 to dqp at dlid.
+func (g *gsiAgent) send(dlid verbs.LID, dqp verbs.QPN, mad []byte) error {
+	p := g.port
+	p.mu.RLock()
+	var pkey verbs.PKey = verbs.DefaultPKey
+	if len(p.pkeys) > 0 {
+		pkey = p.pkeys[0]
+	}
+	sgid := p.gid0()
+	p.mu.RUnlock()
+	dst, dgid, ok := p.resolve(dlid, nil)
+	if !ok {
+		p.cnt.xmitDisc.Add(1)
+		return fmt.Errorf("%w: no route to LID %#x", verbs.ErrPortDown, dlid)
+	}
+	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey), DestQP: uint32(dqp)},
+		DETH: wire.DETH{QKey: verbs.GSIQKey, SrcQP: uint32(verbs.GSIQPN)}, Payload: mad}
+	b := pkt.AppendTo(nil, sgid, dgid)
+	for i := range dst {
+		dst[i].Data = b
+	}
+	p.cnt.xmitPkts.Add(uint64(len(dst)))
+	p.cnt.xmitBytes.Add(uint64(len(b) * len(dst)))
+	return p.ep.Send(dst)
+}
+
+func (g *gsiAgent) receive(src ctlRoute, srcQP verbs.QPN, mad []byte) {
+	if len(mad) < 24 {
+		g.port.cnt.malformed.Add(1)
+		return
+	}
+	if mad[3]&0x80 != 0 { // response
+		tid := binary.BigEndian.Uint32(mad[12:])
+		g.mu.Lock()
+		ch := g.pending[tid]
+		g.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- slices.Clone(mad):
+			default: // duplicate response
+			}
+		}
+		return
+	}
+	h := g.handler.Load()
+	if h == nil {
+		return
+	}
+	if resp := (*h)(src, srcQP, mad); resp != nil {
+		_ = g.send(src.LID, srcQP, resp)
+	}
+}
+
+// HandleMADs installs the server for unsolicited MADs on this port's QP1 (the SA when
+// the port hosts the subnet manager). h returns the response or nil.
+func (p *Port) HandleMADs(h func(srcLID verbs.LID, srcGID verbs.GID, mad []byte) []byte) {
+	f := func(src ctlRoute, _ verbs.QPN, mad []byte) []byte { return h(src.LID, src.GID, mad) }
+	p.gsi.handler.Store(&f)
+}

@@ -1,0 +1,483 @@
+package soft
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/wire"
+)
+
+// QP is a soft queue pair. Only UD is implemented so far; RC arrives with connected mode.
+type QP struct {
+	hca    *HCA
+	port   *Port
+	num    verbs.QPN
+	typ    verbs.QPType
+	sendCQ *CQ
+	recvCQ *CQ
+	sigAll bool
+	maxS   int
+	maxR   int
+
+	mu     sync.Mutex
+	state  verbs.QPState
+	pkeyIx int
+	qkey   uint32
+	recvQ  []verbs.RecvWR // posted receive buffers, FIFO
+	recvH  int            // head index into recvQ
+	psn    uint32
+
+	sendMu  sync.Mutex // serialises PostSend so the scratch buffers can be reused
+	scratch []byte
+	dgrams  []Datagram
+}
+
+// CreateQP creates a queue pair in RESET.
+func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
+	fail := func(err error) (verbs.QP, error) {
+		return nil, &verbs.Error{Op: "create_qp", Obj: h.cfg.Name, Err: err}
+	}
+	if attr.Type != verbs.QPTypeUD {
+		return fail(fmt.Errorf("%w: QP type %v not supported yet", verbs.ErrInvalid, attr.Type))
+	}
+	if attr.Port < 1 || attr.Port > len(h.ports) {
+		return fail(verbs.ErrNoPort)
+	}
+	scq, ok1 := attr.SendCQ.(*CQ)
+	rcq, ok2 := attr.RecvCQ.(*CQ)
+	if !ok1 || !ok2 || scq == nil || rcq == nil {
+		return fail(fmt.Errorf("%w: send and receive CQs must be soft CQs", verbs.ErrInvalid))
+	}
+	if attr.MaxSendWR <= 0 || attr.MaxRecvWR <= 0 || attr.MaxSendWR > 1<<16 || attr.MaxRecvWR > 1<<16 {
+		return fail(fmt.Errorf("%w: queue sizes %d/%d", verbs.ErrInvalid, attr.MaxSendWR, attr.MaxRecvWR))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return fail(verbs.ErrClosed)
+	}
+	for h.qps[h.nextQPN] != nil || h.nextQPN < 2 {
+		h.nextQPN = (h.nextQPN + 1) & 0xfffffe // never 0xffffff (multicast)
+	}
+	q := &QP{hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
+		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR}
+	h.nextQPN++
+	h.qps[q.num] = q
+	return q, nil
+}
+
+func (h *HCA) qp(n verbs.QPN) *QP {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.qps[n]
+}
+
+func (q *QP) Num() verbs.QPN       { return q.num }
+func (q *QP) Type() verbs.QPType   { return q.typ }
+func (q *QP) String() string       { return fmt.Sprintf("%s qp %#x", q.port, uint32(q.num)) }
+func (q *QP) State() verbs.QPState { q.mu.Lock(); defer q.mu.Unlock(); return q.state }
+
+// Modify applies a state transition with the UD rules: RESET->INIT needs P_Key index
+// and Q_Key; INIT->RTR; RTR->RTS; any->ERR or RESET.
+func (q *QP) Modify(m verbs.QPModify) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	fail := func(format string, a ...any) error {
+		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: fmt.Errorf("%w: "+format, append([]any{verbs.ErrInvalidState}, a...)...)}
+	}
+	if m.Mask&verbs.QPMaskPKeyIndex != 0 {
+		if m.PKeyIndex < 0 || m.PKeyIndex >= verbs.PKeyTableCapacity {
+			return fail("P_Key index %d", m.PKeyIndex)
+		}
+	}
+	next := q.state
+	if m.Mask&verbs.QPMaskState != 0 {
+		next = m.State
+	}
+	ok := false
+	switch {
+	case next == verbs.QPReset || next == verbs.QPErr:
+		ok = true
+	case q.state == verbs.QPReset && next == verbs.QPInit:
+		ok = m.Mask&verbs.QPMaskPKeyIndex != 0 && m.Mask&verbs.QPMaskQKey != 0
+	case q.state == verbs.QPInit && (next == verbs.QPInit || next == verbs.QPRTR):
+		ok = true
+	case q.state == verbs.QPRTR && next == verbs.QPRTS:
+		ok = true
+	case q.state == verbs.QPRTS && next == verbs.QPRTS:
+		ok = true
+	}
+	if !ok {
+		return fail("%v -> %v", q.state, next)
+	}
+	if m.Mask&verbs.QPMaskPKeyIndex != 0 {
+		q.pkeyIx = m.PKeyIndex
+	}
+	if m.Mask&verbs.QPMaskQKey != 0 {
+		q.qkey = m.QKey
+	}
+	if m.Mask&verbs.QPMaskSQPSN != 0 {
+		q.psn = m.SQPSN & 0xffffff
+	}
+	prev := q.state
+	q.state = next
+	switch next {
+	case verbs.QPErr:
+		q.flushLocked()
+	case verbs.QPReset:
+		q.recvQ, q.recvH = nil, 0
+	}
+	_ = prev
+	return nil
+}
+
+// flushLocked completes every posted receive with a flush error.
+func (q *QP) flushLocked() {
+	for _, wr := range q.recvQ[q.recvH:] {
+		q.recvCQ.push(verbs.WC{WRID: wr.ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.num})
+	}
+	q.recvQ, q.recvH = nil, 0
+}
+
+// PostRecv queues receive buffers.
+func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state == verbs.QPReset || q.state == verbs.QPErr {
+		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
+	}
+	if q.recvH > 0 && q.recvH == len(q.recvQ) {
+		q.recvQ, q.recvH = q.recvQ[:0], 0
+	}
+	n := 0
+	for _, wr := range wrs {
+		if len(q.recvQ)-q.recvH >= q.maxR {
+			return n, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrQueueFull}
+		}
+		q.recvQ = append(q.recvQ, wr)
+		n++
+	}
+	return n, nil
+}
+
+// PostSend transmits UD sends. Sends to unknown LIDs complete successfully but are
+// lost on the fabric, as on real UD; they are counted as port transmit discards.
+func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
+	q.mu.Lock()
+	st, pkeyIx, qkey := q.state, q.pkeyIx, q.qkey
+	q.mu.Unlock()
+	if st != verbs.QPRTS {
+		return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrInvalidState}
+	}
+	p := q.port
+	p.mu.RLock()
+	var pkey verbs.PKey
+	if pkeyIx < len(p.pkeys) {
+		pkey = p.pkeys[pkeyIx]
+	}
+	sgid := p.gid0()
+	mtu := p.attr.ActiveMTU.Bytes()
+	p.mu.RUnlock()
+
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.scratch = q.scratch[:0]
+	q.dgrams = q.dgrams[:0]
+	type span struct{ from, to, off, end int }
+	spans := make([]span, 0, len(wrs))
+	var comps []verbs.WC
+	for i := range wrs {
+		wr := &wrs[i]
+		n := 0
+		for _, d := range wr.Data {
+			n += len(d)
+		}
+		status := verbs.WCSuccess
+		ah, _ := wr.AH.(*AH)
+		switch {
+		case ah == nil || ah.attr.Port != p.num:
+			status = verbs.WCLocQPOpErr
+		case n > mtu:
+			status = verbs.WCLocLenErr
+		case !pkey.Valid():
+			// P_Key index points at an empty entry: the HCA cannot send.
+			p.cnt.xmitDisc.Add(1)
+		}
+		if status == verbs.WCSuccess && pkey.Valid() {
+			from := len(q.dgrams)
+			var dgid verbs.GID
+			var ok bool
+			q.dgrams, dgid, ok = p.resolve(ah.attr.DLID, q.dgrams)
+			if !ok {
+				p.cnt.xmitDisc.Add(1)
+			} else {
+				if ah.attr.GRH && !ah.attr.DLID.IsMulticast() {
+					dgid = ah.attr.DGID
+				}
+				rq := wr.RemoteQKey
+				if rq&0x80000000 != 0 {
+					rq = qkey // controlled Q_Key: use the QP's own
+				}
+				q.mu.Lock()
+				psn := q.psn
+				q.psn = (q.psn + 1) & 0xffffff
+				q.mu.Unlock()
+				pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey),
+					DestQP: uint32(wr.RemoteQPN), PSN: psn}, DETH: wire.DETH{QKey: rq, SrcQP: uint32(q.num)}}
+				if wr.WithImm {
+					pkt.BTH.Opcode, pkt.Imm = wire.OpUDSendOnlyImm, wr.Imm
+				}
+				if len(wr.Data) == 1 {
+					pkt.Payload = wr.Data[0]
+				} else {
+					buf := make([]byte, 0, n)
+					for _, d := range wr.Data {
+						buf = append(buf, d...)
+					}
+					pkt.Payload = buf
+				}
+				off := len(q.scratch)
+				q.scratch = pkt.AppendTo(q.scratch, sgid, dgid)
+				spans = append(spans, span{from, len(q.dgrams), off, len(q.scratch)})
+			}
+		}
+		if status != verbs.WCSuccess || wr.Signaled || q.sigAll {
+			comps = append(comps, verbs.WC{WRID: wr.ID, Status: status, Opcode: verbs.WCSend, QPN: q.num, ByteLen: n})
+		}
+	}
+	// scratch may have moved while growing: attach the data now.
+	var pkts, bytes uint64
+	for _, s := range spans {
+		for i := s.from; i < s.to; i++ {
+			q.dgrams[i].Data = q.scratch[s.off:s.end]
+			pkts++
+			bytes += uint64(s.end - s.off)
+		}
+	}
+	p.cnt.xmitPkts.Add(pkts)
+	p.cnt.xmitBytes.Add(bytes)
+	if len(q.dgrams) > 0 {
+		if err := p.ep.Send(q.dgrams); err != nil {
+			return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: err}
+		}
+	}
+	for _, c := range comps {
+		q.sendCQ.push(c)
+	}
+	return len(wrs), nil
+}
+
+// deliver runs the receive checks of one packet for this QP and completes a receive.
+func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID) {
+	p := q.port
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state != verbs.QPRTR && q.state != verbs.QPRTS {
+		p.cnt.noQP.Add(1)
+		return
+	}
+	p.mu.RLock()
+	var mine verbs.PKey
+	if q.pkeyIx < len(p.pkeys) {
+		mine = p.pkeys[q.pkeyIx]
+	}
+	p.mu.RUnlock()
+	if !mine.CanTalk(verbs.PKey(pkt.BTH.PKey)) {
+		p.cnt.badPKey.Add(1)
+		return
+	}
+	if pkt.DETH.QKey != q.qkey {
+		p.cnt.badQKey.Add(1)
+		return
+	}
+	if q.recvH == len(q.recvQ) {
+		p.cnt.rcvDrop.Add(1)
+		return
+	}
+	wr := q.recvQ[q.recvH]
+	q.recvQ[q.recvH] = verbs.RecvWR{}
+	q.recvH++
+	wc := verbs.WC{WRID: wr.ID, Opcode: verbs.WCRecv, QPN: q.num, SrcQP: verbs.QPN(pkt.DETH.SrcQP),
+		SLID: src.LID, PKeyIndex: q.pkeyIx, GRH: true, WithImm: pkt.BTH.Opcode == wire.OpUDSendOnlyImm, Imm: pkt.Imm}
+	need := grhLen + len(pkt.Payload)
+	if len(wr.Buf) < need {
+		wc.Status = verbs.WCLocLenErr
+		q.recvCQ.push(wc)
+		return
+	}
+	writeGRH(wr.Buf, len(pkt.Payload), src.GID, dgid)
+	copy(wr.Buf[grhLen:], pkt.Payload)
+	wc.ByteLen = need
+	q.recvCQ.push(wc)
+}
+
+// writeGRH fills a 40-byte GRH as a UD receive buffer carries it.
+func writeGRH(b []byte, payload int, sgid, dgid verbs.GID) {
+	b[0], b[1], b[2], b[3] = 0x60, 0, 0, 0
+	b[4], b[5] = byte(payload>>8), byte(payload)
+	b[6], b[7] = 0x1b, 0xff // next header: IBA transport; hop limit
+	copy(b[8:24], sgid[:])
+	copy(b[24:40], dgid[:])
+}
+
+// AttachMcast attaches the QP to a multicast group.
+func (q *QP) AttachMcast(gid verbs.GID, lid verbs.LID) error {
+	if !gid.IsMulticast() || !lid.IsMulticast() {
+		return &verbs.Error{Op: "attach_mcast", Obj: q.String(), Err: fmt.Errorf("%w: %v / %#x", verbs.ErrInvalid, gid, lid)}
+	}
+	p := q.port
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, o := range p.attached[gid] {
+		if o == q {
+			return nil
+		}
+	}
+	p.attached[gid] = append(p.attached[gid], q)
+	return nil
+}
+
+// DetachMcast detaches the QP from a group.
+func (q *QP) DetachMcast(gid verbs.GID, lid verbs.LID) error {
+	p := q.port
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.attached[gid]
+	for i, o := range l {
+		if o == q {
+			l = append(l[:i], l[i+1:]...)
+			if len(l) == 0 {
+				delete(p.attached, gid)
+			} else {
+				p.attached[gid] = l
+			}
+			return nil
+		}
+	}
+	return &verbs.Error{Op: "detach_mcast", Obj: q.String(), Err: fmt.Errorf("%w: not attached to %v", verbs.ErrInvalid, gid)}
+}
+
+// Close destroys the QP.
+func (q *QP) Close() error {
+	p := q.port
+	p.mu.Lock()
+	for g, l := range p.attached {
+		for i, o := range l {
+			if o == q {
+				l = append(l[:i], l[i+1:]...)
+				break
+			}
+		}
+		if len(l) == 0 {
+			delete(p.attached, g)
+		} else {
+			p.attached[g] = l
+		}
+	}
+	p.mu.Unlock()
+	q.hca.mu.Lock()
+	delete(q.hca.qps, q.num)
+	q.hca.mu.Unlock()
+	q.mu.Lock()
+	q.state = verbs.QPReset
+	q.recvQ, q.recvH = nil, 0
+	q.mu.Unlock()
+	return nil
+}
+
+// ---- completion queue ----
+
+// CQ is a soft completion queue with moderation.
+type CQ struct {
+	mu       sync.Mutex
+	ring     []verbs.WC
+	head, n  int
+	notify   chan struct{}
+	count    uint16
+	usecs    uint16
+	timer    *time.Timer
+	overruns atomic.Uint64
+	closed   bool
+}
+
+func newCQ(entries int) *CQ {
+	return &CQ{ring: make([]verbs.WC, entries), notify: make(chan struct{}, 1)}
+}
+
+func (c *CQ) push(wc verbs.WC) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if c.n == len(c.ring) {
+		c.overruns.Add(1)
+		return
+	}
+	c.ring[(c.head+c.n)%len(c.ring)] = wc
+	c.n++
+	switch {
+	case c.count == 0 && c.usecs == 0, c.count != 0 && c.n >= int(c.count):
+		c.signal()
+	case c.usecs != 0 && c.timer == nil:
+		c.timer = time.AfterFunc(time.Duration(c.usecs)*time.Microsecond, func() {
+			c.mu.Lock()
+			c.timer = nil
+			c.signal()
+			c.mu.Unlock()
+		})
+	}
+}
+
+func (c *CQ) signal() {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Poll moves up to len(wc) completions out.
+func (c *CQ) Poll(wc []verbs.WC) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := min(len(wc), c.n)
+	for i := 0; i < k; i++ {
+		wc[i] = c.ring[c.head]
+		c.ring[c.head] = verbs.WC{}
+		c.head = (c.head + 1) % len(c.ring)
+	}
+	c.n -= k
+	return k
+}
+
+// Notify returns the readiness channel.
+func (c *CQ) Notify() <-chan struct{} { return c.notify }
+
+// SetModeration sets completion moderation; 0,0 signals every completion.
+func (c *CQ) SetModeration(count, usecs uint16) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.count, c.usecs = count, usecs
+	return nil
+}
+
+// Overruns counts completions lost because the CQ was full.
+func (c *CQ) Overruns() uint64 { return c.overruns.Load() }
+
+// Close destroys the CQ.
+func (c *CQ) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	return nil
+}
