@@ -603,3 +603,20 @@ func (d *Device) Close() error {
 	}
 	return nil
 }
+
+// SetLinkLocal replaces the kernel's own IPv6 link-local address generation with a
+// fixed address (IPoIB derives it from the port GUID): address generation mode "none",
+// then addr/64 added without DAD. Call it before bringing the device up.
+func (d *Device) SetLinkLocal(addr netip.Addr) error {
+	return d.control(func() error {
+		const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE
+		if err := d.h.LinkSetIP6AddrGenMode(d.link, addrGenModeNone); err != nil {
+			return d.errorf("set IPv6 address generation mode none: %w", err)
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := d.h.AddrAdd(d.link, a); err != nil && !errors.Is(err, unix.EEXIST) {
+			return d.errorf("add link-local %s: %w", addr, err)
+		}
+		return nil
+	})
+}

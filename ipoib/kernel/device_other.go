@@ -58,3 +58,6 @@ func (d *Device) WatchAddrs(fn func([]netip.Prefix)) {}
 
 // Close does nothing.
 func (d *Device) Close() error { return nil }
+
+// SetLinkLocal is not supported.
+func (d *Device) SetLinkLocal(addr netip.Addr) error { return d.unsupported() }

@@ -1,0 +1,244 @@
+package ipoib
+
+import (
+	"fmt"
+	"log"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"ipoibfs/verbs"
+)
+
+// Error is an engine error naming the operation, the interface or file, and the errno.
+type Error struct {
+	Op     string // "write", "create_child", "set_mtu" ...
+	If     string // interface name or tree path
+	Err    error  // a syscall.Errno
+	Detail string // one line: why
+}
+
+func (e *Error) Error() string {
+	s := e.Op + " " + e.If + ": " + e.Err.Error()
+	if e.Detail != "" {
+		s += ": " + e.Detail
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Host is the kernel side of an interface.
+type Host interface {
+	// Deliver hands received IP packets (no link header) to the kernel.
+	Deliver(pkts [][]byte)
+	// SetMTU follows the interface MTU.
+	SetMTU(mtu int)
+	// SetCarrier follows the interface carrier.
+	SetCarrier(on bool)
+	// SetOffloads follows the interface's enabled features.
+	SetOffloads(f Features)
+}
+
+// Options configure an engine.
+type Options struct {
+	Params *Params
+	Logger *log.Logger // trace lines for debug_level / mcast_debug_level; nil = log.Default()
+	// NameTemplate for parents, "%d" replaced by port-1 (default "ib%d").
+	NameTemplate string
+}
+
+// Engine runs IPoIB on every port of one HCA.
+type Engine struct {
+	dev    verbs.Device
+	params *Params
+	log    *log.Logger
+	start  time.Time
+
+	mu     sync.Mutex
+	ifs    map[string]*Interface
+	closed bool
+	subs   map[chan string]struct{}
+
+	stopEv func()
+	done   chan struct{}
+}
+
+// New starts an engine with one parent interface per port of dev.
+func New(dev verbs.Device, o Options) (*Engine, error) {
+	if o.Params == nil {
+		o.Params = DefaultParams()
+	}
+	if o.Logger == nil {
+		o.Logger = log.Default()
+	}
+	if o.NameTemplate == "" {
+		o.NameTemplate = "ib%d"
+	}
+	e := &Engine{dev: dev, params: o.Params, log: o.Logger, start: time.Now(),
+		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{})}
+	events, stop := dev.Subscribe(64)
+	e.stopEv = stop
+	for n := 1; n <= dev.NumPorts(); n++ {
+		name := fmt.Sprintf(o.NameTemplate, n-1)
+		i, err := newInterface(e, name, n, nil, 0)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.ifs[name] = i
+	}
+	go e.eventLoop(events)
+	return e, nil
+}
+
+// Device returns the HCA the engine runs on.
+func (e *Engine) Device() verbs.Device { return e.dev }
+
+// Params returns the module parameters.
+func (e *Engine) Params() *Params { return e.params }
+
+// Interfaces returns all interfaces sorted by name.
+func (e *Engine) Interfaces() []*Interface {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*Interface, 0, len(e.ifs))
+	for _, i := range e.ifs {
+		out = append(out, i)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+	return out
+}
+
+// Interface returns the interface with that name.
+func (e *Engine) Interface(name string) (*Interface, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	i, ok := e.ifs[name]
+	return i, ok
+}
+
+// Watch returns a channel that receives an interface name whenever an interface is
+// added or removed, and a cancel function.
+func (e *Engine) Watch() (<-chan string, func()) {
+	ch := make(chan string, 64)
+	e.mu.Lock()
+	e.subs[ch] = struct{}{}
+	e.mu.Unlock()
+	return ch, func() {
+		e.mu.Lock()
+		delete(e.subs, ch)
+		e.mu.Unlock()
+	}
+}
+
+func (e *Engine) notifyLocked(name string) {
+	for ch := range e.subs {
+		select {
+		case ch <- name:
+		default:
+		}
+	}
+}
+
+// Close stops every interface.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	ifs := make([]*Interface, 0, len(e.ifs))
+	for _, i := range e.ifs {
+		ifs = append(ifs, i)
+	}
+	e.mu.Unlock()
+	if e.stopEv != nil {
+		e.stopEv()
+	}
+	// Children first, as ipoib_remove_one does.
+	sort.Slice(ifs, func(a, b int) bool { return ifs[a].parent != nil && ifs[b].parent == nil })
+	for _, i := range ifs {
+		i.close()
+	}
+}
+
+// eventLoop dispatches port events: CLIENT_REREGISTER and GID_CHANGE flush lightly
+// (rejoin groups), PORT_ERR/PORT_ACTIVE/LID_CHANGE/SM_CHANGE normally (paths too),
+// PKEY_CHANGE heavily (re-find the P_Key and restart the QP).
+func (e *Engine) eventLoop(ch <-chan verbs.Event) {
+	for ev := range ch {
+		var level flushLevel
+		switch ev.Type {
+		case verbs.EventClientReregister, verbs.EventGIDChange:
+			level = flushLight
+		case verbs.EventPKeyChange:
+			level = flushHeavy
+		default:
+			level = flushNormal
+		}
+		e.tracef(1, "port %d event %v: %v flush", ev.Port, ev.Type, level)
+		for _, i := range e.Interfaces() {
+			if i.port == ev.Port {
+				i.flush(level)
+			}
+		}
+	}
+}
+
+// tracef logs when debug_level >= level.
+func (e *Engine) tracef(level int32, format string, a ...any) {
+	if e.params.DebugLevel.Load() >= level {
+		e.log.Printf("ipoib: "+format, a...)
+	}
+}
+
+// mtracef logs when mcast_debug_level >= level.
+func (e *Engine) mtracef(level int32, format string, a ...any) {
+	if e.params.McastDebugLevel.Load() >= level {
+		e.log.Printf("ipoib mcast: "+format, a...)
+	}
+}
+
+// jiffies emulates the kernel's jiffies counter (HZ=250, starting 5 minutes before wrap
+// as INITIAL_JIFFIES does), for the "created" field of <if>_mcg.
+func (e *Engine) jiffies(t time.Time) int64 {
+	const hz = 250
+	return int64(1<<32-300*hz) + int64(t.Sub(e.start)/(time.Second/hz))
+}
+
+// Stats are the interface counters, named as the kernel's ethtool -S shows them.
+type Stats struct {
+	RxPackets, TxPackets, RxBytes, TxBytes, TxErrors, RxDropped, TxDropped, Multicast uint64
+}
+
+// StatNames lists the statistics in ethtool order.
+var StatNames = []string{"rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "tx_errors", "rx_dropped", "tx_dropped", "multicast"}
+
+// Values returns the statistics in StatNames order.
+func (s Stats) Values() []uint64 {
+	return []uint64{s.RxPackets, s.TxPackets, s.RxBytes, s.TxBytes, s.TxErrors, s.RxDropped, s.TxDropped, s.Multicast}
+}
+
+type stats struct {
+	rxPackets, txPackets, rxBytes, txBytes, txErrors, rxDropped, txDropped, multicast atomic.Uint64
+}
+
+func (s *stats) snapshot() Stats {
+	return Stats{s.rxPackets.Load(), s.txPackets.Load(), s.rxBytes.Load(), s.txBytes.Load(),
+		s.txErrors.Load(), s.rxDropped.Load(), s.txDropped.Load(), s.multicast.Load()}
+}
+
+// addrsOf collects the interface's own addresses as the host reported them.
+func addrsOf(p []netip.Prefix) []netip.Addr {
+	out := make([]netip.Addr, 0, len(p))
+	for _, x := range p {
+		out = append(out, x.Addr())
+	}
+	return slices.Compact(out)
+}
+

@@ -1,0 +1,537 @@
+package ipoib
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft"
+	"ipoibfs/verbs/soft/partitions"
+)
+
+// fakeHost stands in for the kernel: it records what the engine delivers.
+type fakeHost struct {
+	mu      sync.Mutex
+	pkts    [][]byte
+	mtu     int
+	carrier bool
+	feat    Features
+}
+
+func (h *fakeHost) Deliver(pkts [][]byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, p := range pkts {
+		h.pkts = append(h.pkts, append([]byte(nil), p...))
+	}
+}
+func (h *fakeHost) SetMTU(m int)           { h.mu.Lock(); h.mtu = m; h.mu.Unlock() }
+func (h *fakeHost) SetCarrier(on bool)     { h.mu.Lock(); h.carrier = on; h.mu.Unlock() }
+func (h *fakeHost) SetOffloads(f Features) { h.mu.Lock(); h.feat = f; h.mu.Unlock() }
+
+// take returns and forgets the packets matching f.
+func (h *fakeHost) take(f func([]byte) bool) [][]byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out, keep [][]byte
+	for _, p := range h.pkts {
+		if f(p) {
+			out = append(out, p)
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	h.pkts = keep
+	return out
+}
+
+type node struct {
+	hca  *soft.HCA
+	e    *Engine
+	ib0  *Interface
+	host *fakeHost
+}
+
+const hb = 20 * time.Millisecond
+
+// testFabric starts an SM node and engines on named nodes, each with ib0 up.
+func testFabric(t *testing.T, conf string, names ...string) (*soft.HCA, []*node) {
+	t.Helper()
+	net := soft.NewMemNetwork()
+	var parts *partitions.Config
+	if conf != "" {
+		var err error
+		if parts, err = partitions.Parse("t.conf", strings.NewReader(conf)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	smh, err := soft.New(soft.Config{Name: "sm", Network: net, HostSM: true, Partitions: parts, Heartbeat: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	var nodes []*node
+	for _, name := range names {
+		h, err := soft.New(soft.Config{Name: name, Network: net, SM: smh.Endpoint(1), Heartbeat: hb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		waitFor(t, name+" port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
+		e, err := New(h, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		ib0, _ := e.Interface("ib0")
+		host := &fakeHost{}
+		ib0.AttachHost(host)
+		if err := ib0.SetUp(true); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, &node{h, e, ib0, host})
+	}
+	for _, n := range nodes {
+		waitFor(t, n.ib0.name+" carrier", n.ib0.Carrier)
+	}
+	return smh, nodes
+}
+
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// icmp4 builds an ICMP echo request or reply.
+func icmp4(src, dst string, typ byte, seq uint16, size int) []byte {
+	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
+	p := make([]byte, 28+size)
+	p[0], p[8], p[9] = 0x45, 64, 1
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	copy(p[12:], s[:])
+	copy(p[16:], d[:])
+	binary.BigEndian.PutUint16(p[10:], csum(p[:20]))
+	p[20] = typ
+	binary.BigEndian.PutUint16(p[26:], seq)
+	binary.BigEndian.PutUint16(p[22:], csum(p[20:]))
+	return p
+}
+
+// icmp6Echo builds an ICMPv6 echo request.
+func icmp6Echo(src, dst netip.Addr, seq uint16) []byte {
+	p := make([]byte, 40+8)
+	p[0] = 0x60
+	binary.BigEndian.PutUint16(p[4:], 8)
+	p[6], p[7] = 58, 64
+	s, d := src.As16(), dst.As16()
+	copy(p[8:], s[:])
+	copy(p[24:], d[:])
+	p[40] = 128
+	binary.BigEndian.PutUint16(p[46:], seq)
+	binary.BigEndian.PutUint16(p[42:], icmpv6Checksum(p))
+	return p
+}
+
+func csum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+func isICMP4(seq uint16) func([]byte) bool {
+	return func(p []byte) bool { return len(p) >= 28 && p[9] == 1 && binary.BigEndian.Uint16(p[26:]) == seq }
+}
+
+// ping sends one echo from a to b until b's host sees it (ARP may take a round).
+func ping(t *testing.T, a, b *Interface, hb *fakeHost, src, dst string, seq uint16) {
+	t.Helper()
+	pkt := icmp4(src, dst, 8, seq, 56)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		a.Transmit([][]byte{pkt})
+		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if got := hb.take(isICMP4(seq)); len(got) > 0 {
+				if !bytes.Equal(got[0], pkt) {
+					t.Fatalf("packet changed in flight")
+				}
+				return
+			}
+		}
+	}
+	t.Fatalf("%s -> %s: echo %d never arrived", src, dst, seq)
+}
+
+func TestCarrierMTUAndBroadcastGroup(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	if i.MTU() != 2044 || nodes[0].host.mtu != 2044 || !nodes[0].host.carrier {
+		t.Fatalf("MTU %d, host MTU %d, carrier %v; want 2044 on a 2K broadcast group", i.MTU(), nodes[0].host.mtu, nodes[0].host.carrier)
+	}
+	if got := i.PKey(); got != 0xffff {
+		t.Fatalf("pkey %v", got)
+	}
+	bc := i.Broadcast().String()
+	if bc != "00:ff:ff:ff:ff:12:40:1b:ff:ff:00:00:00:00:00:00:ff:ff:ff:ff" {
+		t.Fatalf("broadcast %s", bc)
+	}
+	hw := i.HWAddr()
+	if hw[0] != 0 || hw.QPN() == 0 {
+		t.Fatalf("hw addr %s", hw)
+	}
+	mcg := i.MCGText()
+	want := "GID: ff12:401b:ffff:0:0:0:ffff:ffff\n  created: "
+	if !strings.HasPrefix(mcg, want) || !strings.Contains(mcg, "  complete:       yes\n  send_only:       no\n\n") {
+		t.Fatalf("mcg text:\n%s", mcg)
+	}
+	if i.OperState() != "up" {
+		t.Fatalf("operstate %s", i.OperState())
+	}
+}
+
+func TestARPAndICMPBetweenEngines(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	ping(t, b.ib0, a.ib0, a.host, "10.0.0.2", "10.0.0.1", 2)
+	// Both learned each other: the path file shows a complete path to the peer's GID.
+	pt := a.ib0.PathText()
+	if !strings.Contains(pt, "GID: "+b.ib0.HWAddr().GID().KernelString()+"\n  complete:    yes\n  DLID:     0x") ||
+		!strings.Contains(pt, "  rate:       40.0 Gb/sec\n") {
+		t.Fatalf("path text:\n%s", pt)
+	}
+	s := b.ib0.Stats()
+	if s.RxPackets == 0 || s.RxBytes == 0 {
+		t.Fatalf("b stats %+v", s)
+	}
+	// A large burst stays under the 3-packet queue while resolving nothing new: all arrive.
+	for k := range 50 {
+		a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(100+k), 1000)})
+	}
+	waitFor(t, "50 echoes", func() bool {
+		b.host.mu.Lock()
+		defer b.host.mu.Unlock()
+		return len(b.host.pkts) >= 50
+	})
+}
+
+func TestIPv6NeighbourDiscovery(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs(nil)
+	b.ib0.SetHostAddrs(nil)
+	src, dst := a.ib0.LinkLocal(), b.ib0.LinkLocal()
+	if dst.As16()[8]&0x02 == 0 {
+		t.Fatalf("link-local %v lacks the universal/local bit", dst)
+	}
+	// Let b join its solicited-node group before a solicits.
+	sn := mgidForIP(solicitedNode(dst), b.ib0.Broadcast())
+	waitFor(t, "solicited-node join", func() bool { return strings.Contains(b.ib0.MCGText(), sn.KernelString()) })
+	waitFor(t, "solicited-node join complete", func() bool {
+		b.ib0.mu.Lock()
+		defer b.ib0.mu.Unlock()
+		g := b.ib0.mcast[sn]
+		return g != nil && g.ah != nil
+	})
+	pkt := icmp6Echo(src, dst, 9)
+	is := func(p []byte) bool { return len(p) == len(pkt) && p[40] == 128 }
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a.ib0.Transmit([][]byte{pkt})
+		time.Sleep(100 * time.Millisecond)
+		if got := b.host.take(is); len(got) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ICMPv6 echo never arrived")
+		}
+	}
+	// ND itself is not handed to the kernel: a learned b through the NA.
+	a.ib0.mu.Lock()
+	n := a.ib0.neigh[dst]
+	a.ib0.mu.Unlock()
+	if n == nil || !n.valid || n.hw != b.ib0.HWAddr() {
+		t.Fatalf("neighbour entry %+v", n)
+	}
+}
+
+func TestChildrenRulesAndPartitions(t *testing.T) {
+	ga, gb, gc := soft.GUIDFromName("a", 1), soft.GUIDFromName("b", 1), soft.GUIDFromName("c", 1)
+	conf := fmt.Sprintf("Default=0x7fff, ipoib : ALL=full;\nP1=0x8001, ipoib : %#x=full, %#x=full;\nP3=0x0003, ipoib : %#x=limited, %#x=limited, %#x=full;\n",
+		uint64(ga), uint64(gb), uint64(ga), uint64(gb), uint64(gc))
+	smh, nodes := testFabric(t, conf, "a", "b", "c")
+	a, b, c := nodes[0], nodes[1], nodes[2]
+
+	// Errno table for create_child / delete_child.
+	for _, tc := range []struct {
+		v    int64
+		want syscall.Errno
+	}{{0, syscall.EINVAL}, {0x8000, syscall.EINVAL}, {0x10000, syscall.EINVAL}, {-1, syscall.EINVAL}, {0xffff, syscall.ENOTUNIQ}, {0x7fff, syscall.ENOTUNIQ}} {
+		if _, err := a.ib0.CreateChild(tc.v); !errors.Is(err, tc.want) {
+			t.Errorf("create_child %#x: %v, want %v", tc.v, err, tc.want)
+		}
+	}
+	kids := map[*node]*Interface{}
+	for _, n := range nodes {
+		k, err := n.ib0.CreateChild(1) // normalised to 0x8001
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k.Name() != "ib0.8001" || k.PKey() != 0x8001 || k.Parent() != n.ib0 || !k.IsUp() {
+			t.Fatalf("child %s pkey %v parent %v up %v", k.Name(), k.PKey(), k.Parent(), k.IsUp())
+		}
+		kids[n] = k
+	}
+	if _, err := a.ib0.CreateChild(0x8001); !errors.Is(err, syscall.ENOTUNIQ) {
+		t.Fatalf("duplicate child: %v", err)
+	}
+	if err := a.ib0.DeleteChild(0x0001); !errors.Is(err, syscall.ENODEV) {
+		t.Fatalf("delete without the full bit: %v", err)
+	}
+	if _, ok := a.e.Interface("ib0.8001"); !ok {
+		t.Fatal("child not listed")
+	}
+	// a and b are members of 0x8001: carrier; c is not: up, no carrier.
+	waitFor(t, "a child carrier", kids[a].Carrier)
+	waitFor(t, "b child carrier", kids[b].Carrier)
+	time.Sleep(100 * time.Millisecond)
+	if kids[c].Carrier() || kids[c].OperState() != "lowerlayerdown" {
+		t.Fatalf("child on a port without the P_Key has carrier")
+	}
+	ha, hbst := &fakeHost{}, &fakeHost{}
+	kids[a].AttachHost(ha)
+	kids[b].AttachHost(hbst)
+	kids[a].SetHostAddrs([]netip.Prefix{pfx("10.8.1.1/24")})
+	kids[b].SetHostAddrs([]netip.Prefix{pfx("10.8.1.2/24")})
+	ping(t, kids[a], kids[b], hbst, "10.8.1.1", "10.8.1.2", 11)
+
+	// The subnet manager adds c to 0x8001: its child comes up by itself.
+	conf2 := strings.Replace(conf, fmt.Sprintf("%#x=full;\nP3", uint64(gb)), fmt.Sprintf("%#x=full, %#x=full;\nP3", uint64(gb), uint64(gc)), 1)
+	p2, err := partitions.Parse("t2.conf", strings.NewReader(conf2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	smh.SM().SetPartitions(p2)
+	waitFor(t, "c child carrier after the P_Key appeared", kids[c].Carrier)
+
+	// Limited members of 0x0003 (a and b) cannot reach each other.
+	la, _ := a.ib0.CreateChild(3)
+	lb, _ := b.ib0.CreateChild(3)
+	waitFor(t, "limited children carrier", func() bool { return la.Carrier() && lb.Carrier() })
+	hl := &fakeHost{}
+	lb.AttachHost(hl)
+	la.SetHostAddrs([]netip.Prefix{pfx("10.3.0.1/24")})
+	lb.SetHostAddrs([]netip.Prefix{pfx("10.3.0.2/24")})
+	for k := range 5 {
+		la.Transmit([][]byte{icmp4("10.3.0.1", "10.3.0.2", 8, uint16(300+k), 56)})
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := hl.take(func([]byte) bool { return true }); len(got) != 0 {
+		t.Fatalf("limited member reached a limited member: %d packets", len(got))
+	}
+
+	if err := a.ib0.DeleteChild(0x8001); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.e.Interface("ib0.8001"); ok {
+		t.Fatal("child still listed after delete")
+	}
+	if err := a.ib0.DeleteChild(0x8001); !errors.Is(err, syscall.ENODEV) {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestMTURulesAndMode(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	for _, bad := range []int{0, 71, 4093, 65520} {
+		if err := i.SetMTU(bad); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("SetMTU(%d): %v", bad, err)
+		}
+	}
+	if err := i.SetMTU(4092); err != nil || i.MTU() != 2044 {
+		t.Fatalf("SetMTU(4092): %v, effective %d (want 2044: admin above the group MTU)", err, i.MTU())
+	}
+	if err := i.SetMTU(1500); err != nil || i.MTU() != 1500 || nodes[0].host.mtu != 1500 {
+		t.Fatalf("SetMTU(1500): %v, %d, host %d", err, i.MTU(), nodes[0].host.mtu)
+	}
+	if err := i.SetMode(Connected); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("connected: %v", err)
+	}
+	if err := i.SetMode(Datagram); err != nil {
+		t.Fatalf("datagram: %v", err)
+	}
+	if err := i.SetCoalesce(Coalesce{RxUsecs: 0x10000}); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("coalesce: %v", err)
+	}
+	if err := i.SetCoalesce(Coalesce{RxUsecs: 10, RxFrames: 16}); err != nil || i.Coalesce().RxFrames != 16 {
+		t.Fatalf("coalesce: %v", err)
+	}
+	i.SetFeatures(Features{Checksum: false, TSO: true, GRO: true})
+	if f := nodes[0].host.feat; f.TSO || f.Checksum || !f.GRO {
+		t.Fatalf("host features %+v (TSO needs checksum)", f)
+	}
+}
+
+func TestBroadcastLoopbackDroppedAndGarbageCounted(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	bc := icmp4("10.0.0.1", "10.0.0.255", 8, 77, 20)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(b.host.take(isICMP4(77))) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("broadcast not received")
+		}
+		a.ib0.Transmit([][]byte{bc})
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := a.host.take(isICMP4(77)); len(got) != 0 {
+		t.Fatal("own broadcast looped back to the sender's kernel")
+	}
+	// Garbage from the kernel side: counted as tx_dropped.
+	before := a.ib0.Stats().TxDropped
+	a.ib0.Transmit([][]byte{{}, {0x45, 1, 2}, {0x11, 0x22}})
+	if got := a.ib0.Stats().TxDropped - before; got != 3 {
+		t.Fatalf("tx_dropped +%d for 3 garbage packets", got)
+	}
+	// Oversized packet: dropped, tx_errors.
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 1, 3000)})
+	if a.ib0.Stats().TxErrors == 0 {
+		t.Fatal("oversized packet not counted as tx error")
+	}
+}
+
+func TestDebugLevelsTrace(t *testing.T) {
+	var buf syncBuf
+	smh, err := soft.New(soft.Config{Name: "sm", Network: soft.NewMemNetwork(), HostSM: true, Heartbeat: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer smh.Close()
+	e, err := New(smh, Options{Logger: log.New(&buf, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ib0, _ := e.Interface("ib0")
+	_ = ib0.SetUp(true)
+	waitFor(t, "carrier", ib0.Carrier)
+	if strings.Contains(buf.String(), "ipoib") {
+		t.Fatalf("trace lines with debug levels 0:\n%s", buf.String())
+	}
+	if err := e.Params().SetParam("mcast_debug_level", "1\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = ib0.SetUp(false)
+	_ = ib0.SetUp(true)
+	waitFor(t, "carrier again", ib0.Carrier)
+	if !strings.Contains(buf.String(), "ipoib mcast: ib0: joining MGID ff12:401b:ffff:0:0:0:ffff:ffff") {
+		t.Fatalf("no mcast trace:\n%s", buf.String())
+	}
+	if err := e.Params().SetParam("send_queue_size", "4"); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("send_queue_size write: %v", err)
+	}
+	if err := e.Params().SetParam("debug_level", "x"); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("debug_level garbage: %v", err)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func TestParamsRounding(t *testing.T) {
+	for _, tc := range []struct{ s, r, c, ws, wr, wc int }{
+		{128, 256, 128, 128, 256, 128},
+		{1, 1, -5, 128, 2, 0},
+		{200, 300, 5000, 256, 512, 4096},
+		{100000, 100000, 7, 8192, 8192, 7},
+	} {
+		p := NewParams(tc.s, tc.r, tc.c)
+		if p.SendQueueSize != tc.ws || p.RecvQueueSize != tc.wr || p.MaxNonSRQConnQP != tc.wc {
+			t.Errorf("NewParams(%d,%d,%d) = %d,%d,%d", tc.s, tc.r, tc.c, p.SendQueueSize, p.RecvQueueSize, p.MaxNonSRQConnQP)
+		}
+	}
+}
+
+func TestAddressMappings(t *testing.T) {
+	bc := broadcastAddr(0x8001)
+	for _, tc := range []struct{ ip, mgid string }{
+		{"224.0.0.1", "ff12:401b:8001::1"},
+		{"239.255.1.2", "ff12:401b:8001::fff:102"},
+		{"255.255.255.255", "ff12:401b:8001::ffff:ffff"},
+		{"ff02::1", "ff12:601b:8001::1"},
+		{"ff02::1:ffab:cdef", "ff12:601b:8001::1:ffab:cdef"},
+	} {
+		if got := mgidForIP(netip.MustParseAddr(tc.ip), bc).String(); got != tc.mgid {
+			t.Errorf("%s -> %s, want %s", tc.ip, got, tc.mgid)
+		}
+	}
+	if got := ChildName("averyveryverylongname", 0x8001); got != "averyveryv.8001" {
+		t.Errorf("child name %s", got)
+	}
+	if got := linkLocal(0x0002c90300001234).String(); got != "fe80::202:c903:0:1234" {
+		t.Errorf("link-local %s", got)
+	}
+}
+
+// TestEngineBeforePortActive starts the engine while the port still waits for the
+// subnet manager: the interface comes up without carrier and gets it once the SM has
+// programmed the port (PKEY_CHANGE), without any action.
+func TestEngineBeforePortActive(t *testing.T) {
+	net := soft.NewMemNetwork()
+	smAddr := netip.MustParseAddrPort("127.0.0.1:4791")
+	node, err := soft.New(soft.Config{Name: "early", Network: net, SM: smAddr, Heartbeat: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	e, err := New(node, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ib0, _ := e.Interface("ib0")
+	if err := ib0.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if ib0.Carrier() || ib0.OperState() != "lowerlayerdown" {
+		t.Fatal("carrier without a subnet manager")
+	}
+	smh, err := soft.New(soft.Config{Name: "sm", Network: net, Listen: smAddr, HostSM: true, Heartbeat: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer smh.Close()
+	waitFor(t, "carrier once the SM is there", ib0.Carrier)
+}

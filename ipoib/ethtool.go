@@ -1,0 +1,84 @@
+package ipoib
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// Features are the switchable stateless offloads (ethtool -k/-K). They exist only in
+// datagram mode: connected mode forces checksum and large send off.
+type Features struct {
+	Checksum bool // tx/rx IP checksum offload
+	TSO      bool // large send: 64 KB units from the kernel, segmented to the MTU in memory
+	GRO      bool // receive coalescing back to the kernel
+}
+
+var defaultFeatures = Features{Checksum: true, TSO: true, GRO: true}
+
+// Features returns the enabled features (after the mode's constraints).
+func (i *Interface) Features() Features {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.effectiveFeaturesLocked()
+}
+
+func (i *Interface) effectiveFeaturesLocked() Features {
+	f := i.features
+	if i.mode == Connected {
+		f.Checksum, f.TSO = false, false
+	}
+	if !f.Checksum {
+		f.TSO = false // TSO needs checksum offload, as netdev_fix_features enforces
+	}
+	return f
+}
+
+// RequestedFeatures returns what was asked for, before the mode's constraints ("off
+// [requested on]" in ethtool's words).
+func (i *Interface) RequestedFeatures() Features {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.features
+}
+
+// SetFeatures changes the requested features and pushes the effective ones to the host.
+func (i *Interface) SetFeatures(f Features) {
+	i.mu.Lock()
+	i.features = f
+	eff := i.effectiveFeaturesLocked()
+	h := i.host
+	i.mu.Unlock()
+	if h != nil {
+		h.SetOffloads(eff)
+	}
+}
+
+// Coalesce is receive interrupt moderation: the receive CQ signals after RxFrames
+// completions or RxUsecs microseconds. Only these two parameters exist, as in the
+// kernel driver.
+type Coalesce struct {
+	RxUsecs  int
+	RxFrames int
+}
+
+// Coalesce returns the moderation settings.
+func (i *Interface) Coalesce() Coalesce {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.coalesce
+}
+
+// SetCoalesce applies moderation to the receive CQ; each value must be in 0..0xffff.
+func (i *Interface) SetCoalesce(c Coalesce) error {
+	if c.RxUsecs < 0 || c.RxUsecs > 0xffff || c.RxFrames < 0 || c.RxFrames > 0xffff {
+		return &Error{Op: "set_coalesce", If: i.name, Err: syscall.EINVAL,
+			Detail: fmt.Sprintf("rx-usecs %d / rx-frames %d: each must be 0..65535", c.RxUsecs, c.RxFrames)}
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if err := i.rcq.SetModeration(uint16(c.RxFrames), uint16(c.RxUsecs)); err != nil {
+		return &Error{Op: "set_coalesce", If: i.name, Err: syscall.EIO, Detail: err.Error()}
+	}
+	i.coalesce = c
+	return nil
+}

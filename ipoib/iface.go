@@ -1,0 +1,542 @@
+package ipoib
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/sa"
+)
+
+// Mode is the IPoIB transport mode.
+type Mode uint8
+
+const (
+	Datagram Mode = iota
+	Connected
+)
+
+func (m Mode) String() string {
+	if m == Connected {
+		return "connected"
+	}
+	return "datagram"
+}
+
+const (
+	minMTU      = 72 // ETH_MIN_MTU 68 + the 4-byte encapsulation
+	encapLen    = 4
+	grhLen      = 40
+	maxPathQ    = 3  // IPOIB_MAX_PATH_REC_QUEUE
+	maxMcastQ   = 64 // IPOIB_MAX_MCAST_QUEUE
+	txQueueLen  = 1000
+	ifNameMax   = 15
+	recvBatch   = 64
+	maxBackoff  = 16 * time.Second // IPOIB_MAX_BACKOFF_SECONDS
+	arpRetries  = 3
+	arpInterval = time.Second
+)
+
+// Interface is one IPoIB interface: a parent (one per port) or a P_Key child.
+type Interface struct {
+	e      *Engine
+	name   string
+	port   int
+	parent *Interface
+	sa     *sa.Client
+
+	mu        sync.Mutex
+	pkey      verbs.PKey
+	up        bool
+	carrier   bool
+	mode      Mode
+	umcast    bool
+	maxIBMTU  int // port max MTU in bytes
+	mcastMTU  int
+	adminMTU  int
+	mtu       int
+	hw        HWAddr
+	bcast     HWAddr
+	features  Features
+	coalesce  Coalesce
+	children  []*Interface
+	host      Host
+	hostAddrs []netip.Prefix
+	closed    bool
+
+	qp        verbs.QP
+	scq, rcq  verbs.CQ
+	qkey      uint32
+	pkeyIndex int
+	qpReady   bool   // QP in RTS with a valid P_Key index
+	qpGen     uint64 // bumps when all receive buffers are posted afresh
+	recvBufs  [][]byte
+
+	mcast map[verbs.GID]*mcastGroup
+	paths map[verbs.GID]*path
+	neigh map[netip.Addr]*neigh
+
+	stats stats
+	kick  chan struct{} // wakes the multicast/path task
+	stop  chan struct{}
+	wg    sync.WaitGroup
+
+	txMu  sync.Mutex // serialises posting so these scratch slices are reused
+	txWRs []verbs.SendWR
+	txHdr [][encapLen]byte
+	txOut []outFrame
+}
+
+func newInterface(e *Engine, name string, port int, parent *Interface, pkey verbs.PKey) (*Interface, error) {
+	p, err := e.dev.Port(port)
+	if err != nil {
+		return nil, err
+	}
+	attr := p.Attr()
+	gid, err := p.GID(0)
+	if err != nil {
+		return nil, err
+	}
+	if parent == nil {
+		tab := p.PKeyTable()
+		pkey = verbs.DefaultPKey
+		if len(tab) > 0 {
+			pkey = tab[0]
+		}
+	}
+	pkey |= verbs.PKeyFullMember
+	i := &Interface{e: e, name: name, port: port, parent: parent, sa: &sa.Client{Port: p},
+		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures,
+		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	if i.maxIBMTU == 0 {
+		i.maxIBMTU = 2048
+	}
+	i.mcastMTU = i.maxIBMTU - encapLen
+	i.adminMTU, i.mtu = i.mcastMTU, i.mcastMTU
+	i.bcast = broadcastAddr(pkey)
+	if err := i.createQP(); err != nil {
+		return nil, err
+	}
+	i.hw = MakeHWAddr(0, i.qp.Num(), gid) // no 0x80: connected mode is not available yet
+	i.wg.Add(2)
+	go i.recvLoop()
+	go i.task()
+	return i, nil
+}
+
+func (i *Interface) createQP() error {
+	dev := i.e.dev
+	q := i.e.params
+	var err error
+	if i.scq, err = dev.CreateCQ(verbs.CQAttr{Entries: q.SendQueueSize}); err != nil {
+		return err
+	}
+	if i.rcq, err = dev.CreateCQ(verbs.CQAttr{Entries: q.RecvQueueSize}); err != nil {
+		return err
+	}
+	i.qp, err = dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: i.port, SendCQ: i.scq, RecvCQ: i.rcq,
+		MaxSendWR: q.SendQueueSize, MaxRecvWR: q.RecvQueueSize})
+	if err != nil {
+		return err
+	}
+	i.recvBufs = make([][]byte, q.RecvQueueSize)
+	for k := range i.recvBufs {
+		i.recvBufs[k] = make([]byte, grhLen+i.maxIBMTU)
+	}
+	return nil
+}
+
+// Name returns the interface name.
+func (i *Interface) Name() string { return i.name }
+
+// Port returns the HCA port number.
+func (i *Interface) Port() int { return i.port }
+
+// Parent returns the parent interface, or nil for a parent.
+func (i *Interface) Parent() *Interface { return i.parent }
+
+// PKey returns the P_Key (always with the full-membership bit).
+func (i *Interface) PKey() verbs.PKey { i.mu.Lock(); defer i.mu.Unlock(); return i.pkey }
+
+// HWAddr returns the 20-byte hardware address.
+func (i *Interface) HWAddr() HWAddr { i.mu.Lock(); defer i.mu.Unlock(); return i.hw }
+
+// Broadcast returns the broadcast hardware address.
+func (i *Interface) Broadcast() HWAddr { i.mu.Lock(); defer i.mu.Unlock(); return i.bcast }
+
+// Mode returns the transport mode.
+func (i *Interface) Mode() Mode { i.mu.Lock(); defer i.mu.Unlock(); return i.mode }
+
+// MTU returns the effective MTU.
+func (i *Interface) MTU() int { i.mu.Lock(); defer i.mu.Unlock(); return i.mtu }
+
+// Carrier reports whether the link is up (port ACTIVE and broadcast group joined).
+func (i *Interface) Carrier() bool { i.mu.Lock(); defer i.mu.Unlock(); return i.carrier }
+
+// IsUp reports the administrative state.
+func (i *Interface) IsUp() bool { i.mu.Lock(); defer i.mu.Unlock(); return i.up }
+
+// Umcast returns the umcast flag.
+func (i *Interface) Umcast() bool { i.mu.Lock(); defer i.mu.Unlock(); return i.umcast }
+
+// SetUmcast sets the umcast flag (groups joined directly by userspace are left alone).
+func (i *Interface) SetUmcast(on bool) {
+	i.mu.Lock()
+	i.umcast = on
+	i.mu.Unlock()
+	if on {
+		i.e.log.Printf("%s: ignoring multicast groups joined directly by userspace", i.name)
+	}
+}
+
+// Stats returns the interface statistics.
+func (i *Interface) Stats() Stats { return i.stats.snapshot() }
+
+// Children returns the interface's P_Key children.
+func (i *Interface) Children() []*Interface {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return slices.Clone(i.children)
+}
+
+// OperState returns the RFC 2863 operational state as sysfs shows it.
+func (i *Interface) OperState() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	switch {
+	case !i.up:
+		return "down"
+	case !i.carrier:
+		return "lowerlayerdown"
+	}
+	return "up"
+}
+
+// Flags returns the net_device flags value (IFF_*) as sysfs prints it.
+func (i *Interface) Flags() uint32 {
+	const iffUp, iffBroadcast, iffRunning, iffMulticast, iffLowerUp = 0x1, 0x2, 0x40, 0x1000, 0x10000
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	f := uint32(iffBroadcast | iffMulticast)
+	if i.up {
+		f |= iffUp
+		if i.carrier {
+			f |= iffRunning | iffLowerUp
+		}
+	}
+	return f
+}
+
+// AttachHost connects the kernel side and pushes the current MTU, carrier and features.
+func (i *Interface) AttachHost(h Host) {
+	i.mu.Lock()
+	i.host = h
+	mtu, carrier, f := i.mtu, i.carrier, i.features
+	i.mu.Unlock()
+	if h != nil {
+		h.SetMTU(mtu)
+		h.SetCarrier(carrier)
+		h.SetOffloads(f)
+	}
+}
+
+// SetHostAddrs tells the engine which addresses the kernel has on the interface; the
+// engine answers ARP and ND for them and joins their multicast groups.
+func (i *Interface) SetHostAddrs(p []netip.Prefix) {
+	i.mu.Lock()
+	i.hostAddrs = slices.Clone(p)
+	i.mu.Unlock()
+	i.wake()
+}
+
+// ownAddrs returns the kernel's addresses plus the GUID-derived IPv6 link-local one.
+func (i *Interface) ownAddrsLocked() []netip.Addr {
+	out := addrsOf(i.hostAddrs)
+	ll := linkLocal(i.hw.GID().GUID())
+	if !slices.Contains(out, ll) {
+		out = append(out, ll)
+	}
+	return out
+}
+
+// LinkLocal returns the IPv6 link-local address derived from the port GUID.
+func (i *Interface) LinkLocal() netip.Addr { return linkLocal(i.HWAddr().GID().GUID()) }
+
+// SetUp sets the administrative state. Bringing a parent up or down does the same to its
+// children, as the kernel driver does.
+func (i *Interface) SetUp(up bool) error {
+	i.mu.Lock()
+	if i.closed {
+		i.mu.Unlock()
+		return &Error{Op: "set_up", If: i.name, Err: syscall.ENODEV}
+	}
+	changed := i.up != up
+	i.up = up
+	kids := slices.Clone(i.children)
+	parentUp := i.parent == nil || i.parent.IsUp()
+	i.mu.Unlock()
+	if up && !parentUp {
+		i.e.tracef(1, "parent device %s is not up, so child device may be not functioning.", i.parent.name)
+	}
+	if changed {
+		if up {
+			i.open()
+		} else {
+			i.stopDev()
+		}
+	}
+	for _, c := range kids {
+		_ = c.SetUp(up)
+	}
+	return nil
+}
+
+// open brings the QP up on the P_Key's table index; a missing P_Key leaves the
+// interface up without carrier until the subnet manager adds it.
+func (i *Interface) open() {
+	i.restartQP()
+	i.wake()
+}
+
+// restartQP (re)initialises the QP for the current P_Key. Called without i.mu.
+func (i *Interface) restartQP() {
+	p, _ := i.e.dev.Port(i.port)
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.parent == nil {
+		// The parent follows whatever is at index 0.
+		if tab := p.PKeyTable(); len(tab) > 0 && tab[0].Valid() {
+			newKey := tab[0] | verbs.PKeyFullMember
+			if newKey != i.pkey {
+				i.pkey = newKey
+				i.bcast = broadcastAddr(newKey)
+			}
+		}
+	}
+	idx, found := p.FindPKey(i.pkey)
+	if i.qpReady && found && idx == i.pkeyIndex {
+		return
+	}
+	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
+	i.qpReady = false
+	if !found {
+		status := "not found"
+		if !i.pkey.Valid() {
+			status = "Invalid"
+		}
+		i.e.log.Printf("%s: P_Key 0x%04x is %s", i.name, uint16(i.pkey), status)
+		return
+	}
+	i.pkeyIndex = idx
+	for _, m := range []verbs.QPModify{
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: idx, QKey: i.qkey},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
+	} {
+		if err := i.qp.Modify(m); err != nil {
+			i.e.log.Printf("%s: QP restart failed: %v", i.name, err)
+			return
+		}
+	}
+	i.qpGen++
+	wrs := make([]verbs.RecvWR, len(i.recvBufs))
+	for k, b := range i.recvBufs {
+		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: b}
+	}
+	if _, err := i.qp.PostRecv(wrs); err != nil {
+		i.e.log.Printf("%s: posting receive buffers: %v", i.name, err)
+		return
+	}
+	i.qpReady = true
+}
+
+// stopDev takes the interface down: groups are left, paths flushed, carrier off.
+func (i *Interface) stopDev() {
+	i.leaveAll()
+	i.mu.Lock()
+	i.flushPathsLocked()
+	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
+	i.qpReady = false
+	act := i.setCarrierLocked(false)
+	i.mu.Unlock()
+	act()
+}
+
+// setCarrierLocked changes the carrier and returns what to tell the host after
+// unlocking. In datagram mode carrier-on first settles the MTU to min(mcast, admin).
+func (i *Interface) setCarrierLocked(on bool) func() {
+	if i.carrier == on {
+		return func() {}
+	}
+	i.carrier = on
+	var mtuAct func()
+	if on && i.mode == Datagram {
+		mtuAct = i.setMTULocked(min(i.mcastMTU, i.adminMTU))
+	}
+	h := i.host
+	i.e.tracef(1, "%s: carrier %v", i.name, on)
+	return func() {
+		if mtuAct != nil {
+			mtuAct()
+		}
+		if h != nil {
+			h.SetCarrier(on)
+		}
+	}
+}
+
+// setMTULocked sets the effective MTU and returns the host notification.
+func (i *Interface) setMTULocked(mtu int) func() {
+	if i.mtu == mtu {
+		return func() {}
+	}
+	i.mtu = mtu
+	h := i.host
+	return func() {
+		if h != nil {
+			h.SetMTU(mtu)
+		}
+	}
+}
+
+// SetMTU applies an MTU write with the kernel's rules (ipoib_change_mtu).
+func (i *Interface) SetMTU(mtu int) error {
+	i.mu.Lock()
+	if i.mode == Connected {
+		i.mu.Unlock()
+		return &Error{Op: "set_mtu", If: i.name, Err: syscall.EINVAL, Detail: "connected mode is not supported yet"}
+	}
+	udMax := i.maxIBMTU - encapLen
+	if mtu < minMTU || mtu > udMax {
+		i.mu.Unlock()
+		return &Error{Op: "set_mtu", If: i.name, Err: syscall.EINVAL,
+			Detail: fmt.Sprintf("MTU %d outside %d..%d in datagram mode", mtu, minMTU, udMax)}
+	}
+	i.adminMTU = mtu
+	if mtu > i.mcastMTU {
+		i.e.tracef(1, "%s: MTU must be smaller than the underlying link layer MTU - 4 (%d)", i.name, i.mcastMTU)
+	}
+	act := i.setMTULocked(min(i.mcastMTU, i.adminMTU))
+	i.mu.Unlock()
+	act()
+	return nil
+}
+
+// SetMode switches the transport mode. The value is the exact file content the kernel
+// accepts ("datagram\n" or "connected\n"; the tree also accepts it without newline).
+func (i *Interface) SetMode(m Mode) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if m == i.mode {
+		return nil
+	}
+	if m == Connected && i.hw[0]&FlagRC == 0 {
+		return &Error{Op: "set_mode", If: i.name, Err: syscall.EINVAL, Detail: "connected mode is not supported by this interface yet"}
+	}
+	return &Error{Op: "set_mode", If: i.name, Err: syscall.EINVAL}
+}
+
+// wake nudges the interface task (joins, queued work).
+func (i *Interface) wake() {
+	select {
+	case i.kick <- struct{}{}:
+	default:
+	}
+}
+
+// close destroys the interface for good.
+func (i *Interface) close() {
+	i.mu.Lock()
+	if i.closed {
+		i.mu.Unlock()
+		return
+	}
+	up := i.up
+	i.mu.Unlock()
+	if up {
+		i.stopDev()
+	}
+	i.mu.Lock()
+	i.closed = true
+	i.up = false
+	i.mu.Unlock()
+	close(i.stop)
+	i.wg.Wait()
+	_ = i.qp.Close()
+	_ = i.scq.Close()
+	_ = i.rcq.Close()
+}
+
+// flushLevel is the kernel's ipoib_flush_level.
+type flushLevel uint8
+
+const (
+	flushLight flushLevel = iota
+	flushNormal
+	flushHeavy
+)
+
+func (l flushLevel) String() string { return [...]string{"light", "normal", "heavy"}[l] }
+
+// flush reacts to a port event.
+func (i *Interface) flush(l flushLevel) {
+	if !i.IsUp() {
+		return
+	}
+	i.mu.Lock()
+	ready := i.qpReady
+	i.mu.Unlock()
+	if l == flushHeavy || !ready {
+		i.restartQP()
+	}
+	i.leaveAll()
+	if l >= flushNormal {
+		i.mu.Lock()
+		i.flushPathsLocked()
+		i.mu.Unlock()
+	}
+	i.wake()
+}
+
+// task runs the multicast joins and retries (ipoib_mcast_join_task) and neighbour
+// retransmissions, woken by wake() and by its own timers.
+func (i *Interface) task() {
+	defer i.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		next := i.runTask()
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+		select {
+		case <-i.stop:
+			return
+		case <-i.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// runTask does one round of pending work and returns when it wants to run again.
+func (i *Interface) runTask() time.Duration {
+	next := time.Hour
+	if d := i.mcastRound(); d < next {
+		next = d
+	}
+	if d := i.neighRound(); d < next {
+		next = d
+	}
+	i.reapSendCQ()
+	return max(next, 10*time.Millisecond)
+}
+

@@ -1,0 +1,254 @@
+package ipoib
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
+)
+
+// mcastGroup is one multicast group of an interface (struct ipoib_mcast).
+type mcastGroup struct {
+	mgid     verbs.GID
+	created  time.Time
+	sendOnly bool
+	queue    [][]byte // IPoIB frames (header included) waiting for the join
+	rec      mad.MCMemberRecord
+	ah       verbs.AH // non-nil once joined ("complete")
+	attached bool
+	joining  bool
+	backoff  time.Duration
+	retryAt  time.Time
+	tries    int // send-only joins are tried twice, then the queue is dropped
+	lastUse  time.Time
+}
+
+func (i *Interface) bcastGroupLocked() *mcastGroup { return i.mcast[i.bcast.GID()] }
+
+// wantedGroupsLocked lists the groups the interface joins as a full member: the
+// all-hosts groups and the solicited-node groups of its IPv6 addresses, mapped to MGIDs
+// (what the kernel's netdev multicast list holds for an interface with those addresses).
+func (i *Interface) wantedGroupsLocked() []verbs.GID {
+	var out []verbs.GID
+	hasV4 := false
+	for _, a := range i.ownAddrsLocked() {
+		if a.Is4() {
+			hasV4 = true
+			continue
+		}
+		out = append(out, mgidForIP(solicitedNode(a), i.bcast))
+	}
+	out = append(out, mgidForIP(netip.MustParseAddr("ff02::1"), i.bcast))
+	if hasV4 {
+		out = append(out, mgidForIP(netip.MustParseAddr("224.0.0.1"), i.bcast))
+	}
+	return out
+}
+
+// mcastRound starts the joins that are due and returns when to look again.
+func (i *Interface) mcastRound() time.Duration {
+	p, _ := i.e.dev.Port(i.port)
+	active := p.Attr().State == verbs.PortActive
+	now := time.Now()
+	next := time.Hour
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if !i.up || !i.qpReady || !active {
+		return next
+	}
+	due := func(g *mcastGroup) bool {
+		if g.joining || g.ah != nil || (g.sendOnly && g.tries >= 2) {
+			return false
+		}
+		if now.Before(g.retryAt) {
+			next = min(next, g.retryAt.Sub(now))
+			return false
+		}
+		return true
+	}
+	bg := i.bcastGroupLocked()
+	if bg == nil {
+		bg = &mcastGroup{mgid: i.bcast.GID(), created: now}
+		i.mcast[bg.mgid] = bg
+	}
+	if bg.ah == nil {
+		// Every other join waits for the broadcast group (it supplies their parameters).
+		if due(bg) {
+			i.startJoinLocked(bg)
+		}
+		return next
+	}
+	for _, g := range i.wantedGroupsLocked() {
+		if _, ok := i.mcast[g]; !ok {
+			i.mcast[g] = &mcastGroup{mgid: g, created: now}
+		}
+	}
+	for _, g := range i.mcast {
+		if due(g) {
+			i.startJoinLocked(g)
+		}
+	}
+	return next
+}
+
+// startJoinLocked sends the MCMemberRecord join in the background.
+func (i *Interface) startJoinLocked(g *mcastGroup) {
+	g.joining = true
+	gid := i.hw.GID()
+	rec := mad.MCMemberRecord{MGID: g.mgid, PortGID: gid, PKey: i.pkey, JoinState: mad.JoinFull}
+	mask := mad.IPoIBBroadcastJoinMask
+	if g.mgid != i.bcast.GID() {
+		// Copy the broadcast group's parameters (RFC 4391 §5).
+		b := i.bcastGroupLocked().rec
+		rec.QKey, rec.MTUSelector, rec.MTU, rec.TClass = b.QKey, mad.SelExactly, b.MTU, b.TClass
+		rec.RateSelector, rec.Rate, rec.SL, rec.FlowLabel, rec.HopLimit = mad.SelExactly, b.Rate, b.SL, b.FlowLabel, b.HopLimit
+		mask = mad.IPoIBCreateJoinMask
+		if g.sendOnly {
+			rec.JoinState = mad.JoinSendOnlyFull
+		}
+	}
+	i.e.mtracef(1, "%s: joining MGID %s (send-only %v)", i.name, g.mgid.KernelString(), g.sendOnly)
+	i.wg.Add(1)
+	go func() {
+		defer i.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-i.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		res, err := i.sa.Join(ctx, rec, mask)
+		i.joinDone(g, res, err)
+	}()
+}
+
+// joinDone completes a join (ipoib_mcast_join_finish): the QP's Q_Key becomes the
+// group's, the QP is attached, an AH is created and queued packets are sent.
+func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
+	var act func()
+	var flushQ [][]byte
+	var ah verbs.AH
+	i.mu.Lock()
+	g.joining = false
+	if cur := i.mcast[g.mgid]; cur != g || !i.up {
+		i.mu.Unlock()
+		if err == nil {
+			i.leaveGroup(g.mgid, rec.JoinState)
+		}
+		return
+	}
+	if err == nil {
+		ah, err = i.e.dev.CreateAH(verbs.AHAttr{Port: i.port, DLID: rec.MLID, SL: rec.SL, StaticRate: rec.Rate,
+			GRH: true, DGID: g.mgid, FlowLabel: rec.FlowLabel, HopLimit: rec.HopLimit, TClass: rec.TClass})
+	}
+	isBcast := g.mgid == i.bcast.GID()
+	if err == nil && isBcast {
+		i.qkey = rec.QKey
+		err = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: rec.QKey})
+	}
+	if err == nil && !g.sendOnly {
+		if err = i.qp.AttachMcast(g.mgid, rec.MLID); err == nil {
+			g.attached = true
+		}
+	}
+	if err != nil {
+		g.tries++
+		if g.backoff == 0 {
+			g.backoff = time.Second
+		} else {
+			g.backoff = min(2*g.backoff, maxBackoff)
+		}
+		g.retryAt = time.Now().Add(g.backoff)
+		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.name, g.mgid.KernelString(), err)
+		if g.sendOnly && g.tries >= 2 {
+			i.stats.txDropped.Add(uint64(len(g.queue)))
+			g.queue = nil
+		}
+		i.mu.Unlock()
+		return
+	}
+	g.rec, g.ah, g.backoff, g.tries = rec, ah, 0, 0
+	flushQ, g.queue = g.queue, nil
+	i.e.mtracef(1, "%s: join completed for %s (MLID %#x)", i.name, g.mgid.KernelString(), rec.MLID)
+	if isBcast {
+		old := i.mcastMTU
+		i.mcastMTU = rec.MTU.Bytes() - encapLen
+		if i.adminMTU == old {
+			i.adminMTU = i.mcastMTU
+		}
+		act = i.setCarrierLocked(true)
+	}
+	i.mu.Unlock()
+	if act != nil {
+		act()
+	}
+	i.sendFrames(flushQ, ah, verbs.MulticastQPN)
+	i.wake() // the other groups can be joined now
+}
+
+// leaveAll leaves and detaches every group (ipoib_mcast_dev_flush).
+func (i *Interface) leaveAll() {
+	i.mu.Lock()
+	groups := i.mcast
+	i.mcast = map[verbs.GID]*mcastGroup{}
+	act := i.setCarrierLocked(false)
+	i.mu.Unlock()
+	act()
+	for _, g := range groups {
+		if g.attached {
+			_ = i.qp.DetachMcast(g.mgid, g.rec.MLID)
+		}
+		if g.ah != nil {
+			state := uint8(mad.JoinFull)
+			if g.sendOnly {
+				state = mad.JoinSendOnlyFull
+			}
+			i.leaveGroup(g.mgid, state)
+		}
+	}
+}
+
+// leaveGroup tells the SA we leave (best effort, in the background).
+func (i *Interface) leaveGroup(mgid verbs.GID, state uint8) {
+	gid := i.HWAddr().GID()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_ = i.sa.Leave(ctx, mad.MCMemberRecord{MGID: mgid, PortGID: gid, JoinState: state}, mad.LeaveMask)
+	}()
+}
+
+// sendMulticast sends a frame to a group, creating a send-only membership when the
+// group is not joined (the kernel's ipoib_mcast_send).
+func (i *Interface) sendMulticastLocked(mgid verbs.GID, frame []byte) (verbs.AH, bool) {
+	g := i.mcast[mgid]
+	if g == nil {
+		if i.bcastGroupLocked() == nil || i.bcastGroupLocked().ah == nil {
+			i.stats.txDropped.Add(1)
+			return nil, false
+		}
+		g = &mcastGroup{mgid: mgid, created: time.Now(), sendOnly: true}
+		i.mcast[mgid] = g
+		i.wake()
+	}
+	g.lastUse = time.Now()
+	if g.ah != nil {
+		return g.ah, true
+	}
+	if len(g.queue) >= maxMcastQ {
+		i.stats.txDropped.Add(1)
+		return nil, false
+	}
+	if g.sendOnly && g.tries >= 2 && !g.joining {
+		g.tries = 0 // new traffic restarts the send-only join
+		g.retryAt = time.Time{}
+		i.wake()
+	}
+	g.queue = append(g.queue, append([]byte(nil), frame...))
+	return nil, false
+}

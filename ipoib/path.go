@@ -1,0 +1,215 @@
+package ipoib
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
+)
+
+// path is a unicast path record and its address handle (struct ipoib_path).
+type path struct {
+	dgid     verbs.GID
+	rec      mad.PathRecord
+	ah       verbs.AH
+	querying bool
+	queue    []queuedFrame
+	retryAt  time.Time
+}
+
+type queuedFrame struct {
+	frame []byte
+	qpn   verbs.QPN
+}
+
+// neigh maps an IP address to a hardware address (the kernel's neighbour table does
+// this for ib_ipoib; a TUN device has none, so the engine keeps it).
+type neigh struct {
+	hw      HWAddr
+	valid   bool
+	queue   [][]byte // frames waiting for resolution
+	tries   int
+	solicit time.Time // next ARP/NS due
+	updated time.Time
+}
+
+// sendUnicastLocked resolves dst and returns the AH and QPN to send to, or queues the
+// frame (copying it) while the neighbour or path is being resolved.
+func (i *Interface) sendUnicastLocked(dst netip.Addr, frame [][]byte) (verbs.AH, verbs.QPN, bool) {
+	n := i.neigh[dst]
+	if n == nil {
+		n = &neigh{}
+		i.neigh[dst] = n
+		i.wake()
+	}
+	if !n.valid {
+		if len(n.queue) >= maxPathQ {
+			i.stats.txDropped.Add(1)
+			return nil, 0, false
+		}
+		n.queue = append(n.queue, joinFrame(frame))
+		return nil, 0, false
+	}
+	return i.sendToHWLocked(n.hw, frame)
+}
+
+// sendToHWLocked returns the path's AH for hw, or queues the frame and starts a path
+// record query.
+func (i *Interface) sendToHWLocked(hw HWAddr, frame [][]byte) (verbs.AH, verbs.QPN, bool) {
+	p := i.paths[hw.GID()]
+	if p == nil {
+		p = &path{dgid: hw.GID()}
+		i.paths[p.dgid] = p
+	}
+	if p.ah != nil {
+		return p.ah, hw.QPN(), true
+	}
+	if len(p.queue) >= maxPathQ {
+		i.stats.txDropped.Add(1)
+		return nil, 0, false
+	}
+	p.queue = append(p.queue, queuedFrame{joinFrame(frame), hw.QPN()})
+	if !p.querying && !time.Now().Before(p.retryAt) {
+		i.startPathQueryLocked(p)
+	}
+	return nil, 0, false
+}
+
+// startPathQueryLocked asks the SA for a path record (ipoib_path_lookup): DGID, SGID,
+// NumbPath 1, the broadcast group's TClass and our P_Key, 1 s timeout.
+func (i *Interface) startPathQueryLocked(p *path) {
+	p.querying = true
+	sgid := i.hw.GID()
+	pkey := i.pkey
+	var tclass uint8
+	if bg := i.bcastGroupLocked(); bg != nil {
+		tclass = bg.rec.TClass
+	}
+	i.wg.Add(1)
+	go func() {
+		defer i.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-i.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		rec, err := i.sa.PathRecord(ctx, sgid, p.dgid, pkey, tclass)
+		i.pathDone(p, rec, err)
+	}()
+}
+
+func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
+	var ah verbs.AH
+	if err == nil {
+		ah, err = i.e.dev.CreateAH(verbs.AHAttr{Port: i.port, DLID: rec.DLID, SL: rec.SL, StaticRate: rec.Rate})
+	}
+	i.mu.Lock()
+	p.querying = false
+	if i.paths[p.dgid] != p {
+		i.mu.Unlock()
+		return // flushed meanwhile
+	}
+	q := p.queue
+	p.queue = nil
+	if err != nil {
+		i.e.tracef(1, "%s: path record query for %s failed: %v", i.name, p.dgid.KernelString(), err)
+		p.retryAt = time.Now().Add(time.Second)
+		i.stats.txDropped.Add(uint64(len(q)))
+		i.mu.Unlock()
+		return
+	}
+	p.rec, p.ah = rec, ah
+	i.mu.Unlock()
+	for _, f := range q {
+		i.sendFrames([][]byte{f.frame}, ah, f.qpn)
+	}
+}
+
+// flushPathsLocked forgets every path (ipoib_flush_paths); neighbours keep their
+// hardware addresses and re-resolve the path on the next packet.
+func (i *Interface) flushPathsLocked() {
+	for _, p := range i.paths {
+		i.stats.txDropped.Add(uint64(len(p.queue)))
+	}
+	i.paths = map[verbs.GID]*path{}
+}
+
+// learnLocked records ip -> hw and flushes frames waiting for it.
+func (i *Interface) learnLocked(ip netip.Addr, hw HWAddr) (flush [][]byte) {
+	if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() || hw.IsMulticast() {
+		return nil
+	}
+	n := i.neigh[ip]
+	if n == nil {
+		n = &neigh{}
+		i.neigh[ip] = n
+	}
+	if n.valid && n.hw != hw {
+		// The peer changed its address (restart, new QPN): its old path is stale too.
+		delete(i.paths, n.hw.GID())
+	}
+	n.hw, n.valid, n.tries, n.updated = hw, true, 0, time.Now()
+	flush, n.queue = n.queue, nil
+	return flush
+}
+
+// resend sends frames that waited for a neighbour now resolved to hw.
+func (i *Interface) resend(hw HWAddr, frames [][]byte) {
+	for _, f := range frames {
+		i.mu.Lock()
+		ah, qpn, ok := i.sendToHWLocked(hw, [][]byte{f})
+		i.mu.Unlock()
+		if ok {
+			i.sendFrames([][]byte{f}, ah, qpn)
+		}
+	}
+}
+
+// neighRound sends due ARP requests / neighbour solicitations and gives up on
+// neighbours that never answered.
+func (i *Interface) neighRound() time.Duration {
+	now := time.Now()
+	next := time.Hour
+	type sol struct {
+		ip netip.Addr
+	}
+	var due []sol
+	i.mu.Lock()
+	if !i.up || !i.carrier {
+		i.mu.Unlock()
+		return next
+	}
+	for ip, n := range i.neigh {
+		if n.valid || len(n.queue) == 0 && n.tries == 0 {
+			continue
+		}
+		if now.Before(n.solicit) {
+			next = min(next, n.solicit.Sub(now))
+			continue
+		}
+		if n.tries >= arpRetries {
+			i.stats.txDropped.Add(uint64(len(n.queue)))
+			delete(i.neigh, ip)
+			continue
+		}
+		n.tries++
+		n.solicit = now.Add(arpInterval)
+		next = min(next, arpInterval)
+		due = append(due, sol{ip})
+	}
+	i.mu.Unlock()
+	for _, s := range due {
+		if s.ip.Is4() {
+			i.sendARPRequest(s.ip)
+		} else {
+			i.sendNS(s.ip)
+		}
+	}
+	return next
+}

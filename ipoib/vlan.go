@@ -1,0 +1,121 @@
+package ipoib
+
+import (
+	"fmt"
+	"slices"
+	"syscall"
+
+	"ipoibfs/verbs"
+)
+
+// NormalizePKey applies the create_child rules: 0, 0x8000 and values outside 16 bits
+// are invalid; the full-membership bit is always set (ipoib_ndo_init ORs it in, and
+// normalising up front makes `echo 1` and `echo 0x8001` the same child).
+func NormalizePKey(v int64) (verbs.PKey, bool) {
+	if v <= 0 || v > 0xffff || v == 0x8000 {
+		return 0, false
+	}
+	return verbs.PKey(v) | verbs.PKeyFullMember, true
+}
+
+// ChildName is the kernel's "%.10s.%04x" naming of a P_Key child.
+func ChildName(parent string, pkey verbs.PKey) string {
+	if len(parent) > 10 {
+		parent = parent[:10]
+	}
+	return fmt.Sprintf("%s.%04x", parent, uint16(pkey))
+}
+
+// CreateChild creates a P_Key child of a parent interface (create_child). The child
+// has its own UD QP, starts in datagram mode with umcast off, and is brought up with its
+// parent; without its P_Key in the port table it stays up without carrier until the
+// subnet manager adds the key.
+func (i *Interface) CreateChild(v int64) (*Interface, error) {
+	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
+		return nil, &Error{Op: "create_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
+	}
+	if i.parent != nil {
+		return fail(syscall.EOPNOTSUPP, "%s is a child: children cannot have children", i.name)
+	}
+	pkey, ok := NormalizePKey(v)
+	if !ok {
+		return fail(syscall.EINVAL, "P_Key %#x is invalid (0, 0x8000 and values above 0xffff are)", v)
+	}
+	e := i.e
+	e.mu.Lock()
+	c, err := i.createChildLocked(pkey)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if i.IsUp() {
+		_ = c.SetUp(true)
+	}
+	return c, nil
+}
+
+func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
+	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
+		return nil, &Error{Op: "create_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
+	}
+	e := i.e
+	if e.closed {
+		return fail(syscall.ENODEV, "engine is shutting down")
+	}
+	i.mu.Lock()
+	dup := i.pkey == pkey
+	for _, c := range i.children {
+		if c.pkey == pkey {
+			dup = true
+		}
+	}
+	i.mu.Unlock()
+	if dup {
+		return fail(syscall.ENOTUNIQ, "P_Key 0x%04x is already used by %s or one of its children", uint16(pkey), i.name)
+	}
+	name := ChildName(i.name, pkey)
+	if _, exists := e.ifs[name]; exists {
+		return fail(syscall.EEXIST, "an interface named %s exists", name)
+	}
+	c, err := newInterface(e, name, i.port, i, pkey)
+	if err != nil {
+		return fail(syscall.ENOMEM, "%v", err)
+	}
+	i.mu.Lock()
+	i.children = append(i.children, c)
+	i.mu.Unlock()
+	e.ifs[name] = c
+	e.notifyLocked(name)
+	return c, nil
+}
+
+// DeleteChild removes the child with exactly this P_Key (delete_child). The value must
+// carry the full-membership bit: 0x0001 matches nothing and fails with ENODEV.
+func (i *Interface) DeleteChild(v int64) error {
+	fail := func(errno syscall.Errno, format string, a ...any) error {
+		return &Error{Op: "delete_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
+	}
+	if i.parent != nil {
+		return fail(syscall.EOPNOTSUPP, "%s is a child", i.name)
+	}
+	if v < 0 || v > 0xffff {
+		return fail(syscall.EINVAL, "P_Key %#x is out of range", v)
+	}
+	e := i.e
+	e.mu.Lock()
+	i.mu.Lock()
+	idx := slices.IndexFunc(i.children, func(c *Interface) bool { return c.pkey == verbs.PKey(v) })
+	if idx < 0 {
+		i.mu.Unlock()
+		e.mu.Unlock()
+		return fail(syscall.ENODEV, "no child of %s has P_Key 0x%04x", i.name, v)
+	}
+	c := i.children[idx]
+	i.children = slices.Delete(i.children, idx, idx+1)
+	i.mu.Unlock()
+	delete(e.ifs, c.name)
+	e.notifyLocked(c.name)
+	e.mu.Unlock()
+	c.close()
+	return nil
+}
