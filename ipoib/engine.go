@@ -204,6 +204,14 @@ func (e *Engine) mtracef(level int32, format string, a ...any) {
 	}
 }
 
+// dtracef logs data-path lines when built with ipoib_debug_data and data_debug_level
+// is set; without the tag the call compiles away.
+func (e *Engine) dtracef(format string, a ...any) {
+	if dataDebug && e.params.DataDebugLevel.Load() > 0 {
+		e.log.Printf("ipoib data: "+format, a...)
+	}
+}
+
 // jiffies emulates the kernel's jiffies counter (HZ=250, starting 5 minutes before wrap
 // as INITIAL_JIFFIES does), for the "created" field of <if>_mcg.
 func (e *Engine) jiffies(t time.Time) int64 {

@@ -535,3 +535,53 @@ func TestEngineBeforePortActive(t *testing.T) {
 	defer smh.Close()
 	waitFor(t, "carrier once the SM is there", ib0.Carrier)
 }
+
+func TestDataDebugParamOnlyWithBuildTag(t *testing.T) {
+	p := DefaultParams()
+	_, rerr := p.Param("data_debug_level")
+	werr := p.SetParam("data_debug_level", "1")
+	has := false
+	for _, n := range ParamNames {
+		has = has || n == "data_debug_level"
+	}
+	if dataDebug != has || dataDebug != (rerr == nil) || dataDebug != (werr == nil) {
+		t.Fatalf("dataDebug=%v but listed=%v read=%v write=%v", dataDebug, has, rerr, werr)
+	}
+}
+
+// TestGarbageFromFabricCounted sends runt frames and unknown EtherTypes straight to the
+// interface's QP: they are dropped and counted in rx_dropped, nothing reaches the host.
+func TestGarbageFromFabricCounted(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	h := a.hca
+	scq, _ := h.CreateCQ(verbs.CQAttr{Entries: 16})
+	rcq, _ := h.CreateCQ(verbs.CQAttr{Entries: 16})
+	qp, err := h.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: 1, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []verbs.QPModify{
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, QKey: 0x0b1b},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTR}, {Mask: verbs.QPMaskState, State: verbs.QPRTS},
+	} {
+		if err := qp.Modify(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah, err := h.CreateAH(verbs.AHAttr{Port: 1, DLID: b.hca.SoftPort(1).Attr().LID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := [][]byte{{0x08}, {0x08, 0x00, 0x00}, {0x12, 0x34, 0, 0, 1, 2, 3}, {0x08, 0x00, 0, 0, 0x45}, {0x08, 0x06, 0, 0, 1}}
+	before := b.ib0.Stats().RxDropped
+	for _, j := range junk {
+		if _, err := qp.PostSend([]verbs.SendWR{{AH: ah, RemoteQPN: b.ib0.HWAddr().QPN(), RemoteQKey: 0x0b1b, Data: [][]byte{j}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "rx_dropped", func() bool { return b.ib0.Stats().RxDropped-before == uint64(len(junk)) })
+	if got := b.host.take(func([]byte) bool { return true }); len(got) != 0 {
+		t.Fatalf("garbage reached the host: %d packets", len(got))
+	}
+}

@@ -98,6 +98,9 @@ func (i *Interface) post(out []outFrame) {
 		wrs = append(wrs, verbs.SendWR{AH: o.ah, RemoteQPN: o.qpn, RemoteQKey: qkey, Data: o.frame})
 		bytes += uint64(o.size)
 	}
+	if dataDebug {
+		i.e.dtracef("%s: tx %d frames, %d bytes", i.name, len(wrs), bytes)
+	}
 	n, err := i.qp.PostSend(wrs)
 	if err != nil {
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
@@ -220,6 +223,9 @@ func (i *Interface) recvLoop() {
 					continue // our own multicast looped back by the HCA
 				}
 				frame := buf[grhLen:wc.ByteLen]
+				if dataDebug {
+					i.e.dtracef("%s: rx %d bytes from LID %#x QPN %#x", i.name, len(frame), wc.SLID, wc.SrcQP)
+				}
 				dgid := verbs.GID(buf[24:40])
 				et := binary.BigEndian.Uint16(frame)
 				pkt := frame[encapLen:]

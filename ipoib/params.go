@@ -49,9 +49,16 @@ func roundPow2(n int) int {
 	return 1 << bits.Len(uint(n-1))
 }
 
-// ParamNames lists the parameter files in the order the tree shows them.
-var ParamNames = []string{"cm_data_debug_level", "data_debug_level", "debug_level",
-	"max_nonsrq_conn_qp", "mcast_debug_level", "recv_queue_size", "send_queue_size"}
+// ParamNames lists the parameter files in the order the tree shows them. The data-path
+// debug levels exist only in builds with the ipoib_debug_data tag, as the kernel's
+// exist only with CONFIG_INFINIBAND_IPOIB_DEBUG_DATA.
+var ParamNames = func() []string {
+	if dataDebug {
+		return []string{"cm_data_debug_level", "data_debug_level", "debug_level",
+			"max_nonsrq_conn_qp", "mcast_debug_level", "recv_queue_size", "send_queue_size"}
+	}
+	return []string{"debug_level", "max_nonsrq_conn_qp", "mcast_debug_level", "recv_queue_size", "send_queue_size"}
+}()
 
 // ParamWritable reports whether a parameter file is 0644.
 func ParamWritable(name string) bool { return strings.HasSuffix(name, "debug_level") }
@@ -77,6 +84,9 @@ func (p *Params) Param(name string) (string, error) {
 	default:
 		return "", &Error{Op: "read", If: "module/ib_ipoib/parameters/" + name, Err: syscall.ENOENT}
 	}
+	if !dataDebug && strings.Contains(name, "data_debug") {
+		return "", &Error{Op: "read", If: "module/ib_ipoib/parameters/" + name, Err: syscall.ENOENT}
+	}
 	return strconv.Itoa(v) + "\n", nil
 }
 
@@ -98,6 +108,9 @@ func (p *Params) SetParam(name, val string) error {
 		return &Error{Op: "write", If: file, Err: syscall.EACCES, Detail: "load-time parameter is read-only"}
 	default:
 		return &Error{Op: "write", If: file, Err: syscall.ENOENT}
+	}
+	if !dataDebug && dst != nil && strings.Contains(name, "data_debug") {
+		return &Error{Op: "write", If: file, Err: syscall.ENOENT, Detail: "data-path debugging is not built in (build tag ipoib_debug_data)"}
 	}
 	s := strings.TrimSuffix(val, "\n")
 	n, err := strconv.ParseInt(s, 0, 32)

@@ -23,3 +23,5 @@ echo "== go vet"
 go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 15m ./... "$@"
+echo "== go test -tags ipoib_debug_data (data-path tracing build)"
+go test -race -count=1 -tags ipoib_debug_data -run DataDebug ./ipoib/
