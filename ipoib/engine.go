@@ -249,4 +249,3 @@ func addrsOf(p []netip.Prefix) []netip.Addr {
 	}
 	return slices.Compact(out)
 }
-

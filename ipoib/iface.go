@@ -539,4 +539,3 @@ func (i *Interface) runTask() time.Duration {
 	i.reapSendCQ()
 	return max(next, 10*time.Millisecond)
 }
-
