@@ -316,11 +316,27 @@ type AH interface {
 }
 
 // MADAgent sends management datagrams from a port's QP1 and matches responses by
-// transaction ID.
+// transaction ID, like the kernel's MAD layer.
 type MADAgent interface {
 	// Call sends a 256-byte request MAD to QP1 at dlid and waits for the response with the
 	// same transaction ID, resending after each timeout up to retries times.
 	Call(ctx context.Context, dlid LID, req []byte, timeout time.Duration, retries int) ([]byte, error)
+	// Send sends a MAD to dqp at dlid without waiting for anything.
+	Send(dlid LID, dqp QPN, mad []byte) error
+	// Register installs the handler for MADs of one management class that no Call is
+	// waiting for (requests, and unsolicited responses such as a CM REP); nil removes
+	// it. A non-nil return value is sent back to the source.
+	Register(class uint8, h MADHandler)
+}
+
+// MADHandler serves MADs of one management class.
+type MADHandler func(src MADSource, mad []byte) []byte
+
+// MADSource says where a received MAD came from.
+type MADSource struct {
+	LID LID
+	GID GID
+	QPN QPN
 }
 
 // Errors shared by providers.

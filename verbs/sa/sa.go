@@ -28,7 +28,9 @@ type StatusError struct {
 	Status mad.Status
 }
 
-func (e *StatusError) Error() string { return fmt.Sprintf("sa %s: status %#04x (%v)", e.Op, uint16(e.Status), e.Status) }
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("sa %s: status %#04x (%v)", e.Op, uint16(e.Status), e.Status)
+}
 
 // ErrBadResponse is returned for an answer that is not a valid SA response.
 var ErrBadResponse = errors.New("malformed SA response")

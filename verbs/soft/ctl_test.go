@@ -30,7 +30,7 @@ func TestCtlRoundTrip(t *testing.T) {
 		t.Fatalf("config: %v %v", err, cmp.Diff(c, c2))
 	}
 	r := ctlRoutes{Version: 3, Faults: Faults{Loss: 0.25, Dup: 0.5, Reorder: 0.125, Delay: time.Millisecond},
-		Uni: []ctlRoute{{LID: 1, GID: verbs.MakeGID(verbs.DefaultGIDPrefix, 1), Addr: netip.MustParseAddrPort("127.0.0.1:4791")}},
+		Uni:   []ctlRoute{{LID: 1, GID: verbs.MakeGID(verbs.DefaultGIDPrefix, 1), Addr: netip.MustParseAddrPort("127.0.0.1:4791")}},
 		Multi: []ctlMRoute{{MLID: 0xc000, MGID: verbs.GID{0xff, 0x12}, Members: []verbs.LID{1, 2}}}}
 	var r2 ctlRoutes
 	_, body, _ = parseCtl(r.append(putCtlHeader(nil, ctlAttrRoutes, 0)))

@@ -418,7 +418,8 @@ type gsiAgent struct {
 	mu      sync.Mutex
 	pending map[uint32]chan []byte
 	tid     atomic.Uint32
-	handler atomic.Pointer[func(src ctlRoute, srcQP verbs.QPN, mad []byte) []byte]
+	hmu     sync.RWMutex
+	handler map[uint8]verbs.MADHandler
 }
 
 // Call sends a request MAD to QP1 at dlid and waits for the matching response.
@@ -499,21 +500,38 @@ func (g *gsiAgent) receive(src ctlRoute, srcQP verbs.QPN, mad []byte) {
 			case ch <- slices.Clone(mad):
 			default: // duplicate response
 			}
+			return
 		}
-		return
 	}
-	h := g.handler.Load()
+	g.hmu.RLock()
+	h := g.handler[mad[1]]
+	g.hmu.RUnlock()
 	if h == nil {
 		return
 	}
-	if resp := (*h)(src, srcQP, mad); resp != nil {
+	if resp := h(verbs.MADSource{LID: src.LID, GID: src.GID, QPN: srcQP}, mad); resp != nil {
 		_ = g.send(src.LID, srcQP, resp)
 	}
 }
 
-// HandleMADs installs the server for unsolicited MADs on this port's QP1 (the SA when
-// the port hosts the subnet manager). h returns the response or nil.
-func (p *Port) HandleMADs(h func(srcLID verbs.LID, srcGID verbs.GID, mad []byte) []byte) {
-	f := func(src ctlRoute, _ verbs.QPN, mad []byte) []byte { return h(src.LID, src.GID, mad) }
-	p.gsi.handler.Store(&f)
+// Send sends a MAD from QP1 to dqp at dlid.
+func (g *gsiAgent) Send(dlid verbs.LID, dqp verbs.QPN, mad []byte) error {
+	if err := g.send(dlid, dqp, mad); err != nil {
+		return &verbs.Error{Op: "mad_send", Obj: g.port.String(), Err: err}
+	}
+	return nil
+}
+
+// Register installs the handler of a management class.
+func (g *gsiAgent) Register(class uint8, h verbs.MADHandler) {
+	g.hmu.Lock()
+	defer g.hmu.Unlock()
+	if h == nil {
+		delete(g.handler, class)
+		return
+	}
+	if g.handler == nil {
+		g.handler = map[uint8]verbs.MADHandler{}
+	}
+	g.handler[class] = h
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/soft/partitions"
 	"ipoibfs/verbs/soft/sadb"
 )
@@ -85,7 +86,7 @@ func NewSM(p *Port, parts *partitions.Config) (*SM, error) {
 		return nil, fmt.Errorf("subnet manager: %s already hosts one", p)
 	}
 	sm.db.SetConfiguredGroups(groupsFor(parts))
-	p.HandleMADs(sm.handleSA)
+	p.gsi.Register(mad.ClassSA, sm.handleSA)
 	go sm.sweep(p.hca.cfg.Heartbeat)
 	p.sendHello() // register our own port first so it gets the lowest LID
 	return sm, nil
@@ -108,7 +109,7 @@ func (sm *SM) Close() {
 	sm.mu.Unlock()
 	close(sm.stop)
 	<-sm.done
-	sm.port.gsi.handler.Store(nil)
+	sm.port.gsi.Register(mad.ClassSA, nil)
 	sm.port.sm.CompareAndSwap(sm, nil)
 }
 
@@ -383,14 +384,14 @@ func (sm *SM) checkDB() {
 	}
 }
 
-func (sm *SM) handleSA(srcLID verbs.LID, srcGID verbs.GID, mad []byte) []byte {
+func (sm *SM) handleSA(src verbs.MADSource, req []byte) []byte {
 	sm.mu.Lock()
-	sp := sm.byGUID[srcGID.GUID()]
+	sp := sm.byGUID[src.GID.GUID()]
 	sm.mu.Unlock()
 	if sp == nil {
 		return nil
 	}
-	resp := sm.db.Handle(sm.sadbPort(sp), mad)
+	resp := sm.db.Handle(sm.sadbPort(sp), req)
 	sm.checkDB()
 	return resp
 }

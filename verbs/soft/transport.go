@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
 )
 
 // Datagram is one fabric packet on its way to or from a port endpoint.
@@ -157,17 +156,49 @@ func (e *memEndpoint) Close() error {
 // UDPNetwork gives each endpoint its own UDP socket. Sends and receives are batched
 // with sendmmsg/recvmmsg (golang.org/x/net/ipv4), so a burst of fabric packets costs one
 // system call each way.
+//
+// On Linux the endpoint also uses UDP segmentation offload. A run of equal-size
+// datagrams to one destination (the last may be shorter) leaves as one message
+// carrying a UDP_SEGMENT control message (GSO, Linux 4.18), so the kernel builds one
+// socket buffer and traverses the stack once for the whole run; the socket asks for
+// UDP_GRO (Linux 5.0), so such a run arrives as one message with its segment size,
+// which the endpoint cuts up again before the handler sees it. A kernel that refuses
+// GSO, or a socket without GRO, gets plain datagrams as before.
 type UDPNetwork struct{}
 
-const udpBatch = 64
+const (
+	udpBatch = 64 // messages per sendmmsg/recvmmsg
+	// Bounds of one GSO message: the kernel's UDP_MAX_SEGMENTS (64 before Linux 6.9)
+	// and, with room to spare, the largest IPv4 UDP payload (65507 bytes).
+	udpGSOMaxSegs  = 64
+	udpGSOMaxBytes = 65000
+	// udpRecvBuf holds the largest datagram or a GRO message of up to 64 KB.
+	udpRecvBuf = 64<<10 + 4096
+	// udpOOBLen is the control buffer of one received message (a UDP_GRO message
+	// takes 20 bytes on 64-bit Linux).
+	udpOOBLen = 64
+)
 
 type udpEndpoint struct {
 	conn *net.UDPConn
 	pc   *ipv4.PacketConn
 	addr netip.AddrPort
-	mu   sync.Mutex // guards msgs (one sender at a time per socket)
-	msgs []ipv4.Message
-	uas  []net.UDPAddr
+	gro  bool // UDP_GRO is on: a received message may carry a run of datagrams
+
+	mu    sync.Mutex // guards the fields below (one sender at a time per socket)
+	gso   bool       // merge runs into UDP_SEGMENT messages; cleared for good when refused
+	msgs  []ipv4.Message
+	uas   []net.UDPAddr
+	ip4s  [][4]byte // uas[k].IP is ip4s[k][:]
+	first []int     // msgs[k] starts with datagram first[k] of the batch being sent
+	oob   []byte    // UDP_SEGMENT control messages, udpGSOCmsgSpace bytes per message
+
+	// Offload statistics.
+	gsoSends    atomic.Uint64 // messages sent with UDP_SEGMENT
+	gsoSegs     atomic.Uint64 // datagrams in them
+	gsoRefusals atomic.Uint64 // GSO sends the kernel refused (GSO is then off)
+	groSplits   atomic.Uint64 // received messages that carried several datagrams
+	groSegs     atomic.Uint64 // datagrams in them
 }
 
 // Listen binds a UDP socket on addr (port 0 picks a free port). Only IPv4 endpoints
@@ -182,7 +213,10 @@ func (UDPNetwork) Listen(addr netip.AddrPort) (Endpoint, error) {
 	}
 	setSockBufs(c, 8<<20)
 	la := c.LocalAddr().(*net.UDPAddr).AddrPort()
-	return &udpEndpoint{conn: c, pc: ipv4.NewPacketConn(c), addr: netip.AddrPortFrom(la.Addr().Unmap(), la.Port())}, nil
+	e := &udpEndpoint{conn: c, pc: ipv4.NewPacketConn(c), addr: netip.AddrPortFrom(la.Addr().Unmap(), la.Port())}
+	e.gso = udpGSOSupported(c)
+	e.gro = setUDPGRO(c, true) == nil
+	return e, nil
 }
 
 // setSockBufs asks for large socket buffers, beyond rmem_max/wmem_max when privileged
@@ -190,12 +224,7 @@ func (UDPNetwork) Listen(addr netip.AddrPort) (Endpoint, error) {
 func setSockBufs(c *net.UDPConn, n int) {
 	_ = c.SetReadBuffer(n)
 	_ = c.SetWriteBuffer(n)
-	if rc, err := c.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) {
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n)
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, n)
-		})
-	}
+	forceSockBufs(c, n)
 }
 
 func (e *udpEndpoint) Addr() netip.AddrPort { return e.addr }
@@ -203,41 +232,107 @@ func (e *udpEndpoint) Addr() netip.AddrPort { return e.addr }
 func (e *udpEndpoint) Send(batch []Datagram) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.msgs == nil {
+		e.msgs = make([]ipv4.Message, udpBatch)
+		e.uas = make([]net.UDPAddr, udpBatch)
+		e.ip4s = make([][4]byte, udpBatch)
+		e.first = make([]int, udpBatch)
+		e.oob = make([]byte, udpBatch*udpGSOCmsgSpace)
+		for k := range e.uas {
+			e.uas[k].IP = e.ip4s[k][:]
+		}
+	}
 	for len(batch) > 0 {
-		n := min(len(batch), udpBatch)
-		if cap(e.msgs) < n {
-			e.msgs = make([]ipv4.Message, udpBatch)
-			e.uas = make([]net.UDPAddr, udpBatch)
-		}
+		n, used := e.pack(batch)
 		msgs := e.msgs[:n]
-		for k, d := range batch[:n] {
-			ip := d.Addr.Addr().Unmap().As4()
-			e.uas[k] = net.UDPAddr{IP: ip[:], Port: int(d.Addr.Port())}
-			msgs[k].Buffers = append(msgs[k].Buffers[:0], d.Data)
-			msgs[k].Addr = &e.uas[k]
-		}
-		for len(msgs) > 0 {
-			sent, err := e.pc.WriteBatch(msgs, 0)
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
-					return err
+		for k := 0; k < n; {
+			sent, err := e.pc.WriteBatch(msgs[k:], 0)
+			sent = max(0, min(sent, n-k))
+			for _, m := range msgs[k : k+sent] {
+				if len(m.OOB) > 0 {
+					e.gsoSends.Add(1)
+					e.gsoSegs.Add(uint64(len(m.Buffers)))
 				}
-				// An error (ECONNREFUSED left by an ICMP from an earlier send, an
-				// unreachable address) concerns the first message: skip it, go on.
-				sent = max(sent, 1)
 			}
-			msgs = msgs[sent:]
+			k += sent
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			if k < n && len(msgs[k].OOB) > 0 && udpGSORefused(err) {
+				// The kernel will not segment for us (EIO: a device without tx
+				// checksumming; EINVAL, ENOPROTOOPT): send plain datagrams from now
+				// on, beginning with the ones of the refused message.
+				e.gso = false
+				e.gsoRefusals.Add(1)
+				used = e.first[k]
+				break
+			}
+			// An error (ECONNREFUSED left by an ICMP from an earlier send, an
+			// unreachable address) concerns the first unsent message: skip it, go on.
+			k++
 		}
-		batch = batch[n:]
+		batch = batch[used:]
 	}
 	return nil
 }
 
+// pack fills e.msgs from the head of batch and returns the number of messages and of
+// datagrams they hold. With GSO on, consecutive datagrams to the same destination of
+// the same length, the last possibly shorter, share one message with a UDP_SEGMENT
+// control message; their Data become the message's iovecs, without copying.
+func (e *udpEndpoint) pack(batch []Datagram) (n, used int) {
+	for used < len(batch) && n < udpBatch {
+		d := batch[used]
+		e.first[n] = used
+		e.ip4s[n] = d.Addr.Addr().Unmap().As4()
+		e.uas[n].Port = int(d.Addr.Port())
+		m := &e.msgs[n]
+		m.Addr = &e.uas[n]
+		m.Buffers = append(m.Buffers[:0], d.Data)
+		m.OOB = nil
+		used++
+		// Port 0 is refused with EINVAL, which must not be taken for a GSO refusal.
+		if size := len(d.Data); e.gso && size > 0 && d.Addr.Port() != 0 {
+			total := size
+			for used < len(batch) && len(m.Buffers) < udpGSOMaxSegs {
+				next := batch[used]
+				l := len(next.Data)
+				if next.Addr != d.Addr || l == 0 || l > size || total+l > udpGSOMaxBytes {
+					break
+				}
+				m.Buffers = append(m.Buffers, next.Data)
+				total += l
+				used++
+				if l < size {
+					break // a shorter datagram ends the run
+				}
+			}
+			if len(m.Buffers) > 1 {
+				o := n * udpGSOCmsgSpace
+				m.OOB = putUDPGSOSize(e.oob[o:o:o+udpGSOCmsgSpace], size)
+			}
+		}
+		n++
+	}
+	return n, used
+}
+
 func (e *udpEndpoint) Start(h func(batch []Datagram)) {
+	gro := e.gro
 	go func() {
 		msgs := make([]ipv4.Message, udpBatch)
+		var oob []byte
+		if gro {
+			oob = make([]byte, udpBatch*udpOOBLen)
+		}
 		for k := range msgs {
-			msgs[k].Buffers = [][]byte{make([]byte, 70000)}
+			msgs[k].Buffers = [][]byte{make([]byte, udpRecvBuf)}
+			if gro {
+				msgs[k].OOB = oob[k*udpOOBLen : (k+1)*udpOOBLen]
+			}
 		}
 		batch := make([]Datagram, 0, udpBatch)
 		for {
@@ -249,15 +344,32 @@ func (e *udpEndpoint) Start(h func(batch []Datagram)) {
 				continue // ICMP errors surface here on Linux; ignore them
 			}
 			batch = batch[:0]
+			var splits, segs uint64
 			for _, m := range msgs[:n] {
 				ua, ok := m.Addr.(*net.UDPAddr)
 				if !ok {
 					continue
 				}
-				batch = append(batch, Datagram{ua.AddrPort(), m.Buffers[0][:m.N]})
+				src := ua.AddrPort()
+				src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+				data := m.Buffers[0][:m.N]
+				if m.NN > 0 {
+					// A GRO message: a run of datagrams of seg bytes, the last maybe shorter.
+					if seg := udpGROSize(m.OOB[:m.NN]); seg > 0 && seg < len(data) {
+						splits++
+						for len(data) > seg {
+							batch = append(batch, Datagram{src, data[:seg:seg]})
+							data = data[seg:]
+							segs++
+						}
+						segs++
+					}
+				}
+				batch = append(batch, Datagram{src, data})
 			}
-			for k := range batch {
-				batch[k].Addr = netip.AddrPortFrom(batch[k].Addr.Addr().Unmap(), batch[k].Addr.Port())
+			if splits > 0 {
+				e.groSplits.Add(splits)
+				e.groSegs.Add(segs)
 			}
 			h(batch)
 		}
