@@ -419,10 +419,26 @@ func TestBroadcastLoopbackDroppedAndGarbageCounted(t *testing.T) {
 	if got := a.ib0.Stats().TxDropped - before; got != 3 {
 		t.Fatalf("tx_dropped +%d for 3 garbage packets", got)
 	}
-	// Oversized packet: dropped, tx_errors.
-	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 1, 3000)})
+	// Oversized packet: dropped, tx_errors, and the sender gets "fragmentation needed"
+	// with the group MTU, quoting the original header.
+	big := icmp4("10.0.0.1", "10.0.0.2", 8, 1, 3000)
+	a.ib0.Transmit([][]byte{big})
 	if a.ib0.Stats().TxErrors == 0 {
 		t.Fatal("oversized packet not counted as tx error")
+	}
+	fn := a.host.take(func(p []byte) bool { return len(p) >= 28 && p[9] == 1 && p[20] == 3 && p[21] == 4 })
+	if len(fn) != 1 || binary.BigEndian.Uint16(fn[0][26:]) != 2044 || csum(fn[0][:20]) != 0 || csum(fn[0][20:]) != 0 ||
+		!bytes.Equal(fn[0][28:48], big[:20]) || !bytes.Equal(fn[0][16:20], big[12:16]) {
+		t.Fatalf("frag-needed: %x", fn)
+	}
+	// IPv6: packet too big.
+	big6 := icmp6Echo(a.ib0.LinkLocal(), b.ib0.LinkLocal(), 5)
+	big6 = append(big6, make([]byte, 3000)...)
+	binary.BigEndian.PutUint16(big6[4:], uint16(len(big6)-40))
+	a.ib0.Transmit([][]byte{big6})
+	ptb := a.host.take(func(p []byte) bool { return len(p) > 48 && p[0]>>4 == 6 && p[40] == 2 })
+	if len(ptb) != 1 || binary.BigEndian.Uint32(ptb[0][44:]) != 2044 || icmpv6Checksum(ptb[0]) != 0 || len(ptb[0]) != 1280 {
+		t.Fatalf("packet too big: %d packets, %x", len(ptb), ptb)
 	}
 }
 

@@ -32,12 +32,14 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		i.txHdr = make([][encapLen]byte, len(pkts))
 	}
 	hdrs := i.txHdr[:len(pkts)]
+	var icmps [][]byte
 	i.mu.Lock()
 	if !i.up || !i.carrier || !i.qpReady {
 		i.mu.Unlock()
 		i.stats.txDropped.Add(uint64(len(pkts)))
 		return
 	}
+	host := i.host
 	for k, pkt := range pkts {
 		et, dst, ok := classify(pkt)
 		if !ok {
@@ -45,8 +47,12 @@ func (i *Interface) Transmit(pkts [][]byte) {
 			continue
 		}
 		if len(pkt) > i.mtu {
+			// Too long for the UD path: dropped, and the sender learns the group MTU.
 			i.stats.txDropped.Add(1)
 			i.stats.txErrors.Add(1)
+			if m := tooBig(pkt, i.mcastMTU); m != nil {
+				icmps = append(icmps, m)
+			}
 			continue
 		}
 		if et == etherIPv6 && isNDMessage(pkt) {
@@ -69,6 +75,9 @@ func (i *Interface) Transmit(pkts [][]byte) {
 	i.mu.Unlock()
 	i.post(out)
 	i.txOut = out[:0]
+	if len(icmps) > 0 && host != nil {
+		host.Deliver(icmps)
+	}
 }
 
 // joinFrame flattens a gather list into one new buffer (for queueing).
