@@ -1,6 +1,7 @@
 package ipoib
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -80,10 +81,12 @@ type Interface struct {
 	paths map[verbs.GID]*path
 	neigh map[netip.Addr]*neigh
 
-	stats stats
-	kick  chan struct{} // wakes the multicast/path task
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	stats  stats
+	kick   chan struct{} // wakes the multicast/path task
+	stop   chan struct{}
+	ctx    context.Context // cancelled when the interface is destroyed (SA queries)
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	txMu  sync.Mutex // serialises posting so these scratch slices are reused
 	txWRs []verbs.SendWR
@@ -113,6 +116,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	i.ctx, i.cancel = context.WithCancel(context.Background())
 	if i.maxIBMTU == 0 {
 		i.maxIBMTU = 2048
 	}
@@ -466,6 +470,7 @@ func (i *Interface) close() {
 	i.up = false
 	i.mu.Unlock()
 	close(i.stop)
+	i.cancel()
 	i.wg.Wait()
 	_ = i.qp.Close()
 	_ = i.scq.Close()

@@ -113,15 +113,7 @@ func (i *Interface) startJoinLocked(g *mcastGroup) {
 	i.wg.Add(1)
 	go func() {
 		defer i.wg.Done()
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			select {
-			case <-i.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		ctx := i.ctx
 		res, err := i.sa.Join(ctx, rec, mask)
 		i.joinDone(g, res, err)
 	}()

@@ -1,7 +1,6 @@
 package ipoib
 
 import (
-	"context"
 	"net/netip"
 	"time"
 
@@ -90,15 +89,7 @@ func (i *Interface) startPathQueryLocked(p *path) {
 	i.wg.Add(1)
 	go func() {
 		defer i.wg.Done()
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			select {
-			case <-i.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		ctx := i.ctx
 		rec, err := i.sa.PathRecord(ctx, sgid, p.dgid, pkey, tclass)
 		i.pathDone(p, rec, err)
 	}()
