@@ -175,7 +175,7 @@ const (
 	// udpRecvBuf holds the largest datagram or a GRO message of up to 64 KB.
 	udpRecvBuf = 64<<10 + 4096
 	// udpOOBLen is the control buffer of one received message (a UDP_GRO message
-	// takes 20 bytes on 64-bit Linux).
+	// takes 24 bytes on 64-bit Linux).
 	udpOOBLen = 64
 )
 
