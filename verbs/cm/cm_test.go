@@ -1,0 +1,712 @@
+package cm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/cm"
+	"ipoibfs/verbs/mad"
+)
+
+const svc = 0x1000000000000048 // IPoIB-CM service ID of UD QPN 0x48
+
+// ipoibPD is IPoIB-CM private data: UD QPN and receive MTU.
+func ipoibPD(qpn uint32) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint32(b, qpn)
+	binary.BigEndian.PutUint32(b[4:], 65524)
+	return b
+}
+
+func padded(b []byte, n int) []byte { return append(bytes.Clone(b), make([]byte, n-len(b))...) }
+
+func params(qp verbs.QP, dst *node) cm.ConnectParams {
+	return cm.ConnectParams{ServiceID: svc, QP: qp, DLID: dst.lid, DGID: dst.gid, PKey: 0xffff,
+		PathMTU: verbs.MTU2048, PrivateData: ipoibPD(0x48), RetryCount: 6, RNRRetry: 3, AckTimeout: 14,
+		Timeout: 1, MaxCMRetries: 5}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// waitSent waits until at least n MADs of attr have been sent and returns them.
+func waitSent(t *testing.T, f *fabric, attr uint16, n int) []sentMAD {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := f.sent(attr)
+		if len(s) >= n || time.Now().After(deadline) {
+			return s
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func waitDone(t *testing.T, c *cm.Conn, what string) {
+	t.Helper()
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// acceptAll is a listener that accepts on fresh QPs of n and reports on channels.
+type acceptAll struct {
+	n      *node
+	reqs   chan *cm.Request
+	est    chan *cm.Conn
+	failed chan error
+	calls  atomic.Int32
+	qps    sync.Map // remote QPN -> *fakeQP
+	pd     []byte
+}
+
+func newAcceptAll(n *node) *acceptAll {
+	return &acceptAll{n: n, reqs: make(chan *cm.Request, 64), est: make(chan *cm.Conn, 64),
+		failed: make(chan error, 64), pd: ipoibPD(0x49)}
+}
+
+func (l *acceptAll) handle(r *cm.Request) cm.Decision {
+	l.calls.Add(1)
+	l.reqs <- r
+	qp := l.n.dev.newQP(verbs.QPTypeRC)
+	l.qps.Store(r.RemoteQPN, qp)
+	return cm.Accept{QP: qp, PrivateData: l.pd,
+		Established: func(c *cm.Conn) { l.est <- c },
+		Failed:      func(err error) { l.failed <- err }}
+}
+
+func (l *acceptAll) qp(remote verbs.QPN) *fakeQP {
+	v, _ := l.qps.Load(remote)
+	return v.(*fakeQP)
+}
+
+func TestConnectEstablishDisconnect(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	qpA := a.dev.newQP(verbs.QPTypeRC) // RESET: the manager does RESET->INIT
+	qpB := b.dev.newQP(verbs.QPTypeRC)
+	if err := qpB.Modify(verbs.QPModify{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex, State: verbs.QPInit, PKeyIndex: 1}); err != nil {
+		t.Fatal(err)
+	}
+	reqs, est := make(chan *cm.Request, 1), make(chan *cm.Conn, 1)
+	stop, err := b.m.Listen(svc, func(r *cm.Request) cm.Decision {
+		reqs <- r
+		return &cm.Accept{QP: qpB, PrivateData: ipoibPD(0x49),
+			Established: func(c *cm.Conn) { est <- c },
+			Failed:      func(err error) { t.Errorf("passive side failed: %v", err) }}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	conn, err := a.m.Connect(ctxT(t), params(qpA, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := recv(t, reqs, "the request")
+	bc := recv(t, est, "the passive connection")
+
+	wantReq := &cm.Request{ServiceID: svc, RemoteQPN: qpA.num, RemoteLID: 1, RemoteGID: a.gid,
+		RemoteCAGUID: a.dev.guid, PKey: 0xffff, PKeyIndex: 0, PathMTU: verbs.MTU2048,
+		StartingPSN: r.StartingPSN, RetryCount: 6, RNRRetry: 3,
+		PrivateData: padded(ipoibPD(0x48), mad.CMREQPrivateDataSize)}
+	if d := cmp.Diff(wantReq, r); d != "" {
+		t.Errorf("request (-want +got):\n%s", d)
+	}
+	if r.StartingPSN > 0xffffff {
+		t.Errorf("starting PSN %#x wider than 24 bits", r.StartingPSN)
+	}
+
+	// The active QP: RESET->INIT, INIT->RTR with the REP's QPN and PSN, RTR->RTS with
+	// our REQ's PSN.
+	rtsB := qpB.modsTo(verbs.QPRTS)
+	if len(rtsB) != 1 {
+		t.Fatalf("passive QP moved to RTS %d times", len(rtsB))
+	}
+	pskB := rtsB[0].SQPSN
+	wantA := []verbs.QPModify{
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex, State: verbs.QPInit, PKeyIndex: 0},
+		{Mask: verbs.QPMaskState | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskDestQPN | verbs.QPMaskRQPSN,
+			State: verbs.QPRTR, AH: verbs.AHAttr{Port: 1, DLID: 2, DGID: b.gid}, PathMTU: verbs.MTU2048,
+			DestQPN: qpB.num, RQPSN: pskB},
+		{Mask: verbs.QPMaskState | verbs.QPMaskSQPSN | verbs.QPMaskTimeout | verbs.QPMaskRetry,
+			State: verbs.QPRTS, SQPSN: r.StartingPSN, Timeout: 14, RetryCnt: 6, RNRRetry: 3},
+	}
+	if d := cmp.Diff(wantA, qpA.mods); d != "" {
+		t.Errorf("active QP transitions (-want +got):\n%s", d)
+	}
+	wantB := []verbs.QPModify{
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex, State: verbs.QPInit, PKeyIndex: 1}, // the test's own
+		{Mask: verbs.QPMaskState | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskDestQPN | verbs.QPMaskRQPSN,
+			State: verbs.QPRTR, AH: verbs.AHAttr{Port: 1, DLID: 1, DGID: a.gid, StaticRate: 3}, PathMTU: verbs.MTU2048,
+			DestQPN: qpA.num, RQPSN: r.StartingPSN},
+		{Mask: verbs.QPMaskState | verbs.QPMaskSQPSN | verbs.QPMaskTimeout | verbs.QPMaskRetry,
+			State: verbs.QPRTS, SQPSN: pskB, Timeout: 14, RetryCnt: 6, RNRRetry: 3},
+	}
+	if d := cmp.Diff(wantB, qpB.mods); d != "" {
+		t.Errorf("passive QP transitions (-want +got):\n%s", d)
+	}
+
+	if conn.RemoteQPN != qpB.num || conn.QP != verbs.QP(qpA) || !conn.Active || conn.ServiceID != svc ||
+		conn.RemoteLID != 2 || conn.RemoteGID != b.gid || conn.RemoteCAGUID != b.dev.guid {
+		t.Errorf("active conn %+v", conn)
+	}
+	if !bytes.Equal(conn.RemotePrivateData, padded(ipoibPD(0x49), mad.CMREPPrivateDataSize)) {
+		t.Errorf("REP private data %x", conn.RemotePrivateData)
+	}
+	if bc.RemoteQPN != qpA.num || bc.QP != verbs.QP(qpB) || bc.Active || bc.RemoteLID != 1 ||
+		bc.LocalCommID != conn.RemoteCommID || bc.RemoteCommID != conn.LocalCommID || bc.LocalCommID == 0 || conn.LocalCommID == 0 {
+		t.Errorf("passive conn %+v, active comm IDs %#x/%#x", bc, conn.LocalCommID, conn.RemoteCommID)
+	}
+	if !bytes.Equal(bc.RemotePrivateData, r.PrivateData) {
+		t.Errorf("passive conn private data %x", bc.RemotePrivateData)
+	}
+	if conn.Err() != nil || bc.Err() != nil {
+		t.Errorf("Err before disconnect: %v, %v", conn.Err(), bc.Err())
+	}
+
+	// The REQ on the wire carries the IPoIB parameters we asked for.
+	var req mad.CMREQ
+	_ = req.Unmarshal(f.sent(mad.AttrCMREQ)[0].b[mad.CMDataOffset:])
+	if req.MaxCMRetries != 5 || req.RemoteCMResponseTimeout != 1 || req.LocalCMResponseTimeout != 1 ||
+		req.TransportServiceType != mad.CMTransportRC || req.Primary.LocalACKTimeout != 14 ||
+		req.Primary.LocalLID != 1 || req.Primary.RemoteLID != 2 || !req.Primary.SubnetLocal {
+		t.Errorf("REQ %+v", req)
+	}
+
+	if err := conn.Disconnect(); err != nil {
+		t.Fatalf("Disconnect: %v", err)
+	}
+	waitDone(t, conn, "active Done")
+	waitDone(t, bc, "passive Done")
+	if !errors.Is(conn.Err(), cm.ErrLocalDisconnect) || !errors.Is(bc.Err(), cm.ErrDisconnected) {
+		t.Errorf("Err after disconnect: %v, %v", conn.Err(), bc.Err())
+	}
+	if qpA.State() != verbs.QPErr || qpB.State() != verbs.QPErr {
+		t.Errorf("QP states after disconnect: %v, %v", qpA.State(), qpB.State())
+	}
+	if err := conn.Disconnect(); err != nil {
+		t.Errorf("second Disconnect: %v", err)
+	}
+	if err := bc.Disconnect(); err != nil {
+		t.Errorf("Disconnect of a peer-disconnected conn: %v", err)
+	}
+	if n := len(f.sent(mad.AttrCMDREP)); n != 1 {
+		t.Errorf("%d DREPs sent", n)
+	}
+}
+
+func TestPassiveDisconnect(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := recv(t, l.est, "established")
+	if err := bc.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, conn, "active Done")
+	if !errors.Is(conn.Err(), cm.ErrDisconnected) {
+		t.Errorf("active Err %v", conn.Err())
+	}
+	// The DREQ names the active QP.
+	var dreq mad.CMDREQ
+	_ = dreq.Unmarshal(f.sent(mad.AttrCMDREQ)[0].b[mad.CMDataOffset:])
+	if dreq.RemoteQPN != conn.QP.Num() || dreq.LocalCommID != bc.LocalCommID || dreq.RemoteCommID != conn.LocalCommID {
+		t.Errorf("DREQ %+v", dreq)
+	}
+}
+
+func rejectErr(t *testing.T, err error) *cm.RejectError {
+	t.Helper()
+	var re *cm.RejectError
+	if !errors.As(err, &re) {
+		t.Fatalf("error %v is not a *RejectError", err)
+	}
+	return re
+}
+
+func TestRejectByListener(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	// Every MAD is delivered twice: the duplicate REQ must not reach the listener again.
+	f.setFilter(func(_, _ verbs.LID, _ uint16, _ int) int { return 2 })
+	var calls atomic.Int32
+	if _, err := b.m.Listen(svc, func(*cm.Request) cm.Decision {
+		calls.Add(1)
+		return cm.Reject{Reason: mad.RejConsumerDefined, PrivateData: []byte("go away")}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+	re := rejectErr(t, err)
+	if re.Reason != mad.RejConsumerDefined || !bytes.Equal(re.PrivateData, padded([]byte("go away"), mad.CMREJPrivateDataSize)) {
+		t.Errorf("reject %v %q", re.Reason, re.PrivateData)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("listener called %d times", n)
+	}
+	rejs := f.sent(mad.AttrCMREJ)
+	for _, r := range rejs[1:] {
+		if !bytes.Equal(r.b, rejs[0].b) {
+			t.Errorf("REJs differ:\n%x\n%x", r.b, rejs[0].b)
+		}
+	}
+}
+
+func TestUnknownServiceID(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	_, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+	if re := rejectErr(t, err); re.Reason != mad.RejInvalidServiceID {
+		t.Errorf("reason %v", re.Reason)
+	}
+	var rej mad.CMREJ
+	rejs := f.sent(mad.AttrCMREJ)
+	_ = rej.Unmarshal(rejs[0].b[mad.CMDataOffset:])
+	var req mad.CMREQ
+	reqMAD := f.sent(mad.AttrCMREQ)[0].b
+	_ = req.Unmarshal(reqMAD[mad.CMDataOffset:])
+	if rej.MessageRejected != mad.CMMsgREQ || rej.RemoteCommID != req.LocalCommID ||
+		!bytes.Equal(rejs[0].b[8:16], reqMAD[8:16]) {
+		t.Errorf("REJ %+v for REQ comm ID %#x (TID %x / %x)", rej, req.LocalCommID, rejs[0].b[8:16], reqMAD[8:16])
+	}
+}
+
+func TestConnectTimeout(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, false) // b has no CM
+	p := params(a.dev.newQP(verbs.QPTypeRC), b)
+	p.MaxCMRetries = 3
+	start := time.Now()
+	_, err := a.m.Connect(ctxT(t), p)
+	if !errors.Is(err, verbs.ErrTimeout) {
+		t.Fatalf("Connect: %v, want ErrTimeout", err)
+	}
+	if d := time.Since(start); d < 4*cm.MinResponseTimeout {
+		t.Errorf("gave up after %v", d)
+	}
+	reqs := f.sent(mad.AttrCMREQ)
+	if len(reqs) != 4 {
+		t.Errorf("%d REQs sent, want 1 + 3 retries", len(reqs))
+	}
+	for _, r := range reqs[1:] {
+		if !bytes.Equal(r.b, reqs[0].b) {
+			t.Error("retransmitted REQ differs")
+		}
+	}
+	// The active side tells the passive side it gave up: REJ timeout, ARI = CA GUID.
+	// (It is sent right after Connect learns of the timeout.)
+	rejs := waitSent(t, f, mad.AttrCMREJ, 1)
+	if len(rejs) != 1 {
+		t.Fatalf("%d REJs", len(rejs))
+	}
+	var rej mad.CMREJ
+	_ = rej.Unmarshal(rejs[0].b[mad.CMDataOffset:])
+	if rej.Reason != mad.RejTimeout || rej.RejectInfoLength != 8 ||
+		binary.BigEndian.Uint64(rej.ARI[:]) != uint64(a.dev.guid) {
+		t.Errorf("REJ %+v", rej)
+	}
+}
+
+func TestConnectCancel(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	p := params(a.dev.newQP(verbs.QPTypeRC), b)
+	p.Timeout = 20 // 4 s: only ctx can end it
+	_, err := a.m.Connect(ctx, p)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Connect: %v", err)
+	}
+	if n := len(f.sent(mad.AttrCMREJ)); n != 1 {
+		t.Errorf("%d REJs after cancel", n)
+	}
+}
+
+// TestDropsAndDuplicates loses the first two REQs, the first REP and the first RTU and
+// duplicates every other MAD: the connection must still come up, with one listener
+// call and one transition per QP state.
+func TestDropsAndDuplicates(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	f.setFilter(func(_, _ verbs.LID, attr uint16, n int) int {
+		switch {
+		case attr == mad.AttrCMREQ && n <= 2, attr == mad.AttrCMREP && n == 1, attr == mad.AttrCMRTU && n == 1:
+			return 0
+		}
+		return 2
+	})
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	qpA := a.dev.newQP(verbs.QPTypeRC)
+	conn, err := a.m.Connect(ctxT(t), params(qpA, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := recv(t, l.est, "established")
+	time.Sleep(100 * time.Millisecond) // let duplicates drain
+	if n := l.calls.Load(); n != 1 {
+		t.Errorf("listener called %d times", n)
+	}
+	select {
+	case c := <-l.est:
+		t.Errorf("second Established: %+v", c)
+	case err := <-l.failed:
+		t.Errorf("Failed: %v", err)
+	default:
+	}
+	qpB := l.qp(qpA.num)
+	for _, q := range []*fakeQP{qpA, qpB} {
+		for _, s := range []verbs.QPState{verbs.QPInit, verbs.QPRTR, verbs.QPRTS} {
+			if n := len(q.modsTo(s)); n != 1 {
+				t.Errorf("QP %#x moved to %v %d times", q.num, s, n)
+			}
+		}
+		if q.State() != verbs.QPRTS {
+			t.Errorf("QP %#x in %v", q.num, q.State())
+		}
+	}
+	reps := f.sent(mad.AttrCMREP)
+	if len(reps) < 2 {
+		t.Errorf("REP sent %d times", len(reps))
+	}
+	for _, r := range reps[1:] {
+		if !bytes.Equal(r.b, reps[0].b) {
+			t.Errorf("resent REP differs:\n%x\n%x", r.b, reps[0].b)
+		}
+	}
+	if n := len(f.sent(mad.AttrCMRTU)); n < 2 {
+		t.Errorf("RTU sent %d times", n)
+	}
+	if conn.RemoteCommID != bc.LocalCommID {
+		t.Errorf("comm IDs %#x vs %#x", conn.RemoteCommID, bc.LocalCommID)
+	}
+	// Disconnect with the first DREP lost: the DREQ is resent and answered from
+	// timewait.
+	f.setFilter(func(_, _ verbs.LID, attr uint16, n int) int {
+		if attr == mad.AttrCMDREP && n == 1 {
+			return 0
+		}
+		return 1
+	})
+	if err := conn.Disconnect(); err != nil {
+		t.Fatalf("Disconnect: %v", err)
+	}
+	waitDone(t, bc, "passive Done")
+	if n := len(f.sent(mad.AttrCMDREQ)); n < 2 {
+		t.Errorf("DREQ sent %d times", n)
+	}
+}
+
+// TestRTUNeverArrives: the passive side resends the REP up to Max CM Retries, then
+// gives up with a REJ (timeout) that tears the active connection down.
+func TestRTUNeverArrives(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	f.setFilter(func(_, _ verbs.LID, attr uint16, _ int) int {
+		if attr == mad.AttrCMRTU {
+			return 0
+		}
+		return 1
+	})
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	p := params(a.dev.newQP(verbs.QPTypeRC), b)
+	p.MaxCMRetries = 2
+	conn, err := a.m.Connect(ctxT(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ferr := recv(t, l.failed, "Failed")
+	if !errors.Is(ferr, verbs.ErrTimeout) {
+		t.Errorf("Failed(%v), want ErrTimeout", ferr)
+	}
+	waitDone(t, conn, "active Done")
+	if re := rejectErr(t, conn.Err()); re.Reason != mad.RejTimeout {
+		t.Errorf("reason %v", re.Reason)
+	}
+	if conn.QP.State() != verbs.QPErr || l.qp(conn.QP.Num()).State() != verbs.QPErr {
+		t.Errorf("QPs %v / %v", conn.QP.State(), l.qp(conn.QP.Num()).State())
+	}
+	// 1 + 2 REPs from the passive side's timer (more if a slow listener let a REQ
+	// retransmission through); the active side answers each with a (lost) RTU.
+	reps, rtus := len(f.sent(mad.AttrCMREP)), len(f.sent(mad.AttrCMRTU))
+	if reps < 3 || rtus != reps {
+		t.Errorf("%d REPs, %d RTUs", reps, rtus)
+	}
+}
+
+func TestDisconnectTimeout(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	p := params(a.dev.newQP(verbs.QPTypeRC), b)
+	p.MaxCMRetries = 2
+	conn, err := a.m.Connect(ctxT(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, l.est, "established")
+	f.setFilter(func(_, _ verbs.LID, attr uint16, _ int) int {
+		if attr == mad.AttrCMDREQ {
+			return 0
+		}
+		return 1
+	})
+	if err := conn.Disconnect(); !errors.Is(err, verbs.ErrTimeout) {
+		t.Errorf("Disconnect: %v, want ErrTimeout", err)
+	}
+	waitDone(t, conn, "Done")
+	if n := len(f.sent(mad.AttrCMDREQ)); n != 3 {
+		t.Errorf("%d DREQs", n)
+	}
+}
+
+func TestConcurrentConnectsUniqueCommIDs(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	conns := make([]*cm.Conn, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+			if err != nil {
+				t.Error(err)
+			}
+			conns[i] = c
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	local, remote := map[uint32]bool{}, map[uint32]bool{}
+	for _, c := range conns {
+		if local[c.LocalCommID] || remote[c.RemoteCommID] {
+			t.Errorf("duplicate comm ID in %#x/%#x", c.LocalCommID, c.RemoteCommID)
+		}
+		local[c.LocalCommID], remote[c.RemoteCommID] = true, true
+	}
+	for range n {
+		recv(t, l.est, "established")
+	}
+}
+
+func TestListen(t *testing.T) {
+	f := newFabric(t)
+	b := newNode(t, f, 2, true)
+	h := func(*cm.Request) cm.Decision { return nil }
+	stop, err := b.m.Listen(svc, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Listen(svc, h); !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("second Listen: %v", err)
+	}
+	stop()
+	stop2, err := b.m.Listen(svc, h)
+	if err != nil {
+		t.Fatalf("Listen after stop: %v", err)
+	}
+	stop() // must not remove the new listener
+	if _, err := b.m.Listen(svc, h); err == nil {
+		t.Error("old stop removed the new listener")
+	}
+	stop2()
+	if _, err := b.m.Listen(svc+1, nil); err == nil {
+		t.Error("nil handler accepted")
+	}
+}
+
+// A listener returning nil rejects with consumer defined.
+func TestNilDecision(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	if _, err := b.m.Listen(svc, func(*cm.Request) cm.Decision { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+	if re := rejectErr(t, err); re.Reason != mad.RejConsumerDefined {
+		t.Errorf("reason %v", re.Reason)
+	}
+}
+
+// An Accept whose QP cannot be used is rejected with "no QP" and reported to Failed.
+func TestAcceptBadQP(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	failed := make(chan error, 1)
+	bad := b.dev.newQP(verbs.QPTypeRC)
+	bad.fail = verbs.QPRTR
+	if _, err := b.m.Listen(svc, func(*cm.Request) cm.Decision {
+		return cm.Accept{QP: bad, Failed: func(err error) { failed <- err }}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+	if re := rejectErr(t, err); re.Reason != mad.RejNoQP {
+		t.Errorf("reason %v", re.Reason)
+	}
+	if err := recv(t, failed, "Failed"); err == nil {
+		t.Error("Failed(nil)")
+	}
+}
+
+// The active QP refusing RTR: the REP is rejected (no QP) and Connect fails.
+func TestActiveQPFails(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	qp := a.dev.newQP(verbs.QPTypeRC)
+	qp.fail = verbs.QPRTS
+	if _, err := a.m.Connect(ctxT(t), params(qp, b)); err == nil {
+		t.Fatal("Connect succeeded")
+	}
+	ferr := recv(t, l.failed, "passive Failed")
+	if re := rejectErr(t, ferr); re.Reason != mad.RejNoQP {
+		t.Errorf("passive side got %v", re.Reason)
+	}
+	if qp.State() != verbs.QPErr {
+		t.Errorf("active QP %v", qp.State())
+	}
+}
+
+func TestConnectValidation(t *testing.T) {
+	f := newFabric(t)
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	ctx := ctxT(t)
+	ud := params(a.dev.newQP(verbs.QPTypeUD), b)
+	if _, err := a.m.Connect(ctx, ud); !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("UD QP: %v", err)
+	}
+	rts := a.dev.newQP(verbs.QPTypeRC)
+	rts.state = verbs.QPRTS
+	if _, err := a.m.Connect(ctx, params(rts, b)); !errors.Is(err, verbs.ErrInvalidState) {
+		t.Errorf("QP in RTS: %v", err)
+	}
+	long := params(a.dev.newQP(verbs.QPTypeRC), b)
+	long.PrivateData = make([]byte, 93)
+	if _, err := a.m.Connect(ctx, long); !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("93 bytes of private data: %v", err)
+	}
+	pk := params(a.dev.newQP(verbs.QPTypeRC), b)
+	pk.PKey = 0x7777
+	if _, err := a.m.Connect(ctx, pk); !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("unknown P_Key: %v", err)
+	}
+	if n := len(f.sent(mad.AttrCMREQ)); n != 0 {
+		t.Errorf("%d REQs sent for invalid parameters", n)
+	}
+	// P_Key 0x8001 is found at index 1 and sent in the REQ.
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	qp := a.dev.newQP(verbs.QPTypeRC)
+	p := params(qp, b)
+	p.PKey = 0x8001
+	if _, err := a.m.Connect(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if m := qp.modsTo(verbs.QPInit); len(m) != 1 || m[0].PKeyIndex != 1 {
+		t.Errorf("INIT %+v", m)
+	}
+	if r := recv(t, l.reqs, "request"); r.PKey != 0x8001 || r.PKeyIndex != 1 {
+		t.Errorf("request P_Key %v index %d", r.PKey, r.PKeyIndex)
+	}
+}
+
+func TestClose(t *testing.T) {
+	f := newFabric(t)
+	a, b, c := newNode(t, f, 1, true), newNode(t, f, 2, true), newNode(t, f, 3, false)
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := recv(t, l.est, "established")
+	pending := make(chan error, 1)
+	go func() {
+		p := params(a.dev.newQP(verbs.QPTypeRC), c)
+		p.Timeout = 20
+		_, err := a.m.Connect(context.Background(), p)
+		pending <- err
+	}()
+	for len(f.sent(mad.AttrCMREQ)) < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	a.m.Close()
+	if err := recv(t, pending, "pending Connect"); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("pending Connect: %v", err)
+	}
+	waitDone(t, conn, "Done")
+	if !errors.Is(conn.Err(), verbs.ErrClosed) {
+		t.Errorf("Err %v", conn.Err())
+	}
+	waitDone(t, bc, "peer Done") // the one DREQ sent by Close
+	if !errors.Is(bc.Err(), cm.ErrDisconnected) {
+		t.Errorf("peer Err %v", bc.Err())
+	}
+	if _, err := a.m.Listen(svc, l.handle); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("Listen after Close: %v", err)
+	}
+	if _, err := a.m.Connect(ctxT(t), params(a.dev.newQP(verbs.QPTypeRC), b)); !errors.Is(err, verbs.ErrClosed) {
+		t.Errorf("Connect after Close: %v", err)
+	}
+	a.m.Close()
+}
