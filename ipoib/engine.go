@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/cm"
 )
 
 // Error is an engine error naming the operation, the interface or file, and the errno.
@@ -58,6 +59,8 @@ type Engine struct {
 	log    *log.Logger
 	start  time.Time
 
+	cms map[int]*cm.Manager // per port, when the HCA supports RC (connected mode)
+
 	mu     sync.Mutex
 	ifs    map[string]*Interface
 	closed bool
@@ -82,6 +85,17 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{})}
 	events, stop := dev.Subscribe(64)
 	e.stopEv = stop
+	e.cms = map[int]*cm.Manager{}
+	if cmSupported(dev) {
+		for n := 1; n <= dev.NumPorts(); n++ {
+			mgr, err := cm.New(dev, n)
+			if err != nil {
+				e.log.Printf("port %d: no connection manager, connected mode unavailable: %v", n, err)
+				continue
+			}
+			e.cms[n] = mgr
+		}
+	}
 	for n := 1; n <= dev.NumPorts(); n++ {
 		name := fmt.Sprintf(o.NameTemplate, n-1)
 		i, err := newInterface(e, name, n, nil, 0)
@@ -164,6 +178,9 @@ func (e *Engine) Close() {
 	sort.Slice(ifs, func(a, b int) bool { return ifs[a].parent != nil && ifs[b].parent == nil })
 	for _, i := range ifs {
 		i.close()
+	}
+	for _, m := range e.cms {
+		m.Close()
 	}
 }
 

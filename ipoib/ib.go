@@ -13,12 +13,14 @@ const (
 	etherIPv6 = 0x86dd
 )
 
-// outFrame is a frame ready to post: its AH and destination QPN.
+// outFrame is a frame ready to post: on UD its AH and destination QPN, in connected
+// mode the connection.
 type outFrame struct {
 	ah    verbs.AH
 	qpn   verbs.QPN
+	tx    *cmTx
 	frame [][]byte // gather list: the 4-byte header, then the packet
-	size  int
+	size  int      // bytes, IPoIB header included
 }
 
 // Transmit sends IP packets the kernel routed out of this interface. Packets are
@@ -32,14 +34,12 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		i.txHdr = make([][encapLen]byte, len(pkts))
 	}
 	hdrs := i.txHdr[:len(pkts)]
-	var icmps [][]byte
 	i.mu.Lock()
 	if !i.up || !i.carrier || !i.qpReady {
 		i.mu.Unlock()
 		i.stats.txDropped.Add(uint64(len(pkts)))
 		return
 	}
-	host := i.host
 	for k, pkt := range pkts {
 		et, dst, ok := classify(pkt)
 		if !ok {
@@ -47,12 +47,7 @@ func (i *Interface) Transmit(pkts [][]byte) {
 			continue
 		}
 		if len(pkt) > i.mtu {
-			// Too long for the UD path: dropped, and the sender learns the group MTU.
-			i.stats.txDropped.Add(1)
-			i.stats.txErrors.Add(1)
-			if m := tooBig(pkt, i.mcastMTU); m != nil {
-				icmps = append(icmps, m)
-			}
+			i.tooLongLocked([][]byte{nil4[:], pkt})
 			continue
 		}
 		if et == etherIPv6 && isNDMessage(pkt) {
@@ -62,23 +57,28 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		hdrs[k][2], hdrs[k][3] = 0, 0
 		frame := [][]byte{hdrs[k][:], pkt}
 		if mgid, ok := i.groupForDstLocked(dst); ok {
+			if len(pkt) > i.mcastMTU { // connected mode: multicast stays on UD
+				i.tooLongLocked(frame)
+				continue
+			}
 			ah, ok := i.sendMulticastLocked(mgid, joinFrame(frame))
 			if ok {
-				out = append(out, outFrame{ah, verbs.MulticastQPN, frame, len(pkt) + encapLen})
+				out = append(out, outFrame{ah: ah, qpn: verbs.MulticastQPN, frame: frame, size: len(pkt) + encapLen})
 			}
 			continue
 		}
-		if ah, qpn, ok := i.sendUnicastLocked(dst, frame); ok {
-			out = append(out, outFrame{ah, qpn, frame, len(pkt) + encapLen})
+		if o, ok := i.sendUnicastLocked(dst, frame, len(pkt)+encapLen); ok {
+			out = append(out, o)
 		}
 	}
 	i.mu.Unlock()
 	i.post(out)
 	i.txOut = out[:0]
-	if len(icmps) > 0 && host != nil {
-		host.Deliver(icmps)
-	}
+	i.flushICMP()
 }
+
+// nil4 stands in for the IPoIB header where only the packet matters.
+var nil4 [encapLen]byte
 
 // joinFrame flattens a gather list into one new buffer (for queueing).
 func joinFrame(f [][]byte) []byte {
@@ -103,9 +103,25 @@ func (i *Interface) post(out []outFrame) {
 	i.mu.Unlock()
 	wrs := i.txWRs[:0]
 	var bytes uint64
-	for _, o := range out {
+	for k := 0; k < len(out); k++ {
+		o := out[k]
+		if o.tx != nil {
+			// Consecutive frames for one connection go in one post.
+			rc := []verbs.SendWR{{Data: o.frame}}
+			n := uint64(o.size)
+			for k+1 < len(out) && out[k+1].tx == o.tx {
+				k++
+				rc = append(rc, verbs.SendWR{Data: out[k].frame})
+				n += uint64(out[k].size)
+			}
+			i.cmPostWRs(o.tx, rc, n)
+			continue
+		}
 		wrs = append(wrs, verbs.SendWR{AH: o.ah, RemoteQPN: o.qpn, RemoteQKey: qkey, Data: o.frame})
 		bytes += uint64(o.size)
+	}
+	if len(wrs) == 0 {
+		return
 	}
 	if dataDebug {
 		i.e.dtracef("%s: tx %d frames, %d bytes", i.name, len(wrs), bytes)
@@ -128,7 +144,7 @@ func (i *Interface) sendFrames(frames [][]byte, ah verbs.AH, qpn verbs.QPN) {
 	}
 	out := make([]outFrame, len(frames))
 	for k, f := range frames {
-		out[k] = outFrame{ah, qpn, [][]byte{f}, len(f)}
+		out[k] = outFrame{ah: ah, qpn: qpn, frame: [][]byte{f}, size: len(f)}
 	}
 	i.txMu.Lock()
 	i.post(out)
@@ -197,11 +213,22 @@ func lastAddr(p netip.Prefix) netip.Addr {
 }
 
 // recvLoop is the receive completion handler (ipoib_ib_handle_rx_wc).
+//
+// Received packets are copied out of the receive buffers, the buffers go straight
+// back to the receive queue, and a second goroutine hands the copies to the host: a
+// slow write into the kernel then delays delivery but does not leave the receive queue
+// empty (which would make the HCA drop, as UD has no flow control).
 func (i *Interface) recvLoop() {
 	defer i.wg.Done()
 	wcs := make([]verbs.WC, recvBatch)
-	deliver := make([][]byte, 0, recvBatch)
 	repost := make([]verbs.RecvWR, 0, recvBatch)
+	batches := make(chan *rxBatch, 8)
+	free := make(chan *rxBatch, 10)
+	for range cap(free) {
+		free <- &rxBatch{arena: make([]byte, 0, recvBatch*(i.maxIBMTU))}
+	}
+	go i.deliverLoop(batches, free)
+	defer close(batches)
 	for {
 		select {
 		case <-i.stop:
@@ -209,9 +236,15 @@ func (i *Interface) recvLoop() {
 		case <-i.rcq.Notify():
 		}
 		for n := i.rcq.Poll(wcs); n > 0; n = i.rcq.Poll(wcs) {
-			deliver, repost = deliver[:0], repost[:0]
+			repost = repost[:0]
+			var b *rxBatch
+			select {
+			case b = <-free:
+			case <-i.stop:
+				return
+			}
+			b.arena, b.pkts = b.arena[:0], b.pkts[:0]
 			i.mu.Lock()
-			host := i.host
 			gen := i.qpGen
 			ownQPN := i.hw.QPN()
 			bgid := i.bcast.GID()
@@ -260,14 +293,9 @@ func (i *Interface) recvLoop() {
 				}
 				i.stats.rxPackets.Add(1)
 				i.stats.rxBytes.Add(uint64(len(pkt)))
-				deliver = append(deliver, pkt)
-			}
-			if len(deliver) > 0 {
-				if host != nil {
-					host.Deliver(deliver)
-				} else {
-					i.stats.rxDropped.Add(uint64(len(deliver)))
-				}
+				off := len(b.arena)
+				b.arena = append(b.arena, pkt...)
+				b.pkts = append(b.pkts, b.arena[off:len(b.arena):len(b.arena)])
 			}
 			// A QP restart posts every buffer afresh; re-posting ours then would post
 			// them twice.
@@ -278,6 +306,32 @@ func (i *Interface) recvLoop() {
 				}
 			}
 			i.mu.Unlock()
+			if len(b.pkts) == 0 {
+				free <- b
+				continue
+			}
+			batches <- b
 		}
+	}
+}
+
+// rxBatch is a batch of received packets copied out of the receive buffers.
+type rxBatch struct {
+	arena []byte
+	pkts  [][]byte
+}
+
+// deliverLoop hands received batches to the host and recycles them.
+func (i *Interface) deliverLoop(batches <-chan *rxBatch, free chan<- *rxBatch) {
+	for b := range batches {
+		i.mu.Lock()
+		host := i.host
+		i.mu.Unlock()
+		if host != nil {
+			host.Deliver(b.pkts)
+		} else {
+			i.stats.rxDropped.Add(uint64(len(b.pkts)))
+		}
+		free <- b
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/cm"
 	"ipoibfs/verbs/sa"
 )
 
@@ -88,6 +89,15 @@ type Interface struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	icmpOut [][]byte // ICMP errors for the host, sent after unlocking
+
+	// Connected mode (cm.go); cmMgr is nil when the HCA has no RC support.
+	cmMgr        *cm.Manager
+	cmStop       func()
+	cmScq, cmRcq verbs.CQ
+	tx           map[HWAddr]*cmTx
+	rx           map[verbs.QPN]*cmRx
+
 	txMu  sync.Mutex // serialises posting so these scratch slices are reused
 	txWRs []verbs.SendWR
 	txHdr [][encapLen]byte
@@ -126,7 +136,12 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	if err := i.createQP(); err != nil {
 		return nil, err
 	}
-	i.hw = MakeHWAddr(0, i.qp.Num(), gid) // no 0x80: connected mode is not available yet
+	i.hw = MakeHWAddr(0, i.qp.Num(), gid)
+	if mgr := e.cms[port]; mgr != nil {
+		if err := i.cmInit(mgr); err != nil {
+			return nil, err
+		}
+	}
 	i.wg.Add(2)
 	go i.recvLoop()
 	go i.task()
@@ -412,8 +427,19 @@ func (i *Interface) setMTULocked(mtu int) func() {
 func (i *Interface) SetMTU(mtu int) error {
 	i.mu.Lock()
 	if i.mode == Connected {
+		// ipoib_change_mtu: up to the CM maximum; above the group MTU multicast drops.
+		if mtu < 68 || mtu > cmMaxMTU {
+			i.mu.Unlock()
+			return &Error{Op: "set_mtu", If: i.name, Err: syscall.EINVAL,
+				Detail: fmt.Sprintf("MTU %d outside 68..%d in connected mode", mtu, cmMaxMTU)}
+		}
+		if mtu > i.mcastMTU {
+			i.e.log.Printf("%s: mtu > %d will cause multicast packet drops.", i.name, i.mcastMTU)
+		}
+		act := i.setMTULocked(mtu)
 		i.mu.Unlock()
-		return &Error{Op: "set_mtu", If: i.name, Err: syscall.EINVAL, Detail: "connected mode is not supported yet"}
+		act()
+		return nil
 	}
 	udMax := i.maxIBMTU - encapLen
 	if mtu < minMTU || mtu > udMax {
@@ -429,20 +455,6 @@ func (i *Interface) SetMTU(mtu int) error {
 	i.mu.Unlock()
 	act()
 	return nil
-}
-
-// SetMode switches the transport mode. The value is the exact file content the kernel
-// accepts ("datagram\n" or "connected\n"; the tree also accepts it without newline).
-func (i *Interface) SetMode(m Mode) error {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	if m == i.mode {
-		return nil
-	}
-	if m == Connected && i.hw[0]&FlagRC == 0 {
-		return &Error{Op: "set_mode", If: i.name, Err: syscall.EINVAL, Detail: "connected mode is not supported by this interface yet"}
-	}
-	return &Error{Op: "set_mode", If: i.name, Err: syscall.EINVAL}
 }
 
 // wake nudges the interface task (joins, queued work).
@@ -469,12 +481,17 @@ func (i *Interface) close() {
 	i.closed = true
 	i.up = false
 	i.mu.Unlock()
+	i.cmClose()
 	close(i.stop)
 	i.cancel()
 	i.wg.Wait()
 	_ = i.qp.Close()
 	_ = i.scq.Close()
 	_ = i.rcq.Close()
+	if i.cmScq != nil {
+		_ = i.cmScq.Close()
+		_ = i.cmRcq.Close()
+	}
 }
 
 // flushLevel is the kernel's ipoib_flush_level.
@@ -539,6 +556,9 @@ func (i *Interface) runTask() time.Duration {
 		next = d
 	}
 	if d := i.neighRound(); d < next {
+		next = d
+	}
+	if d := i.cmReap(); d < next {
 		next = d
 	}
 	i.reapSendCQ()

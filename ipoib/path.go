@@ -34,9 +34,9 @@ type neigh struct {
 	updated time.Time
 }
 
-// sendUnicastLocked resolves dst and returns the AH and QPN to send to, or queues the
-// frame (copying it) while the neighbour or path is being resolved.
-func (i *Interface) sendUnicastLocked(dst netip.Addr, frame [][]byte) (verbs.AH, verbs.QPN, bool) {
+// sendUnicastLocked resolves dst and returns where to send the frame, or queues it
+// (copying it) while the neighbour, path or connection is being resolved.
+func (i *Interface) sendUnicastLocked(dst netip.Addr, frame [][]byte, size int) (outFrame, bool) {
 	n := i.neigh[dst]
 	if n == nil {
 		n = &neigh{}
@@ -46,12 +46,55 @@ func (i *Interface) sendUnicastLocked(dst netip.Addr, frame [][]byte) (verbs.AH,
 	if !n.valid {
 		if len(n.queue) >= maxPathQ {
 			i.stats.txDropped.Add(1)
-			return nil, 0, false
+			return outFrame{}, false
 		}
 		n.queue = append(n.queue, joinFrame(frame))
-		return nil, 0, false
+		return outFrame{}, false
 	}
-	return i.sendToHWLocked(n.hw, frame)
+	return i.sendToPeerLocked(n.hw, frame, size)
+}
+
+// sendToPeerLocked picks the transport for a unicast frame of size bytes (IPoIB header
+// included): the RC connection in connected mode when the peer accepts it, else UD,
+// where a frame above the broadcast group's MTU is dropped and answered with ICMP.
+func (i *Interface) sendToPeerLocked(hw HWAddr, frame [][]byte, size int) (outFrame, bool) {
+	if t, queued, ok := i.cmRouteLocked(hw, frame); ok {
+		if queued {
+			return outFrame{}, false
+		}
+		if size > t.mtu {
+			i.tooLongLocked(frame)
+			return outFrame{}, false
+		}
+		return outFrame{tx: t, frame: frame, size: size}, true
+	}
+	if size-encapLen > i.mcastMTU {
+		i.tooLongLocked(frame)
+		return outFrame{}, false
+	}
+	ah, qpn, ok := i.sendToHWLocked(hw, frame)
+	return outFrame{ah: ah, qpn: qpn, frame: frame, size: size}, ok
+}
+
+// tooLongLocked drops a frame too long for its path and queues the ICMP error for the
+// local sender (ipoib_cm_skb_too_long: the MTU reported is always the group's).
+func (i *Interface) tooLongLocked(frame [][]byte) {
+	i.stats.txDropped.Add(1)
+	i.stats.txErrors.Add(1)
+	if m := tooBig(joinFrame(frame)[encapLen:], i.mcastMTU); m != nil {
+		i.icmpOut = append(i.icmpOut, m)
+	}
+}
+
+// flushICMP hands queued ICMP errors to the host. Called without i.mu.
+func (i *Interface) flushICMP() {
+	i.mu.Lock()
+	m, h := i.icmpOut, i.host
+	i.icmpOut = nil
+	i.mu.Unlock()
+	if len(m) > 0 && h != nil {
+		h.Deliver(m)
+	}
 }
 
 // sendToHWLocked returns the path's AH for hw, or queues the frame and starts a path
@@ -152,14 +195,21 @@ func (i *Interface) learnLocked(ip netip.Addr, hw HWAddr) (flush [][]byte) {
 
 // resend sends frames that waited for a neighbour now resolved to hw.
 func (i *Interface) resend(hw HWAddr, frames [][]byte) {
+	if len(frames) == 0 {
+		return
+	}
+	out := make([]outFrame, 0, len(frames))
+	i.mu.Lock()
 	for _, f := range frames {
-		i.mu.Lock()
-		ah, qpn, ok := i.sendToHWLocked(hw, [][]byte{f})
-		i.mu.Unlock()
-		if ok {
-			i.sendFrames([][]byte{f}, ah, qpn)
+		if o, ok := i.sendToPeerLocked(hw, [][]byte{f}, len(f)); ok {
+			out = append(out, o)
 		}
 	}
+	i.mu.Unlock()
+	i.txMu.Lock()
+	i.post(out)
+	i.txMu.Unlock()
+	i.flushICMP()
 }
 
 // neighRound sends due ARP requests / neighbour solicitations and gives up on

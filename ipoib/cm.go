@@ -1,0 +1,505 @@
+package ipoib
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"syscall"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/cm"
+	"ipoibfs/verbs/mad"
+)
+
+// Connected mode (RFC 4755, the kernel's ipoib_cm.c): unicast to peers whose hardware
+// address carries 0x80 goes over an RC connection set up through the CM with 8 bytes of
+// private data (our UD QPN, our receive MTU); multicast and peers without the flag stay
+// on UD, where packets above the broadcast group's MTU are dropped and the sender gets
+// an ICMP error.
+//
+// One deliberate difference from the kernel: an interface in datagram mode rejects
+// incoming connection requests (REJ, consumer defined), so a connected-mode peer falls
+// back to UD for it and learns the UD path MTU, instead of receiving packets larger
+// than the interface's own MTU.
+const (
+	cmServiceBase = 0x1000000000000000 // IPOIB_CM_IETF_ID
+	cmMaxMTU      = 0x10000 - 0x10     // IPOIB_CM_MTU: 65520
+	cmBufSize     = cmMaxMTU + encapLen
+	cmRxIdle      = 512 * time.Second // passive connections idle this long are torn down
+	cmRejectHold  = 30 * time.Second  // after a REJ the peer is reached over UD this long
+)
+
+// cmTx is an active (transmit) connection to one peer (struct ipoib_cm_tx).
+type cmTx struct {
+	hw       HWAddr
+	qp       verbs.QP
+	conn     *cm.Conn
+	up       bool
+	mtu      int // the peer's receive size (IPoIB header included)
+	queue    [][]byte
+	rejected time.Time // non-zero: refused, use UD until then + cmRejectHold
+}
+
+// cmRx is a passive (receive) connection (struct ipoib_cm_rx).
+type cmRx struct {
+	qp   verbs.QP
+	conn *cm.Conn
+	bufs [][]byte
+	last time.Time
+}
+
+// cmSupported probes whether the device can create RC queue pairs.
+func cmSupported(dev verbs.Device) bool {
+	cq, err := dev.CreateCQ(verbs.CQAttr{Entries: 1})
+	if err != nil {
+		return false
+	}
+	defer cq.Close()
+	qp, err := dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: 1, SendCQ: cq, RecvCQ: cq, MaxSendWR: 1, MaxRecvWR: 1})
+	if err != nil {
+		return false
+	}
+	qp.Close()
+	return true
+}
+
+// cmInitLocked prepares connected mode for an interface whose port has a CM: the
+// shared CQs, the receive loop and the listener on 0x1000000000000000 | UD QPN.
+func (i *Interface) cmInit(mgr *cm.Manager) error {
+	dev := i.e.dev
+	var err error
+	if i.cmScq, err = dev.CreateCQ(verbs.CQAttr{Entries: 4096}); err != nil {
+		return err
+	}
+	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: 8192}); err != nil {
+		return err
+	}
+	i.cmMgr = mgr
+	i.tx = map[HWAddr]*cmTx{}
+	i.rx = map[verbs.QPN]*cmRx{}
+	stop, err := mgr.Listen(cmServiceBase|uint64(i.qp.Num()), i.cmListen)
+	if err != nil {
+		return err
+	}
+	i.cmStop = stop
+	i.hw[0] |= FlagRC
+	i.wg.Add(2)
+	go i.cmRecvLoop()
+	go i.cmSendLoop()
+	return nil
+}
+
+func (i *Interface) cmClose() {
+	if i.cmMgr == nil {
+		return
+	}
+	i.cmStop()
+	i.mu.Lock()
+	txs, rxs := i.tx, i.rx
+	i.tx, i.rx = map[HWAddr]*cmTx{}, map[verbs.QPN]*cmRx{}
+	i.mu.Unlock()
+	for _, t := range txs {
+		i.cmTxDestroy(t)
+	}
+	for _, r := range rxs {
+		i.cmRxDestroy(r)
+	}
+}
+
+// cmPrivateData is the 8-byte REQ/REP private data: UD QPN, receive MTU.
+func (i *Interface) cmPrivateData() []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint32(b, uint32(i.hw.QPN()))
+	binary.BigEndian.PutUint32(b[4:], cmBufSize)
+	return b
+}
+
+// cmListen decides on an incoming REQ (ipoib_cm_req_handler).
+func (i *Interface) cmListen(req *cm.Request) cm.Decision {
+	i.mu.Lock()
+	mode, n := i.mode, len(i.rx)
+	i.mu.Unlock()
+	if mode != Connected {
+		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.name, req.RemoteLID)
+		return cm.Reject{Reason: mad.RejConsumerDefined}
+	}
+	if n >= i.e.params.MaxNonSRQConnQP {
+		i.e.tracef(1, "%s: rejecting a connection: max_nonsrq_conn_qp (%d) reached", i.name, n)
+		return cm.Reject{Reason: mad.RejNoQP}
+	}
+	qp, err := i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: i.port, SendCQ: i.cmScq, RecvCQ: i.cmRcq,
+		MaxSendWR: 1, MaxRecvWR: i.e.params.RecvQueueSize})
+	if err != nil {
+		return cm.Reject{Reason: mad.RejNoQP}
+	}
+	rx := &cmRx{qp: qp, bufs: make([][]byte, i.e.params.RecvQueueSize), last: time.Now()}
+	i.mu.Lock()
+	i.rx[qp.Num()] = rx
+	i.mu.Unlock()
+	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(),
+		Established: func(c *cm.Conn) {
+			// Buffers are posted once the QP is past INIT (the manager moved it to RTS).
+			wrs := make([]verbs.RecvWR, len(rx.bufs))
+			for k := range rx.bufs {
+				rx.bufs[k] = make([]byte, cmBufSize)
+				wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: rx.bufs[k]}
+			}
+			i.mu.Lock()
+			rx.conn = c
+			i.mu.Unlock()
+			if _, err := qp.PostRecv(wrs); err != nil {
+				i.e.tracef(1, "%s: posting connected-mode receive buffers: %v", i.name, err)
+			}
+			go func() {
+				<-c.Done()
+				i.mu.Lock()
+				delete(i.rx, qp.Num())
+				i.mu.Unlock()
+				i.cmRxDestroy(rx)
+			}()
+		},
+		Failed: func(error) {
+			i.mu.Lock()
+			delete(i.rx, qp.Num())
+			i.mu.Unlock()
+			i.cmRxDestroy(rx)
+		}}
+}
+
+func (i *Interface) cmRxDestroy(r *cmRx) {
+	if r.conn != nil {
+		go r.conn.Disconnect()
+	}
+	r.qp.Close()
+}
+
+func (i *Interface) cmTxDestroy(t *cmTx) {
+	if t.conn != nil {
+		go t.conn.Disconnect()
+	}
+	if t.qp != nil {
+		t.qp.Close()
+	}
+}
+
+// cmRouteLocked returns the connection to send a unicast frame to hw over, starting
+// one if needed; ok=false means "use UD". queued=true means the frame was queued (or
+// dropped) while the connection is being set up.
+func (i *Interface) cmRouteLocked(hw HWAddr, frame [][]byte) (t *cmTx, queued, ok bool) {
+	if i.mode != Connected || i.cmMgr == nil || hw.Flags()&FlagRC == 0 {
+		return nil, false, false
+	}
+	t = i.tx[hw]
+	if t != nil && !t.rejected.IsZero() {
+		if time.Since(t.rejected) < cmRejectHold {
+			return nil, false, false
+		}
+		delete(i.tx, hw)
+		t = nil
+	}
+	if t == nil {
+		t = &cmTx{hw: hw}
+		i.tx[hw] = t
+		i.wg.Add(1)
+		go i.cmConnect(t)
+	}
+	if t.up {
+		return t, false, true
+	}
+	if len(t.queue) >= maxPathQ {
+		i.stats.txDropped.Add(1)
+	} else {
+		t.queue = append(t.queue, joinFrame(frame))
+	}
+	return t, true, true
+}
+
+// cmConnect sets up a transmit connection (ipoib_cm_tx_init): path record, RC QP,
+// REQ with our private data, and takes the peer's receive MTU from the REP.
+func (i *Interface) cmConnect(t *cmTx) {
+	defer i.wg.Done()
+	fail := func(err error, rejected bool) {
+		i.e.tracef(1, "%s: connection to %s failed: %v", i.name, t.hw, err)
+		i.mu.Lock()
+		q := t.queue
+		t.queue = nil
+		if rejected && i.tx[t.hw] == t {
+			t.rejected = time.Now()
+		} else if i.tx[t.hw] == t {
+			delete(i.tx, t.hw) // the next packet tries again
+		}
+		i.mu.Unlock()
+		if t.qp != nil {
+			t.qp.Close()
+			t.qp = nil
+		}
+		// Frames queued for the connection go over UD when they fit.
+		i.resend(t.hw, fitting(q, i.mcastMTUSnapshot()))
+	}
+	i.mu.Lock()
+	sgid, pkey := i.hw.GID(), i.pkey
+	i.mu.Unlock()
+	ctx, cancel := context.WithTimeout(i.ctx, 30*time.Second)
+	defer cancel()
+	pr, err := i.sa.PathRecord(ctx, sgid, t.hw.GID(), pkey, 0)
+	if err != nil {
+		fail(err, false)
+		return
+	}
+	qp, err := i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: i.port, SendCQ: i.cmScq, RecvCQ: i.cmRcq,
+		MaxSendWR: i.e.params.SendQueueSize, MaxRecvWR: 1})
+	if err != nil {
+		fail(err, false)
+		return
+	}
+	t.qp = qp
+	c, err := i.cmMgr.Connect(ctx, cm.ConnectParams{ServiceID: cmServiceBase | uint64(t.hw.QPN()), QP: qp,
+		DLID: pr.DLID, DGID: t.hw.GID(), SL: pr.SL, PKey: pkey, PathMTU: pr.MTU,
+		PrivateData: i.cmPrivateData(), RetryCount: 7, RNRRetry: 7, AckTimeout: 14, MaxCMRetries: 15})
+	if err != nil {
+		var rej *cm.RejectError
+		fail(err, errors.As(err, &rej))
+		return
+	}
+	mtu := 0
+	if len(c.RemotePrivateData) >= 8 {
+		mtu = int(binary.BigEndian.Uint32(c.RemotePrivateData[4:]))
+	}
+	if mtu <= encapLen { // the kernel refuses such a REP
+		c.Disconnect()
+		fail(errors.New("peer announced an unusable receive MTU"), true)
+		return
+	}
+	i.mu.Lock()
+	if i.tx[t.hw] != t {
+		i.mu.Unlock()
+		c.Disconnect()
+		qp.Close()
+		return
+	}
+	t.conn, t.up, t.mtu = c, true, mtu
+	q := t.queue
+	t.queue = nil
+	i.mu.Unlock()
+	i.e.tracef(1, "%s: connected to %s (peer receive MTU %d)", i.name, t.hw, mtu)
+	i.cmPost(t, q)
+	go func() {
+		<-c.Done()
+		i.mu.Lock()
+		if i.tx[t.hw] == t {
+			delete(i.tx, t.hw)
+		}
+		i.mu.Unlock()
+		qp.Close()
+	}()
+}
+
+func fitting(frames [][]byte, mcastMTU int) [][]byte {
+	out := frames[:0]
+	for _, f := range frames {
+		if len(f)-encapLen <= mcastMTU {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (i *Interface) mcastMTUSnapshot() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.mcastMTU
+}
+
+// cmPost sends frames on a connection, one message each.
+func (i *Interface) cmPost(t *cmTx, frames [][]byte) {
+	if len(frames) == 0 {
+		return
+	}
+	wrs := make([]verbs.SendWR, len(frames))
+	var bytes uint64
+	for k, f := range frames {
+		wrs[k] = verbs.SendWR{Data: [][]byte{f}}
+		bytes += uint64(len(f))
+	}
+	i.cmPostWRs(t, wrs, bytes)
+}
+
+func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
+	n, err := t.qp.PostSend(wrs)
+	if err != nil {
+		i.stats.txErrors.Add(uint64(len(wrs) - n))
+		i.stats.txDropped.Add(uint64(len(wrs) - n))
+		i.cmTxFailed(t)
+	}
+	i.stats.txPackets.Add(uint64(n))
+	i.stats.txBytes.Add(bytes)
+}
+
+// cmTxFailed tears a transmit connection down; the next packet rebuilds it.
+func (i *Interface) cmTxFailed(t *cmTx) {
+	i.mu.Lock()
+	if i.tx[t.hw] == t {
+		delete(i.tx, t.hw)
+	}
+	i.mu.Unlock()
+	if t.conn != nil {
+		go t.conn.Disconnect()
+	}
+}
+
+// cmSendLoop reaps send completions of all connections: an error tears the
+// connection down (ipoib_cm_handle_tx_wc).
+func (i *Interface) cmSendLoop() {
+	defer i.wg.Done()
+	wcs := make([]verbs.WC, 64)
+	for {
+		select {
+		case <-i.stop:
+			return
+		case <-i.cmScq.Notify():
+		}
+		for n := i.cmScq.Poll(wcs); n > 0; n = i.cmScq.Poll(wcs) {
+			for _, wc := range wcs[:n] {
+				if wc.Status == verbs.WCSuccess || wc.Status == verbs.WCWRFlushErr {
+					continue
+				}
+				i.stats.txErrors.Add(1)
+				i.mu.Lock()
+				var bad *cmTx
+				for _, t := range i.tx {
+					if t.qp != nil && t.qp.Num() == wc.QPN {
+						bad = t
+					}
+				}
+				i.mu.Unlock()
+				if bad != nil {
+					i.e.tracef(1, "%s: connected-mode send to %s failed: %v", i.name, bad.hw, wc.Status)
+					i.cmTxFailed(bad)
+				}
+			}
+		}
+	}
+}
+
+// cmRecvLoop handles receive completions of all passive connections.
+func (i *Interface) cmRecvLoop() {
+	defer i.wg.Done()
+	wcs := make([]verbs.WC, recvBatch)
+	var deliver [][]byte
+	type repost struct {
+		qp verbs.QP
+		wr verbs.RecvWR
+	}
+	var re []repost
+	for {
+		select {
+		case <-i.stop:
+			return
+		case <-i.cmRcq.Notify():
+		}
+		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
+			deliver, re = deliver[:0], re[:0]
+			now := time.Now()
+			i.mu.Lock()
+			host := i.host
+			for _, wc := range wcs[:n] {
+				rx := i.rx[wc.QPN]
+				if rx == nil || wc.Status == verbs.WCWRFlushErr {
+					continue
+				}
+				rx.last = now
+				buf := rx.bufs[wc.WRID]
+				re = append(re, repost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf}})
+				if wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
+					i.stats.rxDropped.Add(1)
+					continue
+				}
+				frame := buf[:wc.ByteLen]
+				et := binary.BigEndian.Uint16(frame)
+				pkt := frame[encapLen:]
+				if et != etherIPv4 && et != etherIPv6 {
+					i.stats.rxDropped.Add(1)
+					continue
+				}
+				if _, _, ok := classify(pkt); !ok {
+					i.stats.rxDropped.Add(1)
+					continue
+				}
+				i.stats.rxPackets.Add(1)
+				i.stats.rxBytes.Add(uint64(len(pkt)))
+				deliver = append(deliver, pkt)
+			}
+			i.mu.Unlock()
+			if len(deliver) > 0 {
+				if host != nil {
+					host.Deliver(deliver)
+				} else {
+					i.stats.rxDropped.Add(uint64(len(deliver)))
+				}
+			}
+			for _, r := range re {
+				_, _ = r.qp.PostRecv([]verbs.RecvWR{r.wr})
+			}
+		}
+	}
+}
+
+// cmReap tears down passive connections idle for cmRxIdle (ipoib_cm_rx_reap).
+func (i *Interface) cmReap() time.Duration {
+	if i.cmMgr == nil {
+		return time.Hour
+	}
+	now := time.Now()
+	var idle []*cmRx
+	i.mu.Lock()
+	for q, r := range i.rx {
+		if r.conn != nil && now.Sub(r.last) > cmRxIdle {
+			idle = append(idle, r)
+			delete(i.rx, q)
+		}
+	}
+	i.mu.Unlock()
+	for _, r := range idle {
+		i.cmRxDestroy(r)
+	}
+	return cmRxIdle / 4
+}
+
+// SetMode switches the transport mode with the kernel's side effects. To connected
+// (only when the hardware address carries 0x80): checksum and large send off, MTU
+// 65520 (the admin MTU is overwritten), paths flushed. To datagram: offloads allowed
+// again, MTU = min(group MTU - 4, current), paths and connections flushed.
+func (i *Interface) SetMode(m Mode) error {
+	i.mu.Lock()
+	if m == i.mode {
+		i.mu.Unlock()
+		return nil
+	}
+	if m == Connected && (i.hw[0]&FlagRC == 0 || i.cmMgr == nil) {
+		i.mu.Unlock()
+		return &Error{Op: "set_mode", If: i.name, Err: syscall.EINVAL, Detail: "the HCA does not support connected mode"}
+	}
+	i.mode = m
+	var mtuAct func()
+	if m == Connected {
+		i.e.log.Printf("%s: enabling connected mode will cause multicast packet drops", i.name)
+		mtuAct = i.setMTULocked(cmMaxMTU)
+	} else {
+		i.adminMTU = min(i.mcastMTU, i.mtu)
+		mtuAct = i.setMTULocked(min(i.mcastMTU, i.adminMTU))
+	}
+	feat, h := i.effectiveFeaturesLocked(), i.host
+	txs := i.tx
+	i.tx = map[HWAddr]*cmTx{}
+	i.flushPathsLocked()
+	i.mu.Unlock()
+	mtuAct()
+	if h != nil {
+		h.SetOffloads(feat)
+	}
+	for _, t := range txs {
+		i.cmTxDestroy(t)
+	}
+	return nil
+}
