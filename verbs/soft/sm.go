@@ -387,15 +387,20 @@ func (sm *SM) checkDB() {
 func (sm *SM) handleSA(src verbs.MADSource, req []byte) []byte {
 	sm.mu.Lock()
 	sp := sm.byGUID[src.GID.GUID()]
+	var port sadb.Port
+	if sp != nil {
+		port = sm.sadbPort(sp)
+	}
 	sm.mu.Unlock()
 	if sp == nil {
 		return nil
 	}
-	resp := sm.db.Handle(sm.sadbPort(sp), req)
+	resp := sm.db.Handle(port, req)
 	sm.checkDB()
 	return resp
 }
 
+// sadbPort describes a port for the SA database. Called with sm.mu held.
 func (sm *SM) sadbPort(sp *smPort) sadb.Port {
 	return sadb.Port{GUID: sp.guid, GID: sp.gid(), LID: sp.lid, PKeys: slices.Clone(sp.pkeys),
 		MTU: sp.maxMTU, Rate: rateFor(sp.width, sp.laneMbps), IsSM: sp.isSM}

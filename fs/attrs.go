@@ -1,0 +1,213 @@
+package fs
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"ipoibfs/ipoib"
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft"
+	"ipoibfs/verbs/soft/sadb"
+)
+
+type scope uint8
+
+const (
+	allIfs scope = iota
+	parentOnly
+	childOnly
+)
+
+// ifAttr is one file of class/net/<if>/ (or of its ethtool/ and statistics/
+// directories): the kernel's mode, format and write parser.
+type ifAttr struct {
+	name  string
+	perm  uint32
+	scope scope
+	read  func(i *ipoib.Interface) (string, error)
+	write func(i *ipoib.Interface, b []byte) error
+}
+
+func yes01(v bool) string {
+	if v {
+		return "1\n"
+	}
+	return "0\n"
+}
+
+// ifAttrs is the table of class/net/<if>/ files, sorted by name. Formats follow
+// net-sysfs and ipoib_main.c / ipoib_cm.c (see reference/kernel-ipoib.md §1-§3).
+var ifAttrs = []ifAttr{
+	{name: "addr_len", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "20\n", nil }},
+	{name: "address", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.HWAddr().String() + "\n", nil }},
+	{name: "broadcast", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.Broadcast().String() + "\n", nil }},
+	{name: "carrier", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		if !i.IsUp() { // net-sysfs: carrier of a device that is not running is EINVAL
+			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
+		}
+		return yes01(i.Carrier()), nil
+	}},
+	{name: "create_child", perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
+		v, err := parsePKeyArg(b)
+		if err != nil {
+			return err
+		}
+		_, err = i.CreateChild(v)
+		return err
+	}},
+	{name: "delete_child", perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
+		v, err := parsePKeyArg(b)
+		if err != nil {
+			return err
+		}
+		return i.DeleteChild(v)
+	}},
+	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Port()-1), nil }},
+	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.Port()-1), nil }},
+	{name: "flags", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Flags()), nil }},
+	{name: "mode", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return i.Mode().String() + "\n", nil },
+		write: func(i *ipoib.Interface, b []byte) error {
+			m, err := parseMode(b)
+			if err != nil {
+				return err
+			}
+			return i.SetMode(m)
+		}},
+	{name: "mtu", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.MTU()), nil },
+		write: func(i *ipoib.Interface, b []byte) error {
+			v, err := parseMTU(b)
+			if err != nil {
+				return err
+			}
+			return i.SetMTU(v)
+		}},
+	{name: "operstate", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.OperState() + "\n", nil }},
+	{name: "parent", perm: 0444, scope: childOnly, read: func(i *ipoib.Interface) (string, error) {
+		p := i.Parent()
+		if p == nil {
+			return "", errorf(syscall.ENOENT, "%s has no parent", i.Name())
+		}
+		return p.Name() + "\n", nil
+	}},
+	{name: "pkey", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("0x%04x\n", uint16(i.PKey())), nil }},
+	{name: "tx_queue_len", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "1000\n", nil }},
+	{name: "type", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "32\n", nil }},
+	{name: "umcast", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return yes01(i.Umcast()), nil },
+		write: func(i *ipoib.Interface, b []byte) error {
+			i.SetUmcast(parseUmcast(b))
+			return nil
+		}},
+}
+
+func statReader(k int) func(i *ipoib.Interface) (string, error) {
+	return func(i *ipoib.Interface) (string, error) {
+		return strconv.FormatUint(i.Stats().Values()[k], 10) + "\n", nil
+	}
+}
+
+// ethtoolAttrs is class/net/<if>/ethtool/: what `ethtool -c/-C`, `-k/-K` and `-S` show
+// and change for an IPoIB device (reference/kernel-ipoib.md §8).
+var ethtoolAttrs = []ifAttr{
+	{name: "coalesce", perm: 0644, read: func(i *ipoib.Interface) (string, error) {
+		c := i.Coalesce()
+		return fmt.Sprintf("rx-usecs: %d\nrx-frames: %d\n", c.RxUsecs, c.RxFrames), nil
+	}, write: func(i *ipoib.Interface, b []byte) error {
+		c, err := parseCoalesce(i.Coalesce(), b)
+		if err != nil {
+			return err
+		}
+		return i.SetCoalesce(c)
+	}},
+	{name: "features", perm: 0644, read: func(i *ipoib.Interface) (string, error) {
+		eff, req := i.Features(), i.RequestedFeatures()
+		var b strings.Builder
+		for _, f := range featureNames {
+			e, r := f.get(eff), f.get(req)
+			switch {
+			case e:
+				fmt.Fprintf(&b, "%s: on\n", f.long)
+			case r:
+				fmt.Fprintf(&b, "%s: off [requested on]\n", f.long)
+			default:
+				fmt.Fprintf(&b, "%s: off\n", f.long)
+			}
+		}
+		return b.String(), nil
+	}, write: func(i *ipoib.Interface, b []byte) error {
+		f, err := parseFeatures(i.RequestedFeatures(), b)
+		if err != nil {
+			return err
+		}
+		i.SetFeatures(f)
+		return nil
+	}},
+	{name: "statistics", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		var b strings.Builder
+		b.WriteString("NIC statistics:\n")
+		for k, v := range i.Stats().Values() {
+			fmt.Fprintf(&b, "     %s: %d\n", ipoib.StatNames[k], v)
+		}
+		return b.String(), nil
+	}},
+}
+
+// ---- sm/nodes and sm/groups ----
+
+// nodesText is sm/nodes: one line per port the subnet manager knows, by LID.
+func nodesText(ns []soft.NodeInfo) string {
+	var b strings.Builder
+	for _, n := range ns {
+		keys := make([]string, len(n.PKeys))
+		for k, p := range n.PKeys {
+			keys[k] = fmt.Sprintf("0x%04x", uint16(p))
+		}
+		fmt.Fprintf(&b, "%s node_guid 0x%016x port_guid 0x%016x port %d lid 0x%04x state %s pkeys %s\n",
+			strconv.Quote(n.Name), uint64(n.NodeGUID), uint64(n.PortGUID), n.Port, uint16(n.LID), n.State,
+			strings.Join(keys, ","))
+	}
+	return b.String()
+}
+
+// joinStateString names the JoinState bits of an MCMemberRecord.
+func joinStateString(s uint8) string {
+	var names []string
+	for k, n := range []string{"full", "non", "sendonly-non", "sendonly-full"} {
+		if s&(1<<k) != 0 {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "+")
+}
+
+func rateText(r verbs.Rate) string {
+	m := r.Mbps()
+	if m == 0 {
+		return "unknown"
+	}
+	return strconv.FormatFloat(float64(m)/1000, 'f', -1, 64) + " Gb/sec"
+}
+
+// groupsText is sm/groups: one block per multicast group in MGID order.
+func groupsText(gs []sadb.Group) string {
+	var b strings.Builder
+	for _, g := range gs {
+		fmt.Fprintf(&b, "MGID: %s\n", g.MGID.KernelString())
+		fmt.Fprintf(&b, "  MLID: 0x%04x\n  P_Key: 0x%04x\n  Q_Key: 0x%08x\n", uint16(g.MLID), uint16(g.PKey), g.QKey)
+		fmt.Fprintf(&b, "  MTU: %d (%d)\n  rate: %d (%s)\n  SL: %d\n  scope: %d\n", g.MTU, g.MTU.Bytes(), g.Rate, rateText(g.Rate), g.SL, g.Scope)
+		fmt.Fprintf(&b, "  members: %d\n", len(g.Members))
+		for _, m := range g.Members {
+			proxy := ""
+			if m.ProxyJoin {
+				proxy = " proxy"
+			}
+			fmt.Fprintf(&b, "    %s join_state 0x%x (%s)%s\n", m.GID.KernelString(), m.JoinState, joinStateString(m.JoinState), proxy)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}

@@ -1,0 +1,295 @@
+// Package fuse mounts the ipoibfs control tree (package ipoibfs/fs) with the kernel's
+// FUSE client, through go-fuse v2. It is a thin adapter: every lookup, listing, read and
+// write goes to the fs node model, which owns formats, parsing and errnos.
+//
+// Mount choices: mount(2) directly (DirectMountStrict: the daemon runs as root, and a
+// failed mount reports its own error rather than a fusermount fallback's); xattrs off;
+// every attribute file opened with FOPEN_DIRECT_IO so each read reaches the model; entry
+// and attribute timeouts 0, so interfaces created or deleted in the engine are seen at
+// the next lookup with no invalidation calls needed; Setattr accepts everything as a
+// no-op (the truncate of `echo x > file` included); allow_other plus
+// default_permissions, so other users can read 0444 files and the kernel enforces the
+// 0200/0644 modes (files are owned by root).
+//
+// Pitfall for the serving process: never start a child with its working directory (or
+// program) inside the mount, e.g. exec.Cmd.Dir = mountpoint. Go forks with vfork; the
+// child's chdir waits for this server while the parent thread is stopped in vfork, and a
+// garbage collection waiting for that thread stops the server: the process deadlocks.
+// Let the child cd itself (bash -c 'cd DIR && ...').
+//
+// Locking: none here; the fs handles lock themselves.
+package fuse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"ipoibfs/fs"
+)
+
+// Options configure a mount.
+type Options struct {
+	// FsName is the source shown in /proc/mounts (default "ipoibfs").
+	FsName string
+	// Debug logs every FUSE request and reply through Log.
+	Debug bool
+	// Log receives diagnostic lines (nil discards).
+	Log func(string)
+}
+
+// Server is a mounted tree.
+type Server struct {
+	dir string
+	srv *gofuse.Server
+}
+
+// Mount mounts the tree whose root is root at dir and serves it until Unmount. dir must
+// exist; a stale mount left there by a crashed daemon should be removed first with
+// CleanupStale.
+func Mount(dir string, root *fs.Node, o Options) (*Server, error) {
+	if o.FsName == "" {
+		o.FsName = "ipoibfs"
+	}
+	zero := time.Duration(0)
+	opts := &gofs.Options{
+		MountOptions: gofuse.MountOptions{
+			DirectMountStrict: true,
+			DisableXAttrs:     true,
+			AllowOther:        true,
+			Options:           []string{"default_permissions"},
+			FsName:            o.FsName,
+			Name:              "ipoibfs",
+			Debug:             o.Debug,
+			Logger:            newLogger(o.Log),
+		},
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		RootStableAttr:  &gofs.StableAttr{Ino: root.Ino()},
+		Logger:          newLogger(o.Log),
+	}
+	srv, err := gofs.Mount(dir, &node{m: root}, opts)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	return &Server{dir: dir, srv: srv}, nil
+}
+
+// Dir returns the mount point.
+func (s *Server) Dir() string { return s.dir }
+
+// Wait blocks until the file system is unmounted.
+func (s *Server) Wait() { s.srv.Wait() }
+
+// Unmount unmounts the tree. If it is busy (open files, a shell inside it) it is
+// detached lazily (MNT_DETACH): it disappears from the namespace now and goes away when
+// the last user closes it.
+func (s *Server) Unmount() error {
+	err := s.srv.Unmount()
+	if err == nil {
+		return nil
+	}
+	if derr := syscall.Unmount(s.dir, syscall.MNT_DETACH); derr != nil {
+		return fmt.Errorf("unmount %s: %v; lazy unmount: %w", s.dir, err, derr)
+	}
+	return nil
+}
+
+// CleanupStale lazily unmounts a dead FUSE mount at dir: one whose daemon died, which
+// answers every access with ENOTCONN ("Transport endpoint is not connected"). It
+// reports whether it unmounted something; a healthy mount or a plain directory is left
+// alone.
+func CleanupStale(dir string) (bool, error) {
+	_, err := os.Stat(dir)
+	if err == nil || !errors.Is(err, syscall.ENOTCONN) {
+		return false, nil
+	}
+	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+		return false, fmt.Errorf("unmount stale FUSE mount %s: %w", dir, err)
+	}
+	return true, nil
+}
+
+// node adapts one fs.Node.
+type node struct {
+	gofs.Inode
+	m *fs.Node
+}
+
+var (
+	_ gofs.NodeLookuper    = (*node)(nil)
+	_ gofs.NodeReaddirer   = (*node)(nil)
+	_ gofs.NodeGetattrer   = (*node)(nil)
+	_ gofs.NodeSetattrer   = (*node)(nil)
+	_ gofs.NodeOpener      = (*node)(nil)
+	_ gofs.NodeOpendirer   = (*node)(nil)
+	_ gofs.NodeStatfser    = (*node)(nil)
+	_ gofs.FileReader      = (*handle)(nil)
+	_ gofs.FileWriter      = (*handle)(nil)
+	_ gofs.FileFlusher     = (*handle)(nil)
+	_ gofs.FileReleaser    = (*handle)(nil)
+	_ gofs.FileFsyncer     = (*handle)(nil)
+	_ gofs.FileGetattrer   = (*handle)(nil)
+	_ gofs.FileSetattrer   = (*handle)(nil)
+	_ gofs.NodeOnForgetter = (*node)(nil)
+	_ gofs.NodeCreater     = (*node)(nil)
+	_ gofs.NodeMkdirer     = (*node)(nil)
+	_ gofs.NodeMknoder     = (*node)(nil)
+	_ gofs.NodeLinker      = (*node)(nil)
+	_ gofs.NodeSymlinker   = (*node)(nil)
+	_ gofs.NodeUnlinker    = (*node)(nil)
+	_ gofs.NodeRmdirer     = (*node)(nil)
+	_ gofs.NodeRenamer     = (*node)(nil)
+)
+
+func errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	return fs.Errno(err)
+}
+
+func kind(m *fs.Node) uint32 {
+	if m.IsDir() {
+		return syscall.S_IFDIR
+	}
+	return syscall.S_IFREG
+}
+
+func fill(m *fs.Node, a *gofuse.Attr) {
+	a.Ino = m.Ino()
+	a.Mode = kind(m) | m.Perm()
+	a.Size = m.Size()
+	a.Nlink = 1
+	if m.IsDir() {
+		a.Nlink = 2
+	}
+	a.Blksize = 4096
+	a.Owner = gofuse.Owner{Uid: 0, Gid: 0}
+	t := m.ModTime()
+	a.SetTimes(&t, &t, &t)
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	c, err := n.m.Lookup(name)
+	if err != nil {
+		return nil, errno(err)
+	}
+	fill(c, &out.Attr)
+	return n.NewInode(ctx, &node{m: c}, gofs.StableAttr{Mode: kind(c), Ino: c.Ino()}), 0
+}
+
+func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	cs, err := n.m.Children()
+	if err != nil {
+		return nil, errno(err)
+	}
+	es := make([]gofuse.DirEntry, len(cs))
+	for k, c := range cs {
+		es[k] = gofuse.DirEntry{Name: c.Name(), Ino: c.Ino(), Mode: kind(c)}
+	}
+	return gofs.NewListDirStream(es), 0
+}
+
+func (n *node) Opendir(ctx context.Context) syscall.Errno { return 0 }
+
+func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	fill(n.m, &out.Attr)
+	return 0
+}
+
+// Setattr accepts and ignores every change: truncation (O_TRUNC arrives as a size-0
+// SETATTR), times, modes. The model has no stored bytes to change.
+func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	fill(n.m, &out.Attr)
+	return 0
+}
+
+func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno {
+	out.Bsize = 4096
+	out.NameLen = 255
+	return 0
+}
+
+func (n *node) OnForget() {}
+
+// The tree's names are fixed (fs.ErrCreate, fs.ErrNamespace).
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, fs.ErrCreate
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, fs.ErrNamespace
+}
+
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, fs.ErrNamespace
+}
+
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, fs.ErrNamespace
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, fs.ErrNamespace
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno { return fs.ErrNamespace }
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno { return fs.ErrNamespace }
+
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return fs.ErrNamespace
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	h, err := n.m.Open(int(flags))
+	if err != nil {
+		return nil, 0, errno(err)
+	}
+	return &handle{h: h, n: n}, gofuse.FOPEN_DIRECT_IO, 0
+}
+
+// handle adapts one fs.Handle.
+type handle struct {
+	h *fs.Handle
+	n *node
+}
+
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
+	k, err := h.h.ReadAt(dest, off)
+	if err != nil {
+		return nil, errno(err)
+	}
+	return gofuse.ReadResultData(dest[:k]), 0
+}
+
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	k, err := h.h.Write(data)
+	if err != nil {
+		return 0, errno(err)
+	}
+	return uint32(k), 0
+}
+
+func (h *handle) Flush(ctx context.Context) syscall.Errno { return errno(h.h.Flush()) }
+
+func (h *handle) Release(ctx context.Context) syscall.Errno { return errno(h.h.Release()) }
+
+func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+
+func (h *handle) Getattr(ctx context.Context, out *gofuse.AttrOut) syscall.Errno {
+	return h.n.Getattr(ctx, nil, out)
+}
+
+func (h *handle) Setattr(ctx context.Context, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	return h.n.Setattr(ctx, nil, in, out)
+}

@@ -1,0 +1,385 @@
+package ninep
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hugelgupf/p9/p9"
+
+	"ipoibfs/fs"
+)
+
+// pipeClient serves root over net.Pipe and returns a client.
+func pipeClient(t *testing.T, root *fs.Node, o Options) *Client {
+	t.Helper()
+	cc, sc := net.Pipe()
+	done := make(chan struct{})
+	go func() { ServeConn(sc, root, o); close(done) }()
+	c, err := NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); <-done })
+	return c
+}
+
+func TestReadWrite(t *testing.T) {
+	v := newEnv(t)
+	c := pipeClient(t, v.tree.Root(), Options{})
+	for path, want := range map[string]string{
+		"class/net/ib0/pkey": "0xffff\n", "class/net/ib0/type": "32\n", "class/net/ib0/mode": "datagram\n",
+		"class/infiniband/n1/ports/1/state": "4: ACTIVE\n",
+	} {
+		got, err := c.ReadFile(path)
+		if err != nil || string(got) != want {
+			t.Errorf("read %s = %q, %v; want %q", path, got, err, want)
+		}
+	}
+	if err := c.WriteFile("class/net/ib0/create_child", []byte("0x8001\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := c.ReadFile("class/net/ib0.8001/parent"); string(got) != "ib0\n" {
+		t.Errorf("parent %q", got)
+	}
+	for _, w := range []struct {
+		path, data string
+		want       syscall.Errno
+	}{
+		{"class/net/ib0/create_child", "1", syscall.ENOTUNIQ},
+		{"class/net/ib0/delete_child", "0x0001", syscall.ENODEV},
+		{"class/net/ib0/mode", "connected!", syscall.EINVAL},
+		{"class/net/ib0/pkey", "1", syscall.EACCES},
+		{"class/net/nosuch/mtu", "1", syscall.ENOENT},
+		{"class/net/ib0/mtu", "5", syscall.EINVAL},
+		{"sm/partitions", "Default=0x7fff : ALL=nonsense;\n", syscall.EINVAL}, // reported at clunk
+	} {
+		if err := c.WriteFile(w.path, []byte(w.data)); !errors.Is(err, w.want) {
+			t.Errorf("write %q to %s: %v, want %v", w.data, w.path, err, w.want)
+		}
+	}
+	if _, err := c.ReadFile("class/net/ib0/create_child"); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("read of a 0200 file: %v", err)
+	}
+	names, err := c.ReadDir("class/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"ib0", "ib0.8001"}, names); diff != "" {
+		t.Error(diff)
+	}
+	// A big directory crosses several Treaddir calls.
+	pk, err := c.ReadDir("class/infiniband/n1/ports/1/pkeys")
+	if err != nil || len(pk) != 64 || pk[63] != "63" {
+		t.Errorf("pkeys: %d entries, %v", len(pk), err)
+	}
+}
+
+// TestFidSemantics drives p9 directly: clone on Walk(nil), QIDs, iounit 0, the size-0
+// SetAttr of O_TRUNC, append-style writes at an offset, GetAttr modes.
+func TestFidSemantics(t *testing.T) {
+	v := newEnv(t)
+	cc, sc := net.Pipe()
+	go ServeConn(sc, v.tree.Root(), Options{})
+	pc, err := p9.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	root, err := pc.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qids, f, err := root.Walk([]string{"class", "net", "ib0", "mtu"})
+	if err != nil || len(qids) != 4 || qids[0].Type != p9.TypeDir || qids[3].Type != p9.TypeRegular {
+		t.Fatalf("walk: %v %v", qids, err)
+	}
+	n, _ := v.tree.Lookup("class/net/ib0/mtu")
+	if qids[3].Path != n.Ino() {
+		t.Errorf("qid path %d, ino %d", qids[3].Path, n.Ino())
+	}
+	_, clone, err := f.Walk(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, mask, attr, err := clone.GetAttr(p9.AttrMaskAll)
+	if err != nil || !mask.Mode || attr.Mode != p9.ModeRegular|0644 {
+		t.Errorf("getattr %v %o %v", mask, attr.Mode, err)
+	}
+	_, iounit, err := f.Open(p9.ReadWrite)
+	if err != nil || iounit != 0 {
+		t.Fatalf("open: iounit %d %v", iounit, err)
+	}
+	if err := f.SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0}); err != nil {
+		t.Errorf("setattr size 0: %v", err)
+	}
+	if _, err := f.WriteAt([]byte("1500\n"), 4096); err != nil { // >> writes at st_size
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	k, err := f.ReadAt(buf, 0)
+	if string(buf[:k]) != "1500\n" {
+		t.Errorf("read back %q %v", buf[:k], err)
+	}
+	f.Close()
+	// The clone was never opened: it can still be opened now, write-only.
+	if _, _, err := clone.Open(p9.WriteOnly); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := clone.ReadAt(buf, 0); err == nil {
+		t.Error("read on a write-only fid succeeded")
+	}
+	clone.Close()
+	// Walking into a file or to a missing name fails.
+	if _, _, err := root.Walk([]string{"class", "net", "ib0", "mtu", "x"}); err == nil {
+		t.Error("walk below a file")
+	}
+	if _, _, err := root.Walk([]string{"nosuch"}); sysErr(err) != syscall.ENOENT {
+		t.Errorf("walk to a missing name: %v", err)
+	}
+	// Directories cannot be opened for writing; creating in them is refused.
+	_, d, _ := root.Walk([]string{"class"})
+	if _, _, err := d.Open(p9.WriteOnly); err == nil {
+		t.Error("opened a directory for writing")
+	}
+	if _, err := d.Mkdir("x", 0755, 0, 0); err == nil {
+		t.Error("mkdir succeeded")
+	}
+}
+
+// ---- Tauth shim ----
+
+func frame(typ byte, tag uint16, body ...byte) []byte {
+	f := make([]byte, 7, 7+len(body))
+	binary.LittleEndian.PutUint32(f, uint32(7+len(body)))
+	f[4] = typ
+	binary.LittleEndian.PutUint16(f[5:], tag)
+	return append(f, body...)
+}
+
+func str9(s string) []byte {
+	b := binary.LittleEndian.AppendUint16(nil, uint16(len(s)))
+	return append(b, s...)
+}
+
+// tauth is Tauth{afid, uname, aname, n_uname}.
+func tauth(tag uint16) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 1)
+	b = append(b, str9("root")...)
+	b = append(b, str9("/")...)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	return frame(msgTauth, tag, b...)
+}
+
+func tversion() []byte {
+	b := binary.LittleEndian.AppendUint32(nil, 8192)
+	return frame(100, 0xffff, append(b, str9("9P2000.L")...)...)
+}
+
+// exchange sends frames on a fresh connection to the server and returns the replies.
+func exchange(t *testing.T, root *fs.Node, o Options, reqs ...[]byte) [][]byte {
+	t.Helper()
+	cc, sc := net.Pipe()
+	go ServeConn(sc, root, o)
+	defer cc.Close()
+	var out [][]byte
+	for _, r := range reqs {
+		if _, err := cc.Write(r); err != nil {
+			t.Fatal(err)
+		}
+		cc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		f, err := readFrame(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func TestTauth(t *testing.T) {
+	v := newEnv(t)
+	for _, c := range []struct {
+		compat bool
+		errno  uint32
+	}{{true, 2 /* ENOENT */}, {false, 38 /* ENOSYS, p9's own answer */}} {
+		r := exchange(t, v.tree.Root(), Options{TauthCompat: c.compat}, tversion(), tauth(0x1234))
+		if r[0][4] != 101 {
+			t.Fatalf("Rversion expected, got type %d", r[0][4])
+		}
+		want := frame(msgRlerror, 0x1234, binary.LittleEndian.AppendUint32(nil, c.errno)...)
+		if !bytes.Equal(r[1], want) {
+			t.Errorf("compat=%v: Tauth answered % x, want % x", c.compat, r[1], want)
+		}
+	}
+	// The p9 client works through the shim.
+	c := pipeClient(t, v.tree.Root(), Options{TauthCompat: true})
+	if got, err := c.ReadFile("class/net/ib0/pkey"); err != nil || string(got) != "0xffff\n" {
+		t.Errorf("through the shim: %q %v", got, err)
+	}
+}
+
+// ---- Serve: CIDR filter and shutdown ----
+
+func TestServeCIDRAndCancel(t *testing.T) {
+	v := newEnv(t)
+	var mu sync.Mutex
+	var logged []string
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	o := Options{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, TauthCompat: true,
+		Log: func(s string) { mu.Lock(); logged = append(logged, s); mu.Unlock() }}
+	go func() { done <- Serve(ctx, ln, v.tree.Root(), o) }()
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, syscall.ETIMEDOUT) {
+		t.Errorf("refused peer: read %v, want the connection closed", err)
+	}
+	conn.Close()
+	mu.Lock()
+	if len(logged) != 1 || !strings.Contains(logged[0], "refused connection from 127.0.0.1") {
+		t.Errorf("log %q", logged)
+	}
+	mu.Unlock()
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+
+	// Allowed peer; cancelling closes its live connection too.
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	o.AllowCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	go func() { done <- Serve(ctx, ln, v.tree.Root(), o) }()
+	conn, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.ReadFile("class/net/ib0/type"); err != nil || string(got) != "32\n" {
+		t.Errorf("allowed peer read %q %v", got, err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return with a client connected")
+	}
+	if _, err := c.ReadFile("class/net/ib0/type"); err == nil {
+		t.Error("connection still served after cancel")
+	}
+	c.Close()
+}
+
+// ---- frame fuzzing ----
+
+// shimRun pushes a byte stream from a client through the shim and returns what the
+// server read and what the client got back.
+func shimRun(in []byte) (toServer, toClient []byte) {
+	c := &recConn{r: bytes.NewReader(in)}
+	toServer, _ = io.ReadAll(newAuthShim(c))
+	return toServer, bytes.Join(c.writes, nil)
+}
+
+// FuzzAuthShim feeds arbitrary client bytes through the shim: it must not panic, must
+// pass every well-formed non-Tauth frame through unchanged and in order, answer every
+// Tauth with Rlerror(ENOENT) of the same tag, and stop at the first malformed frame.
+func FuzzAuthShim(f *testing.F) {
+	f.Add(append(tversion(), tauth(7)...))
+	f.Add(tauth(1)[:5])
+	f.Add([]byte{3, 0, 0, 0, 100})
+	f.Add(append(append(frame(110, 1, 1, 2, 3), tauth(2)...), frame(120, 3)...))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		toServer, toClient := shimRun(in)
+		// Reference parse.
+		var wantServer, wantClient []byte
+		r := bytes.NewReader(in)
+		for {
+			fr, err := readFrame(r)
+			if err != nil {
+				break
+			}
+			if fr[4] == msgTauth {
+				wantClient = append(wantClient, rlerror([2]byte{fr[5], fr[6]}, enoent)...)
+				continue
+			}
+			wantServer = append(wantServer, fr...)
+		}
+		if !bytes.Equal(toServer, wantServer) {
+			t.Fatalf("server got % x, want % x", toServer, wantServer)
+		}
+		if !bytes.Equal(toClient, wantClient) {
+			t.Fatalf("client got % x, want % x", toClient, wantClient)
+		}
+	})
+}
+
+// FuzzShimWrite: server output split into arbitrary pieces reaches the client as the
+// same bytes, one whole frame per write.
+func FuzzShimWrite(f *testing.F) {
+	f.Add([]byte{3, 1, 200}, uint8(3))
+	f.Fuzz(func(t *testing.T, sizes []byte, cut uint8) {
+		var stream []byte
+		for k, s := range sizes {
+			stream = append(stream, frame(byte(k), uint16(k), bytes.Repeat([]byte{byte(k)}, int(s))...)...)
+		}
+		rec := &recConn{}
+		s := newAuthShim(rec)
+		step := int(cut)%17 + 1
+		for off := 0; off < len(stream); off += step {
+			end := min(off+step, len(stream))
+			if n, err := s.Write(stream[off:end]); err != nil || n != end-off {
+				t.Fatalf("write: %d %v", n, err)
+			}
+		}
+		if got := bytes.Join(rec.writes, nil); !bytes.Equal(got, stream) {
+			t.Fatalf("stream changed")
+		}
+		for _, w := range rec.writes {
+			if int(binary.LittleEndian.Uint32(w)) != len(w) {
+				t.Fatalf("write of %d bytes is not one frame", len(w))
+			}
+		}
+	})
+}
+
+// recConn is a connection that reads from r and records every write.
+type recConn struct {
+	net.Conn
+	r      io.Reader
+	writes [][]byte
+}
+
+func (r *recConn) Read(p []byte) (int, error) { return r.r.Read(p) }
+
+func (r *recConn) Write(p []byte) (int, error) {
+	r.writes = append(r.writes, append([]byte(nil), p...))
+	return len(p), nil
+}

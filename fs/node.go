@@ -1,0 +1,288 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"ipoibfs/ipoib"
+	"ipoibfs/verbs/soft/partitions"
+)
+
+// Error is a failed tree operation: the errno the caller sees and, for the log, why.
+type Error struct {
+	Errno  syscall.Errno
+	Detail string
+}
+
+func (e *Error) Error() string {
+	if e.Detail == "" {
+		return e.Errno.Error()
+	}
+	return e.Errno.Error() + ": " + e.Detail
+}
+
+func (e *Error) Unwrap() error { return e.Errno }
+
+func errorf(errno syscall.Errno, format string, a ...any) error {
+	return &Error{Errno: errno, Detail: fmt.Sprintf(format, a...)}
+}
+
+// Errno returns the errno a front end reports for err: the syscall.Errno it wraps
+// (engine errors wrap one), EINVAL for a partitions.conf error, EIO for anything else.
+func Errno(err error) syscall.Errno {
+	errno, _ := describe(err)
+	return errno
+}
+
+// describe returns err's errno and the reason for the log line.
+func describe(err error) (syscall.Errno, string) {
+	if err == nil {
+		return 0, ""
+	}
+	var pe *partitions.Error
+	if errors.As(err, &pe) {
+		return syscall.EINVAL, fmt.Sprintf("line %d: %s", pe.Line, pe.Reason)
+	}
+	var errno syscall.Errno
+	hasErrno := errors.As(err, &errno)
+	var fe *Error
+	if errors.As(err, &fe) {
+		if fe.Detail != "" {
+			return fe.Errno, fe.Detail
+		}
+		return fe.Errno, fe.Errno.Error()
+	}
+	var ie *ipoib.Error
+	if errors.As(err, &ie) && hasErrno {
+		if ie.Detail != "" {
+			return errno, ie.Detail
+		}
+		return errno, errno.Error()
+	}
+	if hasErrno {
+		return errno, errno.Error()
+	}
+	return syscall.EIO, err.Error()
+}
+
+// The tree's names are fixed: changing them fails with the errnos sysfs gives, the
+// same over every front end.
+const (
+	ErrCreate    = syscall.EACCES // creating a file (open O_CREAT of a new name)
+	ErrNamespace = syscall.EPERM  // mkdir, rmdir, unlink, rename, link, symlink, mknod
+)
+
+// Node is a directory or an attribute file of the tree. Nodes are immutable and
+// addressed by path; see the package documentation.
+type Node struct {
+	t    *Tree
+	name string
+	path string
+	ino  uint64
+	perm uint32 // 0755 for directories; 0444, 0644 or 0200 for files
+	dir  bool
+
+	list   func(dir string) ([]*Node, error)     // directories: children in order
+	lookup func(dir, name string) (*Node, error) // directories: optional fast path
+	read   func() ([]byte, error)                // files
+	write  func([]byte) error                    // files: one write call
+	commit func([]byte) error                    // files: accumulated writes of a handle
+}
+
+// Name returns the node's name ("" for the root).
+func (n *Node) Name() string { return n.name }
+
+// Path returns the path relative to the mount root ("" for the root).
+func (n *Node) Path() string { return n.path }
+
+// Ino returns the stable inode number (also the 9P QID path).
+func (n *Node) Ino() uint64 { return n.ino }
+
+// IsDir reports whether the node is a directory.
+func (n *Node) IsDir() bool { return n.dir }
+
+// Perm returns the permission bits (0755 for directories; 0444, 0644 or 0200 for files).
+func (n *Node) Perm() uint32 { return n.perm }
+
+// Mode returns the node's type and permission bits.
+func (n *Node) Mode() os.FileMode {
+	if n.dir {
+		return os.ModeDir | os.FileMode(n.perm)
+	}
+	return os.FileMode(n.perm)
+}
+
+// Size is what stat reports: 4096 for files (as sysfs does; content is generated on
+// read) and 0 for directories.
+func (n *Node) Size() uint64 {
+	if n.dir {
+		return 0
+	}
+	return 4096
+}
+
+// ModTime is every node's access, modification and change time: when the tree was
+// built (content is generated on read, so there is no better answer).
+func (n *Node) ModTime() time.Time { return n.t.start }
+
+// Children lists a directory's entries.
+func (n *Node) Children() ([]*Node, error) {
+	if !n.dir {
+		return nil, syscall.ENOTDIR
+	}
+	return n.list(n.path)
+}
+
+// Lookup returns the child called name: ENOENT when there is none, ENOTDIR when n is a
+// file.
+func (n *Node) Lookup(name string) (*Node, error) {
+	if !n.dir {
+		return nil, syscall.ENOTDIR
+	}
+	if name == "" || name == "." || name == ".." || strings.Contains(name, "/") {
+		return nil, syscall.ENOENT
+	}
+	if n.lookup != nil {
+		return n.lookup(n.path, name)
+	}
+	cs, err := n.list(n.path)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cs {
+		if c.name == name {
+			return c, nil
+		}
+	}
+	return nil, syscall.ENOENT
+}
+
+// Open opens the node with open(2) flags (only the access mode matters). As in kernfs,
+// opening for reading needs a readable file and opening for writing a writable one,
+// whoever asks: EACCES otherwise. Directories open read-only (EISDIR for writing).
+func (n *Node) Open(flags int) (*Handle, error) {
+	acc := flags & syscall.O_ACCMODE
+	rd := acc == syscall.O_RDONLY || acc == syscall.O_RDWR
+	wr := acc == syscall.O_WRONLY || acc == syscall.O_RDWR
+	if n.dir {
+		if wr {
+			return nil, syscall.EISDIR
+		}
+		return &Handle{n: n, rd: true}, nil
+	}
+	if rd && (n.perm&0444 == 0 || n.read == nil) {
+		return nil, syscall.EACCES
+	}
+	if wr && (n.perm&0222 == 0 || (n.write == nil && n.commit == nil)) {
+		return nil, syscall.EACCES
+	}
+	return &Handle{n: n, rd: rd, wr: wr}, nil
+}
+
+// Handle is one open file: a read snapshot, or the accumulated writes of a commit file.
+// All methods return syscall.Errno errors.
+type Handle struct {
+	n      *Node
+	rd, wr bool
+
+	mu    sync.Mutex
+	snap  []byte
+	have  bool
+	acc   []byte // commit files: bytes written through this handle
+	dirty bool   // acc changed since it was last applied
+}
+
+// Node returns the node the handle is open on.
+func (h *Handle) Node() *Node { return h.n }
+
+// ReadAt copies content from offset off into p and returns how many bytes it copied;
+// 0 means end of file. The content is generated at the first read and again at every
+// read at offset 0.
+func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
+	if h.n.dir {
+		return 0, syscall.EISDIR
+	}
+	if !h.rd {
+		return 0, syscall.EBADF
+	}
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if off == 0 || !h.have {
+		b, err := h.n.read()
+		if err != nil {
+			h.have = false
+			return 0, Errno(err)
+		}
+		h.snap, h.have = b, true
+	}
+	if off >= int64(len(h.snap)) {
+		return 0, nil
+	}
+	return copy(p, h.snap[off:]), nil
+}
+
+// Write applies one write call: the whole buffer, whatever the offset. On failure it
+// logs "path: reason" and returns the errno. A zero-length write does nothing (as
+// sysfs_kf_write; the kernel's FUSE and 9P clients never send one).
+func (h *Handle) Write(p []byte) (int, error) {
+	if h.n.dir {
+		return 0, syscall.EISDIR
+	}
+	if !h.wr {
+		return 0, syscall.EBADF
+	}
+	if len(p) == 0 { // as sysfs_kf_write: nothing written, nothing applied
+		return 0, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n.commit != nil {
+		if len(h.acc)+len(p) > partitions.MaxFileBytes {
+			return 0, h.n.t.fail(h.n.path, errorf(syscall.EFBIG, "more than %d bytes written", partitions.MaxFileBytes))
+		}
+		h.acc = append(h.acc, p...)
+		h.dirty = true
+		return len(p), nil
+	}
+	if err := h.n.write(p); err != nil {
+		return 0, h.n.t.fail(h.n.path, err)
+	}
+	return len(p), nil
+}
+
+// Flush is called at every close of a descriptor of the handle. For a commit file with
+// writes since the last flush it applies everything written through the handle so far;
+// the error (EINVAL for a bad configuration) is returned and logged.
+func (h *Handle) Flush() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.applyLocked()
+}
+
+// Release ends the handle; pending writes of a commit file are applied as by Flush.
+func (h *Handle) Release() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	err := h.applyLocked()
+	h.snap = nil
+	return err
+}
+
+func (h *Handle) applyLocked() error {
+	if h.n.commit == nil || !h.dirty {
+		return nil
+	}
+	h.dirty = false
+	if err := h.n.commit(h.acc); err != nil {
+		return h.n.t.fail(h.n.path, err)
+	}
+	return nil
+}

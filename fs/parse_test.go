@@ -1,0 +1,64 @@
+package fs
+
+import (
+	"math"
+	"testing"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft/partitions"
+)
+
+type partitionT = partitions.Partition
+
+func verbsAttr(width, lane int) verbs.PortAttr { return verbs.PortAttr{Width: width, LaneMbps: lane} }
+
+func TestScanInt(t *testing.T) {
+	for _, c := range []struct {
+		in string
+		v  int64
+		ok bool
+	}{
+		{"0x8001", 0x8001, true}, {"0X8001\n", 0x8001, true}, {"32769", 32769, true}, {"0100001", 0x8001, true},
+		{"  \t\n0x10", 16, true}, {"-5", -5, true}, {"+7", 7, true}, {"12abc", 12, true}, {"0x", 0, true},
+		{"0xg", 0, true}, {"08", 0, true}, {"0", 0, true}, {"", 0, false}, {"x1", 0, false}, {"-", 0, false},
+		{"- 1", 0, false}, {"+-1", 0, false}, {"\n", 0, false}, {"0xffffffffffffffffffff", math.MaxInt64, true},
+		{"-99999999999999999999", math.MinInt64, true}, {"8001", 8001, true}, {"1 2", 1, true},
+	} {
+		v, ok := scanInt([]byte(c.in))
+		if v != c.v || ok != c.ok {
+			t.Errorf("scanInt(%q) = %d, %v; want %d, %v", c.in, v, ok, c.v, c.ok)
+		}
+	}
+}
+
+func TestUmcastParse(t *testing.T) {
+	for _, c := range []struct {
+		in string
+		on bool
+	}{
+		{"1", true}, {"1\n", true}, {"0", false}, {"", false}, {"garbage", false}, {" 1", false},
+		{"-1", false}, {"0x10", true}, {"010", true}, {"0xffffffff", false}, {"0x100000000", false},
+		{"0x100000001", true}, {"2147483648", false}, {"2147483647", true}, {"09", false},
+	} {
+		if got := parseUmcast([]byte(c.in)); got != c.on {
+			t.Errorf("umcast %q = %v want %v", c.in, got, c.on)
+		}
+	}
+}
+
+func TestParseUintToken(t *testing.T) {
+	for _, c := range []struct {
+		in string
+		v  uint64
+		ok bool
+	}{
+		{"10", 10, true}, {"0x10", 16, true}, {"010", 8, true}, {"+5", 5, true}, {"0", 0, true},
+		{"", 0, false}, {"-1", 0, false}, {"1a", 0, false}, {"0x", 0, false}, {"09", 0, false},
+		{"99999999999999999999999", 0, false},
+	} {
+		v, ok := parseUintToken(c.in)
+		if ok != c.ok || (ok && v != c.v) {
+			t.Errorf("parseUintToken(%q) = %d, %v", c.in, v, ok)
+		}
+	}
+}

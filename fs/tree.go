@@ -1,0 +1,460 @@
+package fs
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"ipoibfs/ipoib"
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft"
+	"ipoibfs/verbs/soft/partitions"
+)
+
+// Options configure a Tree.
+type Options struct {
+	// Log receives one line per failed write ("class/net/ib0/mtu: MTU 5 outside
+	// 72..4092 in datagram mode"), without a trailing newline. nil discards.
+	Log func(string)
+	// SM, if set, adds sm/ with the subnet manager's partitions, nodes and groups.
+	SM *soft.SM
+}
+
+// Tree is the control tree of one engine.
+type Tree struct {
+	e   *ipoib.Engine
+	sm  *soft.SM
+	log func(string)
+
+	start time.Time // every node's mtime/ctime/atime
+
+	idMu   sync.Mutex
+	ids    map[string]uint64
+	nextID uint64
+
+	root *Node
+}
+
+// New builds the tree of engine e.
+func New(e *ipoib.Engine, o Options) *Tree {
+	t := &Tree{e: e, sm: o.SM, log: o.Log, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2}
+	t.root = t.dir("", "", t.listRoot)
+	return t
+}
+
+// Root returns the root directory.
+func (t *Tree) Root() *Node { return t.root }
+
+// Lookup walks a slash-separated path from the root ("" is the root).
+func (t *Tree) Lookup(path string) (*Node, error) {
+	n := t.root
+	for _, name := range strings.Split(path, "/") {
+		if name == "" {
+			continue
+		}
+		c, err := n.Lookup(name)
+		if err != nil {
+			return nil, err
+		}
+		n = c
+	}
+	return n, nil
+}
+
+// ino returns the inode number of a path, allocating one on first use.
+func (t *Tree) ino(path string) uint64 {
+	t.idMu.Lock()
+	defer t.idMu.Unlock()
+	id, ok := t.ids[path]
+	if !ok {
+		id = t.nextID
+		t.nextID++
+		t.ids[path] = id
+	}
+	return id
+}
+
+// fail logs a failed write and returns its errno.
+func (t *Tree) fail(path string, err error) syscall.Errno {
+	errno, reason := describe(err)
+	if t.log != nil {
+		t.log(path + ": " + reason)
+	}
+	return errno
+}
+
+func join(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+func (t *Tree) dir(parent, name string, list func(dir string) ([]*Node, error)) *Node {
+	p := join(parent, name)
+	return &Node{t: t, name: name, path: p, ino: t.ino(p), perm: 0755, dir: true, list: list}
+}
+
+// static returns a list function for fixed children.
+func static(mk ...func(dir string) *Node) func(string) ([]*Node, error) {
+	return func(dir string) ([]*Node, error) {
+		out := make([]*Node, len(mk))
+		for k, f := range mk {
+			out[k] = f(dir)
+		}
+		return out, nil
+	}
+}
+
+// file builds an attribute file. read may be nil (0200 files), write may be nil.
+func (t *Tree) file(dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
+	p := join(dir, name)
+	n := &Node{t: t, name: name, path: p, ino: t.ino(p), perm: perm, write: write}
+	if read != nil {
+		n.read = func() ([]byte, error) {
+			s, err := read()
+			return []byte(s), err
+		}
+	}
+	return n
+}
+
+func constant(s string) func() (string, error) { return func() (string, error) { return s, nil } }
+
+func (t *Tree) listRoot(string) ([]*Node, error) {
+	out := []*Node{
+		t.dir("", "class", static(
+			func(d string) *Node { return t.dir(d, "infiniband", t.listHCAs) },
+			func(d string) *Node { return t.dir(d, "net", t.listNet) },
+		)),
+		t.dir("", "kernel", static(func(d string) *Node {
+			return t.dir(d, "debug", static(func(d string) *Node {
+				n := t.dir(d, "ipoib", t.listDebug)
+				n.lookup = t.lookupDebug
+				return n
+			}))
+		})),
+		t.dir("", "module", static(func(d string) *Node {
+			return t.dir(d, "ib_ipoib", static(func(d string) *Node { return t.dir(d, "parameters", t.listParams) }))
+		})),
+	}
+	if t.sm != nil {
+		out = append(out, t.dir("", "sm", t.listSM))
+	}
+	return out, nil
+}
+
+// ---- class/net ----
+
+func (t *Tree) listNet(dir string) ([]*Node, error) {
+	ifs := t.e.Interfaces()
+	out := make([]*Node, 0, len(ifs))
+	for _, i := range ifs {
+		out = append(out, t.ifDir(dir, i.Name(), i.Parent() != nil))
+	}
+	return out, nil
+}
+
+// iface resolves a live interface by name: ENODEV once it is gone.
+func (t *Tree) iface(name string) (*ipoib.Interface, error) {
+	i, ok := t.e.Interface(name)
+	if !ok {
+		return nil, errorf(syscall.ENODEV, "interface %s no longer exists", name)
+	}
+	return i, nil
+}
+
+func (t *Tree) ifDir(dir, name string, child bool) *Node {
+	n := t.dir(dir, name, func(d string) ([]*Node, error) {
+		var out []*Node
+		for k := range ifAttrs {
+			a := &ifAttrs[k]
+			if (a.scope == parentOnly && child) || (a.scope == childOnly && !child) {
+				continue
+			}
+			out = append(out, t.ifFile(d, name, a))
+		}
+		out = append(out,
+			t.dir(d, "ethtool", func(d string) ([]*Node, error) {
+				out := make([]*Node, len(ethtoolAttrs))
+				for k := range ethtoolAttrs {
+					out[k] = t.ifFile(d, name, &ethtoolAttrs[k])
+				}
+				return out, nil
+			}),
+			t.dir(d, "statistics", func(d string) ([]*Node, error) {
+				out := make([]*Node, len(ipoib.StatNames))
+				for k, s := range ipoib.StatNames {
+					out[k] = t.ifFile(d, name, &ifAttr{name: s, perm: 0444, read: statReader(k)})
+				}
+				return out, nil
+			}),
+		)
+		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+		return out, nil
+	})
+	return n
+}
+
+func (t *Tree) ifFile(dir, ifname string, a *ifAttr) *Node {
+	var read func() (string, error)
+	var write func([]byte) error
+	if a.read != nil {
+		read = func() (string, error) {
+			i, err := t.iface(ifname)
+			if err != nil {
+				return "", err
+			}
+			return a.read(i)
+		}
+	}
+	if a.write != nil {
+		write = func(b []byte) error {
+			i, err := t.iface(ifname)
+			if err != nil {
+				return err
+			}
+			return a.write(i, b)
+		}
+	}
+	return t.file(dir, a.name, a.perm, read, write)
+}
+
+// ---- kernel/debug/ipoib ----
+
+func (t *Tree) debugFiles(dir, ifname string) []*Node {
+	return []*Node{
+		t.file(dir, ifname+"_mcg", 0444, func() (string, error) {
+			i, err := t.iface(ifname)
+			if err != nil {
+				return "", err
+			}
+			return i.MCGText(), nil
+		}, nil),
+		t.file(dir, ifname+"_path", 0444, func() (string, error) {
+			i, err := t.iface(ifname)
+			if err != nil {
+				return "", err
+			}
+			return i.PathText(), nil
+		}, nil),
+	}
+}
+
+func (t *Tree) listDebug(dir string) ([]*Node, error) {
+	var out []*Node
+	for _, i := range t.e.Interfaces() {
+		out = append(out, t.debugFiles(dir, i.Name())...)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+	return out, nil
+}
+
+func (t *Tree) lookupDebug(dir, name string) (*Node, error) {
+	for k, suffix := range []string{"_mcg", "_path"} {
+		if ifname, ok := strings.CutSuffix(name, suffix); ok {
+			if _, exists := t.e.Interface(ifname); exists {
+				return t.debugFiles(dir, ifname)[k], nil
+			}
+		}
+	}
+	return nil, syscall.ENOENT
+}
+
+// ---- module/ib_ipoib/parameters ----
+
+func (t *Tree) listParams(dir string) ([]*Node, error) {
+	p := t.e.Params()
+	out := make([]*Node, 0, len(ipoib.ParamNames))
+	for _, name := range ipoib.ParamNames {
+		read := func() (string, error) { return p.Param(name) }
+		if ipoib.ParamWritable(name) {
+			out = append(out, t.file(dir, name, 0644, read, func(b []byte) error { return p.SetParam(name, string(b)) }))
+		} else {
+			out = append(out, t.file(dir, name, 0444, read, nil))
+		}
+	}
+	return out, nil
+}
+
+// ---- class/infiniband ----
+
+func (t *Tree) listHCAs(dir string) ([]*Node, error) {
+	dev := t.e.Device()
+	return []*Node{t.dir(dir, dev.Name(), func(d string) ([]*Node, error) {
+		return []*Node{
+			t.file(d, "fw_ver", 0444, func() (string, error) { return dev.FWVersion() + "\n", nil }, nil),
+			t.file(d, "node_desc", 0444, func() (string, error) { return fmt.Sprintf("%.64s\n", dev.NodeDesc()), nil }, nil),
+			t.file(d, "node_guid", 0444, func() (string, error) { return guidString(dev.NodeGUID()) + "\n", nil }, nil),
+			t.file(d, "node_type", 0444, constant("1: CA\n"), nil),
+			t.dir(d, "ports", func(d string) ([]*Node, error) {
+				out := make([]*Node, 0, dev.NumPorts())
+				for n := 1; n <= dev.NumPorts(); n++ {
+					out = append(out, t.portDir(d, dev, n))
+				}
+				return out, nil
+			}),
+		}, nil
+	})}, nil
+}
+
+// guidString is sysfs's node_guid format: four groups of four hex digits.
+func guidString(g verbs.GUID) string {
+	v := uint64(g)
+	return fmt.Sprintf("%04x:%04x:%04x:%04x", v>>48&0xffff, v>>32&0xffff, v>>16&0xffff, v&0xffff)
+}
+
+// gidString is the kernel's %pI6: eight zero-padded groups, no compression.
+func gidString(g verbs.GID) string {
+	var b strings.Builder
+	for k := 0; k < 16; k += 2 {
+		if k > 0 {
+			b.WriteByte(':')
+		}
+		fmt.Fprintf(&b, "%02x%02x", g[k], g[k+1])
+	}
+	return b.String()
+}
+
+var portStates = []string{"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"}
+
+var physStates = []string{"<unknown>", "Sleep", "Polling", "Disabled", "PortConfigurationTraining",
+	"LinkUp", "LinkErrorRecovery", "Phy Test"}
+
+// rateString is sysfs's ports/<n>/rate: "40 Gb/sec (4X QDR)".
+func rateString(a verbs.PortAttr) (string, error) {
+	lane := []struct {
+		min  int
+		deci int
+		name string
+	}{{200000, 2000, " XDR"}, {100000, 1000, " NDR"}, {50000, 500, " HDR"}, {25000, 250, " EDR"},
+		{14000, 140, " FDR"}, {10000, 100, " QDR"}, {5000, 50, " DDR"}}
+	rate, speed := 25, " SDR"
+	for _, l := range lane {
+		if a.LaneMbps >= l.min {
+			rate, speed = l.deci, l.name
+			break
+		}
+	}
+	if a.Width <= 0 {
+		return "", errorf(syscall.EINVAL, "port width unknown")
+	}
+	rate *= a.Width
+	half := ""
+	if rate%10 != 0 {
+		half = ".5"
+	}
+	return fmt.Sprintf("%d%s Gb/sec (%dX%s)\n", rate/10, half, a.Width, speed), nil
+}
+
+func (t *Tree) portDir(dir string, dev verbs.Device, num int) *Node {
+	attr := func() (verbs.PortAttr, error) {
+		p, err := dev.Port(num)
+		if err != nil {
+			return verbs.PortAttr{}, errorf(syscall.ENODEV, "port %d: %v", num, err)
+		}
+		return p.Attr(), nil
+	}
+	show := func(f func(a verbs.PortAttr) (string, error)) func() (string, error) {
+		return func() (string, error) {
+			a, err := attr()
+			if err != nil {
+				return "", err
+			}
+			return f(a)
+		}
+	}
+	return t.dir(dir, strconv.Itoa(num), func(d string) ([]*Node, error) {
+		p, err := dev.Port(num)
+		if err != nil {
+			return nil, errorf(syscall.ENODEV, "port %d: %v", num, err)
+		}
+		return []*Node{
+			t.file(d, "cap_mask", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("0x%08x\n", a.CapMask), nil }), nil),
+			t.dir(d, "gids", func(d string) ([]*Node, error) {
+				var out []*Node
+				for k := 0; k < 256; k++ {
+					if _, err := p.GID(k); err != nil {
+						break
+					}
+					out = append(out, t.file(d, strconv.Itoa(k), 0444, func() (string, error) {
+						g, err := p.GID(k)
+						if err != nil {
+							g = verbs.GID{} // the kernel shows an empty entry as zeros
+						}
+						return gidString(g) + "\n", nil
+					}, nil))
+				}
+				return out, nil
+			}),
+			t.file(d, "lid", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("0x%x\n", uint16(a.LID)), nil }), nil),
+			t.file(d, "lid_mask_count", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("%d\n", a.LMC), nil }), nil),
+			t.file(d, "link_layer", 0444, show(func(a verbs.PortAttr) (string, error) {
+				if a.LinkLayer == "" {
+					return "InfiniBand\n", nil
+				}
+				return a.LinkLayer + "\n", nil
+			}), nil),
+			t.file(d, "phys_state", 0444, show(func(a verbs.PortAttr) (string, error) {
+				s := "<unknown>"
+				if int(a.PhysState) < len(physStates) {
+					s = physStates[a.PhysState]
+				}
+				return fmt.Sprintf("%d: %s\n", a.PhysState, s), nil
+			}), nil),
+			t.dir(d, "pkeys", func(d string) ([]*Node, error) {
+				n := p.Attr().PKeyTabLen
+				if l := len(p.PKeyTable()); l > n {
+					n = l
+				}
+				out := make([]*Node, n)
+				for k := range out {
+					out[k] = t.file(d, strconv.Itoa(k), 0444, func() (string, error) {
+						tab := p.PKeyTable()
+						var v verbs.PKey
+						if k < len(tab) {
+							v = tab[k]
+						}
+						return fmt.Sprintf("0x%04x\n", uint16(v)), nil
+					}, nil)
+				}
+				return out, nil
+			}),
+			t.file(d, "rate", 0444, show(rateString), nil),
+			t.file(d, "sm_lid", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("0x%x\n", uint16(a.SMLID)), nil }), nil),
+			t.file(d, "sm_sl", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("%d\n", a.SMSL), nil }), nil),
+			t.file(d, "state", 0444, show(func(a verbs.PortAttr) (string, error) {
+				s := "UNKNOWN"
+				if int(a.State) < len(portStates) {
+					s = portStates[a.State]
+				}
+				return fmt.Sprintf("%d: %s\n", a.State, s), nil
+			}), nil),
+		}, nil
+	})
+}
+
+// ---- sm ----
+
+func (t *Tree) listSM(dir string) ([]*Node, error) {
+	sm := t.sm
+	parts := t.file(dir, "partitions", 0644, func() (string, error) { return sm.Partitions().String(), nil }, nil)
+	parts.commit = func(b []byte) error {
+		c, err := partitions.Parse("sm/partitions", bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		sm.SetPartitions(c)
+		return nil
+	}
+	return []*Node{
+		t.file(dir, "groups", 0444, func() (string, error) { return groupsText(sm.DB().Groups()), nil }, nil),
+		t.file(dir, "nodes", 0444, func() (string, error) { return nodesText(sm.Nodes()), nil }, nil),
+		parts,
+	}, nil
+}
