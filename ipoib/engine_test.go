@@ -197,7 +197,7 @@ func TestCarrierMTUAndBroadcastGroup(t *testing.T) {
 		t.Fatalf("broadcast %s", bc)
 	}
 	hw := i.HWAddr()
-	if hw[0] != 0 || hw.QPN() == 0 {
+	if hw[0] != FlagRC || hw.QPN() == 0 { // the soft HCA has RC: connected mode is offered
 		t.Fatalf("hw addr %s", hw)
 	}
 	mcg := i.MCGText()
@@ -378,11 +378,30 @@ func TestMTURulesAndMode(t *testing.T) {
 	if err := i.SetMTU(1500); err != nil || i.MTU() != 1500 || nodes[0].host.mtu != 1500 {
 		t.Fatalf("SetMTU(1500): %v, %d, host %d", err, i.MTU(), nodes[0].host.mtu)
 	}
-	if err := i.SetMode(Connected); !errors.Is(err, syscall.EINVAL) {
+	// Connected mode: MTU 65520 overwrites the admin MTU, checksum and large send off.
+	if err := i.SetMode(Connected); err != nil {
 		t.Fatalf("connected: %v", err)
 	}
+	if i.MTU() != 65520 || nodes[0].host.mtu != 65520 || i.Mode() != Connected {
+		t.Fatalf("connected: MTU %d host %d mode %v", i.MTU(), nodes[0].host.mtu, i.Mode())
+	}
+	if f := nodes[0].host.feat; f.Checksum || f.TSO || !i.RequestedFeatures().TSO {
+		t.Fatalf("connected-mode features %+v (requested %+v)", f, i.RequestedFeatures())
+	}
+	for _, bad := range []int{65521, 67} {
+		if err := i.SetMTU(bad); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("connected SetMTU(%d): %v", bad, err)
+		}
+	}
+	if err := i.SetMTU(60000); err != nil || i.MTU() != 60000 {
+		t.Fatalf("connected SetMTU(60000): %v, %d (above the group MTU is allowed)", err, i.MTU())
+	}
+	// Back to datagram: MTU = min(group MTU - 4, current), offloads allowed again.
 	if err := i.SetMode(Datagram); err != nil {
 		t.Fatalf("datagram: %v", err)
+	}
+	if i.MTU() != 2044 || !nodes[0].host.feat.TSO {
+		t.Fatalf("datagram again: MTU %d features %+v", i.MTU(), nodes[0].host.feat)
 	}
 	if err := i.SetCoalesce(Coalesce{RxUsecs: 0x10000}); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("coalesce: %v", err)
@@ -600,4 +619,84 @@ func TestGarbageFromFabricCounted(t *testing.T) {
 	if got := b.host.take(func([]byte) bool { return true }); len(got) != 0 {
 		t.Fatalf("garbage reached the host: %d packets", len(got))
 	}
+}
+
+// TestConnectedModeLargePackets: both ends connected, a 60000-byte packet crosses the
+// RC connection intact; the passive side holds one connection.
+func TestConnectedModeLargePackets(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	big := icmp4("10.0.0.1", "10.0.0.2", 8, 2, 60000)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.ib0.Transmit([][]byte{big})
+		time.Sleep(50 * time.Millisecond)
+		if got := b.host.take(isICMP4(2)); len(got) > 0 {
+			if !bytes.Equal(got[0], big) {
+				t.Fatal("large packet changed in flight")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("60000-byte packet never arrived; a stats %+v", a.ib0.Stats())
+		}
+	}
+	b.ib0.mu.Lock()
+	nrx := len(b.ib0.rx)
+	b.ib0.mu.Unlock()
+	a.ib0.mu.Lock()
+	tx := a.ib0.tx[b.ib0.HWAddr()]
+	a.ib0.mu.Unlock()
+	if nrx != 1 || tx == nil || !tx.up || tx.mtu != 65524 {
+		t.Fatalf("connections: passive %d, active %+v", nrx, tx)
+	}
+	// Multicast stays on UD: a large broadcast gets fragmentation-needed.
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.255", 8, 3, 5000)})
+	fn := a.host.take(func(p []byte) bool { return len(p) >= 28 && p[9] == 1 && p[20] == 3 && p[21] == 4 })
+	if len(fn) != 1 || binary.BigEndian.Uint16(fn[0][26:]) != 2044 {
+		t.Fatalf("large multicast in connected mode: %d ICMP errors", len(fn))
+	}
+}
+
+// TestConnectedToDatagramPeerFallsBack: the datagram side refuses the connection, so
+// large packets from the connected side get fragmentation-needed with the UD MTU and
+// packets of that size flow.
+func TestConnectedToDatagramPeerFallsBack(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	if err := a.ib0.SetMode(Connected); err != nil {
+		t.Fatal(err)
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 2, 30000)})
+		time.Sleep(50 * time.Millisecond)
+		fn := a.host.take(func(p []byte) bool { return len(p) >= 28 && p[9] == 1 && p[20] == 3 && p[21] == 4 })
+		if len(fn) > 0 {
+			if mtu := binary.BigEndian.Uint16(fn[0][26:]); mtu != 2044 {
+				t.Fatalf("frag-needed MTU %d", mtu)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no fragmentation-needed from the connected side")
+		}
+	}
+	if got := b.host.take(isICMP4(2)); len(got) != 0 {
+		t.Fatal("a 30000-byte packet reached a datagram-mode peer")
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 4) // small packets still flow over UD
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 5, 2044-28)})
+	waitFor(t, "a 2044-byte packet", func() bool { return len(b.host.take(isICMP4(5))) == 1 })
 }

@@ -35,6 +35,10 @@ func newRCEnd(t *testing.T, h *soft.HCA) (*rcEnd, error) {
 		return nil, err
 	}
 	t.Cleanup(func() { qp.Close() })
+	// Receives may be posted from INIT on; the manager takes it from there.
+	if err := qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex, State: verbs.QPInit}); err != nil {
+		return nil, err
+	}
 	return &rcEnd{h: h, qp: qp, scq: scq, rcq: rcq}, nil
 }
 

@@ -288,14 +288,18 @@ const grhLen = 40
 
 func (p *Port) receive(batch []Datagram) {
 	var pkt wire.Packet
+	var rc rcTouched // RC QPs to flush (ACKs, transmission) after the batch
 	for _, d := range batch {
-		if err := wire.Parse(d.Data, &pkt); err != nil || !wire.IsUD(pkt.BTH.Opcode) {
-			// RC arrives with connected mode; until then everything else is malformed.
+		if err := wire.Parse(d.Data, &pkt); err != nil {
 			p.cnt.malformed.Add(1)
 			continue
 		}
 		p.cnt.rcvPkts.Add(1)
 		p.cnt.rcvBytes.Add(uint64(len(d.Data)))
+		if wire.IsRC(pkt.BTH.Opcode) {
+			p.receiveRC(d, &pkt, &rc)
+			continue
+		}
 		switch dqp := verbs.QPN(pkt.BTH.DestQP); dqp {
 		case verbs.SMIQPN:
 			if !wire.CheckICRC(d.Data, verbs.GID{}, verbs.GID{}) {
@@ -309,6 +313,7 @@ func (p *Port) receive(batch []Datagram) {
 			p.receiveUnicast(d, &pkt, dqp)
 		}
 	}
+	rc.flush()
 }
 
 // source looks up the sending port by its endpoint.

@@ -10,7 +10,7 @@ import (
 	"ipoibfs/verbs/wire"
 )
 
-// QP is a soft queue pair. Only UD is implemented so far; RC arrives with connected mode.
+// QP is a soft queue pair: UD, or RC (see rc.go).
 type QP struct {
 	hca    *HCA
 	port   *Port
@@ -33,6 +33,8 @@ type QP struct {
 	sendMu  sync.Mutex // serialises PostSend so the scratch buffers can be reused
 	scratch []byte
 	dgrams  []Datagram
+
+	rc *rcConn // RC only
 }
 
 // CreateQP creates a queue pair in RESET.
@@ -40,7 +42,7 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	fail := func(err error) (verbs.QP, error) {
 		return nil, &verbs.Error{Op: "create_qp", Obj: h.cfg.Name, Err: err}
 	}
-	if attr.Type != verbs.QPTypeUD {
+	if attr.Type != verbs.QPTypeUD && attr.Type != verbs.QPTypeRC {
 		return fail(fmt.Errorf("%w: QP type %v not supported yet", verbs.ErrInvalid, attr.Type))
 	}
 	if attr.Port < 1 || attr.Port > len(h.ports) {
@@ -64,6 +66,9 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	}
 	q := &QP{hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
 		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR}
+	if attr.Type == verbs.QPTypeRC {
+		q.rc = newRC()
+	}
 	h.nextQPN++
 	h.qps[q.num] = q
 	return q, nil
@@ -81,10 +86,13 @@ func (q *QP) String() string       { return fmt.Sprintf("%s qp %#x", q.port, uin
 func (q *QP) State() verbs.QPState { q.mu.Lock(); defer q.mu.Unlock(); return q.state }
 
 // Modify applies a state transition with the UD rules: RESET->INIT needs P_Key index
-// and Q_Key; INIT->RTR; RTR->RTS; any->ERR or RESET.
+// and Q_Key; INIT->RTR; RTR->RTS; any->ERR or RESET. RC QPs follow rcModify.
 func (q *QP) Modify(m verbs.QPModify) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.rc != nil {
+		return q.rcModify(m)
+	}
 	fail := func(format string, a ...any) error {
 		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: fmt.Errorf("%w: "+format, append([]any{verbs.ErrInvalidState}, a...)...)}
 	}
@@ -166,6 +174,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 // PostSend transmits UD sends. Sends to unknown LIDs complete successfully but are
 // lost on the fabric, as on real UD; they are counted as port transmit discards.
 func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
+	if q.rc != nil {
+		return q.rcPostSend(wrs)
+	}
 	q.mu.Lock()
 	st, pkeyIx, qkey := q.state, q.pkeyIx, q.qkey
 	q.mu.Unlock()
@@ -275,8 +286,8 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID) {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.state != verbs.QPRTR && q.state != verbs.QPRTS {
-		p.cnt.noQP.Add(1)
+	if q.state != verbs.QPRTR && q.state != verbs.QPRTS || q.rc != nil {
+		p.cnt.noQP.Add(1) // RC QPs take no datagrams
 		return
 	}
 	p.mu.RLock()
@@ -325,7 +336,7 @@ func writeGRH(b []byte, payload int, sgid, dgid verbs.GID) {
 
 // AttachMcast attaches the QP to a multicast group.
 func (q *QP) AttachMcast(gid verbs.GID, lid verbs.LID) error {
-	if !gid.IsMulticast() || !lid.IsMulticast() {
+	if !gid.IsMulticast() || !lid.IsMulticast() || q.rc != nil {
 		return &verbs.Error{Op: "attach_mcast", Obj: q.String(), Err: fmt.Errorf("%w: %v / %#x", verbs.ErrInvalid, gid, lid)}
 	}
 	p := q.port
@@ -382,6 +393,9 @@ func (q *QP) Close() error {
 	delete(q.hca.qps, q.num)
 	q.hca.mu.Unlock()
 	q.mu.Lock()
+	if q.rc != nil {
+		q.rcCloseLocked()
+	}
 	q.state = verbs.QPReset
 	q.recvQ, q.recvH = nil, 0
 	q.mu.Unlock()

@@ -1,0 +1,1096 @@
+package soft
+
+// Reliable Connected queue pairs.
+//
+// An RC QP is a requester (send queue) and a responder (receive queue) joined to one
+// peer QP. The behaviour follows the InfiniBand RC rules as rdma_rxe implements them,
+// written from the specification's description:
+//
+// Requester. PostSend copies every message into its packets at once: the gather list is
+// cut into PathMTU-sized payloads (SEND_FIRST, MIDDLE..., LAST or SEND_ONLY, the _IMM
+// forms for immediate data), each packet gets the next 24-bit PSN, and the encoded
+// packets (ICRC included) are kept until the peer acknowledges them, so the caller may
+// reuse its buffers as soon as PostSend returns and a retransmission costs no encoding.
+// Packets leave in batches (one endpoint Send per batch) bounded by a window of at most
+// 1024 packets or 4 MiB in flight; messages beyond it wait in the QP. Inside that bound
+// the window is adjusted like TCP's congestion window (slow start, halving on a
+// sequence NAK, back to the minimum on a timeout), because the emulated fabric drops
+// packets where a real InfiniBand link applies credit flow control, and go-back-N with a
+// 4 MiB window on a lossy path would resend megabytes per lost packet.
+//
+// AckReq is set on the last packet of every message and on every packet whose PSN is
+// 15 mod 16. With a window of at least 16 packets there is therefore always a packet
+// asking for an ACK among those in flight, and a window-limited sender never has to
+// wait for a timeout to learn that its packets arrived.
+//
+// An ACK for PSN p acknowledges every packet up to p and completes the messages that
+// end there (a completion only when the WR was signalled or the QP signals all; errors
+// always). A NAK acknowledges the packets before its PSN. A PSN sequence error NAK
+// rewinds the sender to the NAK's PSN (go-back-N). An RNR NAK stops the sender for the
+// delay its timer field encodes, then resends from its PSN, at first only up to the next
+// packet that asks for an ACK so that a receiver without buffers is probed rather than
+// flooded; RNRRetry 7 retries for ever, smaller values count down and, exhausted,
+// complete the WR with WCRNRRetryExcErr. A remote invalid request NAK completes the WR
+// with WCRemInvReqErr. Each fatal error completes the oldest outstanding WR with its
+// status, flushes the rest and moves the QP to ERR.
+//
+// Timer. One timer per QP serves the ACK timeout and the RNR wait. It is not reset on
+// every acknowledgement: progress only records its time, and when the timer fires
+// before the timeout measured from the last progress it re-arms itself for the rest.
+// A timeout resends from the oldest unacknowledged PSN; RetryCnt timeouts in a row
+// without progress complete the oldest WR with WCRetryExcErr.
+//
+// Responder. Packets are accepted only in PSN order and copied straight into the head
+// receive buffer; LAST or ONLY completes it. A duplicate (an older PSN) is acknowledged
+// again and not delivered. A PSN ahead of the expected one (a gap) draws one sequence
+// error NAK carrying the expected PSN, after which everything is dropped silently until
+// the expected PSN arrives. A FIRST or ONLY without a posted receive buffer draws an RNR
+// NAK (and the same silence). A message longer than its buffer, a wrong opcode sequence
+// or a bad payload length draws a remote invalid request NAK, completes the receive
+// with an error and moves the QP to ERR. ACKs (syndrome 0x1f: no end-to-end credits)
+// carry the MSN and are coalesced: one is owed at a packet with AckReq, after every 16
+// accepted packets and for duplicates, and the owed ACK goes out once per received
+// batch, naming the last PSN accepted so far.
+
+import (
+	"fmt"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/wire"
+)
+
+const (
+	rcMaxMsg       = 1 << 20 // largest message PostSend accepts
+	rcWinMaxPkts   = 1024    // packets in flight at most
+	rcWinMaxBytes  = 4 << 20 // payload bytes in flight at most
+	rcWinMin       = 16      // never below: the AckReq spacing
+	rcWinInit      = 64      // starting window (slow start grows it)
+	rcAckEvery     = 16      // the responder owes an ACK after this many packets
+	rcAckReqSpace  = 16      // AckReq on every packet whose PSN is 15 mod 16
+	rcMinRNRTimer  = 12      // RNR NAK timer field the responder advertises: 0.64 ms
+	rcMinAckTimout = time.Millisecond
+
+	synACK      = 0x1f // ACK, no end-to-end credit information
+	synRNR      = 0x20 // RNR NAK; the low 5 bits are the timer
+	synNAKSeq   = 0x60 // NAK: PSN sequence error
+	synNAKInv   = 0x61 // NAK: invalid request
+	synNAKAcc   = 0x62 // NAK: remote access error
+	synTypeMask = 0x60
+)
+
+// rnrDelays maps the 5-bit RNR NAK timer field to its delay in microseconds (0 is the
+// longest, 655.36 ms).
+var rnrDelays = [32]uint32{655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640,
+	960, 1280, 1920, 2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440,
+	81920, 122880, 163840, 245760, 327680, 491520}
+
+func rnrDelay(code uint8) time.Duration {
+	return time.Duration(rnrDelays[code&0x1f]) * time.Microsecond
+}
+
+// ackTimeout is the local ACK timeout of a Timeout attribute: 4.096 µs × 2^Timeout as
+// the specification defines it, but never below 1 ms, because the fabric is emulated by
+// goroutines and sockets whose scheduling jitter reaches a millisecond on a loaded
+// machine, where a smaller timeout would only resend packets that are on their way.
+// Timeout 0 means no timeout at all, as in the specification: the requester then waits
+// for ever for a lost packet.
+func ackTimeout(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	d := time.Duration(4096) << (t & 0x1f) * time.Nanosecond
+	return max(d, rcMinAckTimout)
+}
+
+// psnAdd returns a+n modulo 2^24.
+func psnAdd(a uint32, n int) uint32 { return (a + uint32(n)) & wire.MaxPSN }
+
+// psnDiff returns a-b in 24-bit serial arithmetic, in [-2^23, 2^23).
+func psnDiff(a, b uint32) int { return int(int32((a-b)<<8) >> 8) }
+
+// rcMsg is one posted send, encoded.
+type rcMsg struct {
+	id       uint64
+	signaled bool
+	length   int
+	first    uint32    // PSN of the first packet
+	n        int       // packets
+	full     int       // encoded size of every packet but the last
+	pkts     []byte    // the encoded packets back to back
+	sgid     verbs.GID // the GIDs the ICRCs were computed for
+	dgid     verbs.GID
+}
+
+func (m *rcMsg) last() uint32 { return psnAdd(m.first, m.n-1) }
+
+func (m *rcMsg) pkt(k int) []byte {
+	s := k * m.full
+	if k == m.n-1 {
+		return m.pkts[s:]
+	}
+	return m.pkts[s : s+m.full]
+}
+
+// fixICRC recomputes the ICRCs for a new pair of GIDs (the route to the peer changed
+// since the message was encoded).
+func (m *rcMsg) fixICRC(sgid, dgid verbs.GID) {
+	for k := range m.n {
+		b := m.pkt(k)
+		c := wire.ICRC(b, sgid, dgid)
+		b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1] = byte(c), byte(c>>8), byte(c>>16), byte(c>>24)
+	}
+	m.sgid, m.dgid = sgid, dgid
+}
+
+// rcReq is the requester state; reset on every move to RESET or ERR.
+type rcReq struct {
+	sq   []*rcMsg // posted, not completed; live from sq[h]
+	h    int
+	cur  int    // hint: index of the message holding nxt
+	end  uint32 // PSN of the next message posted
+	una  uint32 // oldest unacknowledged PSN
+	nxt  uint32 // next PSN to transmit
+	smax uint32 // one past the highest PSN transmitted
+
+	cwnd, ssthresh, cwndAcc int
+	recovering              bool   // the window was cut; not again before una passes recover
+	recover                 uint32 //
+	nakSeen                 bool   // a sequence NAK for nakPSN was acted on (duplicates are ignored)
+	nakPSN                  uint32 //
+
+	retryLeft, rnrLeft uint8
+	rnrWait            bool // stopped by an RNR NAK until rnrUntil
+	rnrUntil           time.Time
+	rnrPSN             uint32
+	probing            bool // after an RNR wait: send only up to probeEnd until progress
+	probeEnd           uint32
+
+	progressAt time.Time // last acknowledgement progress (or start of transmission)
+}
+
+// rcResp is the responder state.
+type rcResp struct {
+	epsn       uint32 // expected PSN
+	msn        uint32 // messages completed
+	nakSent    bool   // a NAK went out for epsn: drop silently until it arrives
+	inMsg      bool   // between FIRST and LAST
+	wr         verbs.RecvWR
+	n          int // bytes received into wr
+	unacked    int // packets accepted since the last ACK
+	ackPending bool
+	peer       ctlRoute // where the last accepted request came from
+}
+
+// rcConn is the RC part of a QP, guarded by QP.mu (the pump fields by its protocol).
+type rcConn struct {
+	// Connection attributes (RTR, RTS).
+	dqpn     verbs.QPN
+	ah       verbs.AHAttr
+	mtu      int
+	timeout  uint8
+	retryCnt uint8
+	rnrRetry uint8
+	gen      uint64 // bumped on RESET and ERR
+
+	req  rcReq
+	resp rcResp
+
+	ctl  []Datagram // ACKs and NAKs to send at the end of the receive batch
+	kick bool       // the requester may send: pump at the end of the receive batch
+
+	timer   *time.Timer
+	timerAt time.Time // when the timer fires; zero if it is not armed
+
+	// One goroutine at a time transmits (the pump); others leave it a note.
+	pumping, pumpAgain bool
+	xbatch             []Datagram // the pump's, used outside QP.mu
+	rsv                []Datagram // resolve scratch
+}
+
+func newRC() *rcConn { return &rcConn{} }
+
+// winMax is the largest window for the path MTU.
+func (rc *rcConn) winMax() int { return max(rcWinMin, min(rcWinMaxPkts, rcWinMaxBytes/max(rc.mtu, 1))) }
+
+func (q *QP) rcFail(op string, err error, format string, a ...any) error {
+	return &verbs.Error{Op: op, Obj: q.String(), Err: fmt.Errorf("%w: "+format, append([]any{err}, a...)...)}
+}
+
+// ---- state transitions ----
+
+// rcModify applies a state transition with the RC rules. Called with q.mu held.
+func (q *QP) rcModify(m verbs.QPModify) error {
+	rc := q.rc
+	bad := func(format string, a ...any) error { return q.rcFail("modify_qp", verbs.ErrInvalid, format, a...) }
+	next := q.state
+	if m.Mask&verbs.QPMaskState != 0 {
+		next = m.State
+	}
+	attrs := m.Mask &^ verbs.QPMaskState
+	const (
+		initAttrs = verbs.QPMaskPKeyIndex | verbs.QPMaskQKey
+		rtrAttrs  = verbs.QPMaskDestQPN | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskRQPSN
+		rtsAttrs  = verbs.QPMaskSQPSN | verbs.QPMaskTimeout | verbs.QPMaskRetry
+	)
+	var required, allowed verbs.QPMask
+	switch {
+	case next == verbs.QPReset || next == verbs.QPErr:
+		allowed = attrs // attributes are ignored
+	case q.state == verbs.QPReset && next == verbs.QPInit:
+		required, allowed = verbs.QPMaskPKeyIndex, initAttrs
+	case q.state == verbs.QPInit && next == verbs.QPInit:
+		allowed = initAttrs
+	case q.state == verbs.QPInit && next == verbs.QPRTR:
+		required, allowed = rtrAttrs, rtrAttrs|initAttrs
+	case q.state == verbs.QPRTR && next == verbs.QPRTS:
+		required, allowed = rtsAttrs, rtsAttrs
+	case q.state == verbs.QPRTS && next == verbs.QPRTS:
+		allowed = verbs.QPMaskTimeout | verbs.QPMaskRetry
+	default:
+		return q.rcFail("modify_qp", verbs.ErrInvalidState, "%v -> %v", q.state, next)
+	}
+	if attrs&required != required || attrs&^allowed != 0 {
+		return q.rcFail("modify_qp", verbs.ErrInvalidState, "%v -> %v with attribute mask %#x (required %#x, allowed %#x)",
+			q.state, next, uint32(attrs), uint32(required), uint32(allowed))
+	}
+	if next != verbs.QPReset && next != verbs.QPErr {
+		if attrs&verbs.QPMaskPKeyIndex != 0 && (m.PKeyIndex < 0 || m.PKeyIndex >= verbs.PKeyTableCapacity) {
+			return bad("P_Key index %d", m.PKeyIndex)
+		}
+		if attrs&verbs.QPMaskDestQPN != 0 && (m.DestQPN <= verbs.GSIQPN || m.DestQPN >= verbs.MulticastQPN) {
+			return bad("destination QPN %#x", uint32(m.DestQPN))
+		}
+		if attrs&verbs.QPMaskAH != 0 {
+			if m.AH.DLID == verbs.LIDReserved || m.AH.DLID.IsMulticast() {
+				return bad("DLID %#x", m.AH.DLID)
+			}
+			if m.AH.Port != 0 && m.AH.Port != q.port.num {
+				return bad("address handle for port %d on a QP of port %d", m.AH.Port, q.port.num)
+			}
+		}
+		if attrs&verbs.QPMaskPathMTU != 0 {
+			q.port.mu.RLock()
+			maxMTU := q.port.attr.MaxMTU
+			q.port.mu.RUnlock()
+			if m.PathMTU.Bytes() == 0 || m.PathMTU > maxMTU {
+				return bad("path MTU %d (port maximum %d)", m.PathMTU, maxMTU)
+			}
+		}
+		if attrs&verbs.QPMaskTimeout != 0 && m.Timeout > 31 {
+			return bad("timeout %d", m.Timeout)
+		}
+		if attrs&verbs.QPMaskRetry != 0 && (m.RetryCnt > 7 || m.RNRRetry > 7) {
+			return bad("retry count %d, RNR retry %d", m.RetryCnt, m.RNRRetry)
+		}
+	}
+
+	switch next {
+	case verbs.QPReset:
+		q.rcResetLocked()
+		q.state = verbs.QPReset
+		return nil
+	case verbs.QPErr:
+		q.rcErrorLocked()
+		return nil
+	}
+	if attrs&verbs.QPMaskPKeyIndex != 0 {
+		q.pkeyIx = m.PKeyIndex
+	}
+	if attrs&verbs.QPMaskQKey != 0 {
+		q.qkey = m.QKey // not used by RC
+	}
+	if attrs&verbs.QPMaskDestQPN != 0 {
+		rc.dqpn = m.DestQPN
+	}
+	if attrs&verbs.QPMaskAH != 0 {
+		rc.ah = m.AH
+		rc.ah.Port = q.port.num
+	}
+	if attrs&verbs.QPMaskPathMTU != 0 {
+		rc.mtu = m.PathMTU.Bytes()
+	}
+	if attrs&verbs.QPMaskRQPSN != 0 {
+		rc.resp = rcResp{epsn: m.RQPSN & wire.MaxPSN}
+	}
+	if attrs&verbs.QPMaskTimeout != 0 {
+		rc.timeout = m.Timeout
+	}
+	if attrs&verbs.QPMaskRetry != 0 {
+		rc.retryCnt, rc.rnrRetry = m.RetryCnt, m.RNRRetry
+		rc.req.retryLeft, rc.req.rnrLeft = m.RetryCnt, m.RNRRetry
+	}
+	if attrs&verbs.QPMaskSQPSN != 0 {
+		psn := m.SQPSN & wire.MaxPSN
+		r := &rc.req
+		r.end, r.una, r.nxt, r.smax = psn, psn, psn, psn
+		r.cwnd, r.ssthresh = min(rcWinInit, rc.winMax()), rc.winMax()
+	}
+	q.state = next
+	return nil
+}
+
+// rcResetLocked forgets everything, posted work requests included, without completions.
+func (q *QP) rcResetLocked() {
+	rc := q.rc
+	rc.stopTimerLocked()
+	rc.gen++
+	rc.req = rcReq{}
+	rc.resp = rcResp{}
+	rc.ctl, rc.kick = nil, false
+	rc.dqpn, rc.ah, rc.mtu, rc.timeout, rc.retryCnt, rc.rnrRetry = 0, verbs.AHAttr{}, 0, 0, 0, 0
+	q.recvQ, q.recvH = nil, 0
+}
+
+// rcErrorLocked moves the QP to ERR: every outstanding send and receive completes with
+// a flush error.
+func (q *QP) rcErrorLocked() {
+	rc := q.rc
+	rc.stopTimerLocked()
+	rc.gen++
+	r := &rc.req
+	for _, m := range r.sq[r.h:] {
+		q.sendCQ.push(verbs.WC{WRID: m.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCSend, QPN: q.num})
+	}
+	end := r.end
+	*r = rcReq{end: end, una: end, nxt: end, smax: end}
+	if rc.resp.inMsg {
+		q.recvCQ.push(verbs.WC{WRID: rc.resp.wr.ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.num})
+	}
+	rc.resp.inMsg, rc.resp.wr, rc.resp.ackPending = false, verbs.RecvWR{}, false
+	q.state = verbs.QPErr
+	q.flushLocked()
+}
+
+// rcFailLocked ends the connection after a fatal requester error: the oldest
+// outstanding WR completes with status, the others are flushed.
+func (q *QP) rcFailLocked(status verbs.WCStatus) {
+	r := &q.rc.req
+	if r.h < len(r.sq) {
+		m := r.sq[r.h]
+		q.sendCQ.push(verbs.WC{WRID: m.id, Status: status, Opcode: verbs.WCSend, QPN: q.num})
+		r.sq[r.h] = nil
+		r.h++
+	}
+	q.rcErrorLocked()
+}
+
+// rcClose stops the timer of a destroyed QP.
+func (q *QP) rcCloseLocked() {
+	q.rc.stopTimerLocked()
+	q.rc.gen++
+	q.rc.req = rcReq{}
+	q.rc.resp = rcResp{}
+}
+
+// ---- requester: posting ----
+
+// gatherer cuts a gather list into consecutive pieces without copying when a piece
+// lies inside one segment.
+type gatherer struct {
+	segs    [][]byte
+	scratch []byte
+}
+
+func (g *gatherer) next(n int) []byte {
+	for len(g.segs) > 0 && len(g.segs[0]) == 0 {
+		g.segs = g.segs[1:]
+	}
+	if n == 0 {
+		return nil
+	}
+	if len(g.segs[0]) >= n {
+		b := g.segs[0][:n:n]
+		g.segs[0] = g.segs[0][n:]
+		return b
+	}
+	g.scratch = g.scratch[:0]
+	for len(g.scratch) < n {
+		s := g.segs[0]
+		k := min(len(s), n-len(g.scratch))
+		g.scratch = append(g.scratch, s[:k]...)
+		g.segs[0] = s[k:]
+		if len(g.segs[0]) == 0 {
+			g.segs = g.segs[1:]
+		}
+	}
+	return g.scratch
+}
+
+// rcPostSend queues RC sends. Each message is encoded into its packets here, so the
+// caller's buffers are free again when PostSend returns.
+func (q *QP) rcPostSend(wrs []verbs.SendWR) (int, error) {
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.mu.Lock()
+	rc := q.rc
+	switch q.state {
+	case verbs.QPRTS:
+	case verbs.QPErr:
+		// A QP in ERR accepts work requests and flushes them.
+		for _, wr := range wrs {
+			q.sendCQ.push(verbs.WC{WRID: wr.ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCSend, QPN: q.num})
+		}
+		q.mu.Unlock()
+		return len(wrs), nil
+	default:
+		st := q.state
+		q.mu.Unlock()
+		return 0, q.rcFail("post_send", verbs.ErrInvalidState, "QP in %v", st)
+	}
+	room := q.maxS - (len(rc.req.sq) - rc.req.h)
+	gen, psn, mtu, pkeyIx, dlid, dqpn := rc.gen, rc.req.end, rc.mtu, q.pkeyIx, rc.ah.DLID, rc.dqpn
+	q.mu.Unlock()
+
+	p := q.port
+	p.mu.RLock()
+	var pkey verbs.PKey
+	if pkeyIx < len(p.pkeys) {
+		pkey = p.pkeys[pkeyIx]
+	}
+	sgid := p.gid0()
+	p.mu.RUnlock()
+	var dgid verbs.GID
+	q.dgrams, dgid, _ = p.resolve(dlid, q.dgrams[:0])
+
+	var err error
+	msgs := make([]*rcMsg, 0, min(len(wrs), max(room, 0)))
+	var g gatherer
+	g.scratch = q.scratch
+	for i := range wrs {
+		wr := &wrs[i]
+		if i >= room {
+			err = q.rcFail("post_send", verbs.ErrQueueFull, "%d work requests outstanding", q.maxS)
+			break
+		}
+		n := 0
+		for _, d := range wr.Data {
+			n += len(d)
+		}
+		if n > rcMaxMsg {
+			err = q.rcFail("post_send", verbs.ErrInvalid, "message of %d bytes exceeds %d", n, rcMaxMsg)
+			break
+		}
+		g.segs = append(g.segs[:0], wr.Data...)
+		m := encodeRC(wr, n, psn, mtu, pkey, dqpn, sgid, dgid, &g)
+		psn = psnAdd(psn, m.n)
+		msgs = append(msgs, m)
+	}
+	q.scratch = g.scratch
+	clear(g.segs)
+
+	q.mu.Lock()
+	if rc.gen != gen || q.state != verbs.QPRTS {
+		// A transition overtook us: ERR flushes these too, RESET forgets them.
+		if q.state == verbs.QPErr {
+			for _, m := range msgs {
+				q.sendCQ.push(verbs.WC{WRID: m.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCSend, QPN: q.num})
+			}
+		}
+		q.mu.Unlock()
+		return len(msgs), err
+	}
+	r := &rc.req
+	if r.h > 64 && r.h*2 > len(r.sq) {
+		k := copy(r.sq, r.sq[r.h:])
+		clear(r.sq[k:])
+		r.sq = r.sq[:k]
+		r.cur = max(r.cur-r.h, 0)
+		r.h = 0
+	}
+	r.sq = append(r.sq, msgs...)
+	r.end = psn
+	q.mu.Unlock()
+	q.rcPump()
+	return len(msgs), err
+}
+
+// encodeRC builds the packets of one message starting at PSN first.
+func encodeRC(wr *verbs.SendWR, n int, first uint32, mtu int, pkey verbs.PKey, dqpn verbs.QPN, sgid, dgid verbs.GID, g *gatherer) *rcMsg {
+	np := max(1, (n+mtu-1)/mtu)
+	full := wire.BTHLen + mtu + wire.ICRCLen
+	lastPay := n - (np-1)*mtu
+	lastLen := wire.BTHLen + lastPay + wire.PadLen(lastPay) + wire.ICRCLen
+	if wr.WithImm {
+		lastLen += wire.ImmLen
+	}
+	m := &rcMsg{id: wr.ID, signaled: wr.Signaled, length: n, first: first, n: np, full: full,
+		pkts: make([]byte, 0, (np-1)*full+lastLen), sgid: sgid, dgid: dgid}
+	var pkt wire.Packet
+	pkt.BTH.PKey = uint16(pkey)
+	pkt.BTH.DestQP = uint32(dqpn)
+	for k := range np {
+		last := k == np-1
+		switch {
+		case np == 1 && wr.WithImm:
+			pkt.BTH.Opcode = wire.OpRCSendOnlyImm
+		case np == 1:
+			pkt.BTH.Opcode = wire.OpRCSendOnly
+		case k == 0:
+			pkt.BTH.Opcode = wire.OpRCSendFirst
+		case last && wr.WithImm:
+			pkt.BTH.Opcode = wire.OpRCSendLastImm
+		case last:
+			pkt.BTH.Opcode = wire.OpRCSendLast
+		default:
+			pkt.BTH.Opcode = wire.OpRCSendMiddle
+		}
+		psn := psnAdd(first, k)
+		pkt.BTH.PSN = psn
+		pkt.BTH.AckReq = last || psn%rcAckReqSpace == rcAckReqSpace-1
+		pkt.Imm = 0
+		if last {
+			pkt.Imm = wr.Imm
+			pkt.Payload = g.next(lastPay)
+		} else {
+			pkt.Payload = g.next(mtu)
+		}
+		m.pkts = pkt.AppendTo(m.pkts, sgid, dgid)
+	}
+	return m
+}
+
+// ---- requester: transmission ----
+
+// rcPump transmits whatever the window allows. Only one goroutine transmits at a time,
+// so packets leave in PSN order; a caller that finds the pump busy leaves it a note and
+// returns at once.
+func (q *QP) rcPump() {
+	q.mu.Lock()
+	rc := q.rc
+	if rc.pumping {
+		rc.pumpAgain = true
+		q.mu.Unlock()
+		return
+	}
+	rc.pumping = true
+	p := q.port
+	for {
+		rc.pumpAgain = false
+		batch := q.rcCollectLocked(rc.xbatch[:0])
+		rc.xbatch = batch
+		if len(batch) == 0 && !rc.pumpAgain {
+			rc.pumping = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		if len(batch) > 0 {
+			var bytes uint64
+			for _, d := range batch {
+				bytes += uint64(len(d.Data))
+			}
+			p.cnt.xmitPkts.Add(uint64(len(batch)))
+			p.cnt.xmitBytes.Add(bytes)
+			_ = p.ep.Send(batch) // a failed send is a lost packet: the timer recovers
+			clear(batch)
+		}
+		q.mu.Lock()
+	}
+}
+
+// rcCollectLocked appends the packets the window allows to dst and advances nxt.
+func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
+	rc := q.rc
+	r := &rc.req
+	if q.state != verbs.QPRTS || r.rnrWait || psnDiff(r.nxt, r.end) >= 0 {
+		return dst
+	}
+	limit := r.cwnd - psnDiff(r.nxt, r.una)
+	if r.probing {
+		limit = min(limit, psnDiff(r.probeEnd, r.nxt)+1)
+	}
+	if limit <= 0 {
+		return dst
+	}
+	p := q.port
+	var dgid verbs.GID
+	var ok bool
+	rc.rsv, dgid, ok = p.resolve(rc.ah.DLID, rc.rsv[:0])
+	var addr Datagram
+	if ok {
+		addr = rc.rsv[0]
+	}
+	p.mu.RLock()
+	sgid := p.gid0()
+	p.mu.RUnlock()
+	now := time.Now()
+	if psnDiff(r.una, r.smax) == 0 {
+		r.progressAt = now // nothing was outstanding: the ACK timeout starts now
+	}
+	i := max(r.cur, r.h)
+	sent := 0
+	for limit > 0 && psnDiff(r.nxt, r.end) < 0 {
+		for psnDiff(r.nxt, r.sq[i].last()) > 0 {
+			i++
+		}
+		m := r.sq[i]
+		k := psnDiff(r.nxt, m.first)
+		cnt := min(limit, m.n-k)
+		if ok {
+			if m.dgid != dgid || m.sgid != sgid {
+				m.fixICRC(sgid, dgid)
+			}
+			for j := k; j < k+cnt; j++ {
+				dst = append(dst, Datagram{Addr: addr.Addr, Data: m.pkt(j)})
+			}
+		}
+		r.nxt = psnAdd(r.nxt, cnt)
+		limit -= cnt
+		sent += cnt
+	}
+	r.cur = i
+	if !ok {
+		// No route to the peer: the packets are lost on the fabric, as UD's are.
+		p.cnt.xmitDisc.Add(uint64(sent))
+	}
+	if psnDiff(r.nxt, r.smax) > 0 {
+		r.smax = r.nxt
+	}
+	q.rcArmLocked(now)
+	return dst
+}
+
+// ---- timer ----
+
+func (rc *rcConn) stopTimerLocked() {
+	if rc.timer != nil {
+		rc.timer.Stop()
+	}
+	rc.timerAt = time.Time{}
+}
+
+// rcArmLocked makes sure the timer fires no later than the next deadline: the end of
+// an RNR wait, or the ACK timeout counted from the last progress.
+func (q *QP) rcArmLocked(now time.Time) {
+	rc := q.rc
+	r := &rc.req
+	var want time.Time
+	switch {
+	case r.rnrWait:
+		want = r.rnrUntil
+	case psnDiff(r.una, r.smax) < 0:
+		rto := ackTimeout(rc.timeout)
+		if rto == 0 {
+			return
+		}
+		want = r.progressAt.Add(rto)
+	default:
+		return // nothing outstanding: a running timer finds nothing to do
+	}
+	if !rc.timerAt.IsZero() && !want.Before(rc.timerAt) {
+		return
+	}
+	rc.timerAt = want
+	d := max(want.Sub(now), 0)
+	if rc.timer == nil {
+		rc.timer = time.AfterFunc(d, q.rcOnTimer)
+	} else {
+		rc.timer.Reset(d)
+	}
+}
+
+func (q *QP) rcOnTimer() {
+	q.mu.Lock()
+	rc := q.rc
+	if q.state != verbs.QPRTS {
+		q.mu.Unlock()
+		return
+	}
+	rc.timerAt = time.Time{}
+	r := &rc.req
+	now := time.Now()
+	kick := false
+	switch {
+	case r.rnrWait:
+		if now.Before(r.rnrUntil) {
+			break
+		}
+		// Resend from the PSN the receiver had no buffer for, probing.
+		r.rnrWait = false
+		r.nxt = r.rnrPSN
+		r.cur = r.h
+		r.probing, r.probeEnd = true, q.rcProbeEndLocked(r.rnrPSN)
+		r.progressAt = now
+		kick = true
+	case psnDiff(r.una, r.smax) < 0:
+		rto := ackTimeout(rc.timeout)
+		if rto == 0 || now.Before(r.progressAt.Add(rto)) {
+			break
+		}
+		if r.retryLeft == 0 {
+			q.rcFailLocked(verbs.WCRetryExcErr)
+			q.mu.Unlock()
+			return
+		}
+		r.retryLeft--
+		r.nxt, r.cur = r.una, r.h
+		r.ssthresh = max(r.cwnd/2, rcWinMin)
+		r.cwnd, r.cwndAcc = rcWinMin, 0
+		r.recovering, r.recover = true, r.smax
+		r.progressAt = now
+		kick = true
+	}
+	q.rcArmLocked(now)
+	q.mu.Unlock()
+	if kick {
+		q.rcPump()
+	}
+}
+
+// rcProbeEndLocked returns the first PSN from psn on that asks for an ACK.
+func (q *QP) rcProbeEndLocked(psn uint32) uint32 {
+	r := &q.rc.req
+	end := psnAdd(psn, int((rcAckReqSpace-1-psn%rcAckReqSpace)%rcAckReqSpace))
+	for _, m := range r.sq[r.h:] {
+		if d := psnDiff(psn, m.first); d >= 0 && d < m.n {
+			if psnDiff(m.last(), end) < 0 {
+				return m.last()
+			}
+			break
+		}
+	}
+	return end
+}
+
+// ---- receive path ----
+
+// rcTouched collects the RC QPs a receive batch touched, to flush their ACKs and run
+// their requesters once per batch.
+type rcTouched struct {
+	few  [4]*QP
+	n    int
+	more []*QP
+}
+
+func (t *rcTouched) add(q *QP) {
+	for _, o := range t.few[:t.n] {
+		if o == q {
+			return
+		}
+	}
+	for _, o := range t.more {
+		if o == q {
+			return
+		}
+	}
+	if t.n < len(t.few) {
+		t.few[t.n] = q
+		t.n++
+		return
+	}
+	t.more = append(t.more, q)
+}
+
+func (t *rcTouched) flush() {
+	for _, q := range t.few[:t.n] {
+		q.rcFlush()
+	}
+	for _, q := range t.more {
+		q.rcFlush()
+	}
+}
+
+// receiveRC runs the checks of an RC packet and hands it to its QP. Drops are counted
+// in the port counters UD uses: NoQP for a QPN that is not an RC QP of this port, a QP
+// not ready (ACKs need RTS, requests RTR or RTS) or a packet from a port other than the
+// connected peer; Malformed for an unknown source endpoint; BadICRC; BadPKey.
+func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched) {
+	q := p.hca.qp(verbs.QPN(pkt.BTH.DestQP))
+	if q == nil || q.port != p || q.typ != verbs.QPTypeRC {
+		p.cnt.noQP.Add(1)
+		return
+	}
+	src, ok := p.source(d.Addr)
+	if !ok {
+		p.cnt.malformed.Add(1)
+		return
+	}
+	p.mu.RLock()
+	dgid := p.gid0()
+	p.mu.RUnlock()
+	if !wire.CheckICRC(d.Data, src.GID, dgid) {
+		p.cnt.badICRC.Add(1)
+		return
+	}
+	if q.rcReceive(pkt, src, dgid) {
+		touched.add(q)
+	}
+}
+
+// rcReceive processes one checked packet; it reports whether the QP has something to
+// do at the end of the batch.
+func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID) bool {
+	p := q.port
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	rc := q.rc
+	isAck := pkt.BTH.Opcode == wire.OpRCAck
+	if !(q.state == verbs.QPRTS || q.state == verbs.QPRTR && !isAck) {
+		p.cnt.noQP.Add(1)
+		return false
+	}
+	if src.LID != rc.ah.DLID {
+		// Not from the port this QP is connected to: for this sender the QP does not exist.
+		p.cnt.noQP.Add(1)
+		return false
+	}
+	p.mu.RLock()
+	var mine verbs.PKey
+	if q.pkeyIx < len(p.pkeys) {
+		mine = p.pkeys[q.pkeyIx]
+	}
+	p.mu.RUnlock()
+	if !mine.CanTalk(verbs.PKey(pkt.BTH.PKey)) {
+		p.cnt.badPKey.Add(1)
+		return false
+	}
+	if isAck {
+		q.rcAckLocked(pkt)
+	} else {
+		q.rcRequestLocked(pkt, src, mine, mygid)
+	}
+	return true
+}
+
+// rcFlush sends the ACKs and NAKs a batch produced and lets the requester transmit.
+func (q *QP) rcFlush() {
+	q.mu.Lock()
+	rc := q.rc
+	ctl := rc.ctl
+	rc.ctl = nil
+	s := &rc.resp
+	if s.ackPending && (q.state == verbs.QPRTR || q.state == verbs.QPRTS) {
+		ctl = append(ctl, q.rcCtlPacketLocked(synACK, psnAdd(s.epsn, -1)))
+		s.ackPending, s.unacked = false, 0
+	}
+	kick := rc.kick
+	rc.kick = false
+	q.mu.Unlock()
+	if len(ctl) > 0 {
+		p := q.port
+		var bytes uint64
+		for _, d := range ctl {
+			bytes += uint64(len(d.Data))
+		}
+		p.cnt.xmitPkts.Add(uint64(len(ctl)))
+		p.cnt.xmitBytes.Add(bytes)
+		_ = p.ep.Send(ctl)
+	}
+	if kick {
+		q.rcPump()
+	}
+}
+
+// rcCtlPacketLocked encodes an ACK or NAK to the peer the last request came from.
+func (q *QP) rcCtlPacketLocked(syndrome uint8, psn uint32) Datagram {
+	rc := q.rc
+	p := q.port
+	p.mu.RLock()
+	var pkey verbs.PKey
+	if q.pkeyIx < len(p.pkeys) {
+		pkey = p.pkeys[q.pkeyIx]
+	}
+	sgid := p.gid0()
+	p.mu.RUnlock()
+	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: uint16(pkey), DestQP: uint32(rc.dqpn), PSN: psn},
+		AETH: wire.AETH{Syndrome: syndrome, MSN: rc.resp.msn}}
+	return Datagram{Addr: rc.resp.peer.Addr, Data: pkt.AppendTo(make([]byte, 0, wire.BTHLen+wire.AETHLen+wire.ICRCLen), sgid, rc.resp.peer.GID)}
+}
+
+// rcNAKLocked queues a NAK for the end of the batch.
+func (q *QP) rcNAKLocked(syndrome uint8, psn uint32) {
+	q.rc.ctl = append(q.rc.ctl, q.rcCtlPacketLocked(syndrome, psn))
+}
+
+// rcRequestLocked is the responder: one SEND packet from the peer.
+func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ verbs.GID) {
+	rc := q.rc
+	s := &rc.resp
+	s.peer = src
+	psn := pkt.BTH.PSN
+	switch d := psnDiff(psn, s.epsn); {
+	case d < 0: // duplicate: acknowledge again, deliver nothing
+		s.ackPending = true
+		return
+	case d > 0: // a gap: one NAK, then silence until epsn arrives
+		if !s.nakSent {
+			s.nakSent = true
+			q.rcNAKLocked(synNAKSeq, s.epsn)
+		}
+		return
+	}
+	op := pkt.BTH.Opcode
+	first := op == wire.OpRCSendFirst || op == wire.OpRCSendOnly || op == wire.OpRCSendOnlyImm
+	last := op != wire.OpRCSendFirst && op != wire.OpRCSendMiddle
+	n := len(pkt.Payload)
+	var lenOK bool
+	switch op {
+	case wire.OpRCSendFirst, wire.OpRCSendMiddle:
+		lenOK = n == rc.mtu
+	case wire.OpRCSendLast, wire.OpRCSendLastImm:
+		lenOK = n >= 1 && n <= rc.mtu
+	default: // ONLY
+		lenOK = n <= rc.mtu
+	}
+	if first == s.inMsg || !lenOK {
+		// Opcode out of sequence or a payload the path MTU does not allow.
+		q.rcNAKLocked(synNAKInv, psn)
+		if s.inMsg {
+			q.recvCQ.push(q.rcRecvWC(verbs.WCRemInvReqErr, pkt))
+			s.inMsg, s.wr = false, verbs.RecvWR{}
+		}
+		q.rcErrorLocked()
+		return
+	}
+	if first {
+		if q.recvH == len(q.recvQ) {
+			// No receive buffer: RNR NAK; the requester retries after the delay.
+			s.nakSent = true
+			q.rcNAKLocked(synRNR|rcMinRNRTimer, psn)
+			return
+		}
+		s.wr = q.recvQ[q.recvH]
+		q.recvQ[q.recvH] = verbs.RecvWR{}
+		q.recvH++
+		s.inMsg, s.n = true, 0
+	}
+	if s.n+n > len(s.wr.Buf) {
+		// The message does not fit its buffer.
+		q.rcNAKLocked(synNAKInv, psn)
+		q.recvCQ.push(q.rcRecvWC(verbs.WCLocLenErr, pkt))
+		s.inMsg, s.wr = false, verbs.RecvWR{}
+		q.rcErrorLocked()
+		return
+	}
+	copy(s.wr.Buf[s.n:], pkt.Payload)
+	s.n += n
+	s.epsn = psnAdd(s.epsn, 1)
+	s.nakSent = false
+	s.unacked++
+	if last {
+		q.recvCQ.push(q.rcRecvWC(verbs.WCSuccess, pkt))
+		s.inMsg, s.wr = false, verbs.RecvWR{}
+		s.msn = (s.msn + 1) & wire.MaxMSN
+	}
+	if pkt.BTH.AckReq || s.unacked >= rcAckEvery {
+		s.ackPending = true
+	}
+}
+
+func (q *QP) rcRecvWC(status verbs.WCStatus, pkt *wire.Packet) verbs.WC {
+	s := &q.rc.resp
+	imm := pkt.BTH.Opcode == wire.OpRCSendLastImm || pkt.BTH.Opcode == wire.OpRCSendOnlyImm
+	wc := verbs.WC{WRID: s.wr.ID, Status: status, Opcode: verbs.WCRecv, QPN: q.num, SrcQP: q.rc.dqpn,
+		SLID: s.peer.LID, SL: q.rc.ah.SL, PKeyIndex: q.pkeyIx}
+	if status == verbs.WCSuccess {
+		wc.ByteLen, wc.WithImm = s.n, imm
+		if imm {
+			wc.Imm = pkt.Imm
+		}
+	}
+	return wc
+}
+
+// rcAckLocked is the requester's side of an ACK or NAK.
+func (q *QP) rcAckLocked(pkt *wire.Packet) {
+	rc := q.rc
+	r := &rc.req
+	psn, syn := pkt.BTH.PSN, pkt.AETH.Syndrome
+	// Only PSNs of packets we sent can be acknowledged or refused.
+	inFlight := func(x uint32) bool { return psnDiff(x, r.una) >= 0 && psnDiff(x, r.smax) < 0 }
+	switch syn & synTypeMask {
+	case 0x00: // ACK
+		q.rcAckToLocked(psn)
+	case synRNR:
+		q.rcAckToLocked(psnAdd(psn, -1))
+		if !inFlight(psn) || r.rnrWait && psn == r.rnrPSN {
+			return // stale or a duplicate of the NAK we are waiting out
+		}
+		if rc.rnrRetry != 7 {
+			if r.rnrLeft == 0 {
+				q.rcFailLocked(verbs.WCRNRRetryExcErr)
+				return
+			}
+			r.rnrLeft--
+		}
+		now := time.Now()
+		r.rnrWait, r.rnrPSN, r.rnrUntil = true, psn, now.Add(rnrDelay(syn))
+		r.nxt, r.cur = psn, r.h
+		q.rcArmLocked(now)
+	case synNAKSeq & synTypeMask:
+		q.rcAckToLocked(psnAdd(psn, -1))
+		if syn != synNAKSeq {
+			if !inFlight(psn) {
+				return
+			}
+			status := verbs.WCGeneralErr
+			switch syn {
+			case synNAKInv:
+				status = verbs.WCRemInvReqErr
+			case synNAKAcc:
+				status = verbs.WCRemAccessErr
+			}
+			q.rcFailLocked(status)
+			return
+		}
+		if !inFlight(psn) || r.rnrWait || r.nakSeen && psn == r.nakPSN {
+			return
+		}
+		// Go back N: resend from the PSN the responder expects.
+		r.nakSeen, r.nakPSN = true, psn
+		r.nxt, r.cur = psn, r.h
+		if !r.recovering {
+			r.ssthresh = max(r.cwnd/2, rcWinMin)
+			r.cwnd, r.cwndAcc = r.ssthresh, 0
+			r.recovering, r.recover = true, r.smax
+		}
+		rc.kick = true
+	}
+}
+
+// rcAckToLocked acknowledges every packet up to psn, completing the messages that end
+// there.
+func (q *QP) rcAckToLocked(psn uint32) {
+	rc := q.rc
+	r := &rc.req
+	if psnDiff(psn, r.una) < 0 || psnDiff(psn, r.smax) >= 0 {
+		return // old, or for a packet never sent
+	}
+	acked := psnDiff(psn, r.una) + 1
+	r.una = psnAdd(psn, 1)
+	if psnDiff(r.nxt, r.una) < 0 {
+		r.nxt, r.cur = r.una, r.h
+	}
+	for r.h < len(r.sq) && psnDiff(r.una, r.sq[r.h].last()) > 0 {
+		m := r.sq[r.h]
+		if m.signaled || q.sigAll {
+			q.sendCQ.push(verbs.WC{WRID: m.id, Status: verbs.WCSuccess, Opcode: verbs.WCSend, QPN: q.num, ByteLen: m.length})
+		}
+		r.sq[r.h] = nil
+		r.h++
+	}
+	if r.h == len(r.sq) {
+		r.sq, r.h, r.cur = r.sq[:0], 0, 0
+	}
+	r.progressAt = time.Now()
+	r.retryLeft, r.rnrLeft = rc.retryCnt, rc.rnrRetry
+	r.probing = false
+	if r.rnrWait && psnDiff(r.una, r.rnrPSN) > 0 {
+		r.rnrWait = false // the receiver took the message after all
+	}
+	if r.recovering && psnDiff(r.una, r.recover) >= 0 {
+		r.recovering = false
+	}
+	wmax := rc.winMax()
+	if r.cwnd < r.ssthresh {
+		r.cwnd = min(r.cwnd+acked, wmax)
+	} else if r.cwnd < wmax {
+		r.cwndAcc += acked
+		for r.cwndAcc >= r.cwnd && r.cwnd < wmax {
+			r.cwndAcc -= r.cwnd
+			r.cwnd++
+		}
+	}
+	rc.kick = true
+}
