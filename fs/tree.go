@@ -452,7 +452,15 @@ func (t *Tree) listSM(dir string) ([]*Node, error) {
 		sm.SetPartitions(c)
 		return nil
 	}
+	faults := t.file(dir, "faults", 0644, func() (string, error) { return sm.Faults().String(), nil }, func(b []byte) error {
+		f, err := soft.ParseFaults(sm.Faults(), string(b))
+		if err != nil {
+			return &Error{Errno: syscall.EINVAL, Detail: err.Error()}
+		}
+		return sm.SetFaults(f)
+	})
 	return []*Node{
+		faults,
 		t.file(dir, "groups", 0444, func() (string, error) { return groupsText(sm.DB().Groups()), nil }, nil),
 		t.file(dir, "nodes", 0444, func() (string, error) { return nodesText(sm.Nodes()), nil }, nil),
 		parts,

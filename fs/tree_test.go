@@ -93,7 +93,7 @@ func TestLayout(t *testing.T) {
 			"ethtool", "flags", "mode", "mtu", "operstate", "pkey", "statistics", "tx_queue_len", "type", "umcast"},
 		"class/net/ib0/ethtool":    {"coalesce", "features", "statistics"},
 		"class/net/ib0/statistics": {"rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "tx_errors", "rx_dropped", "tx_dropped", "multicast"},
-		"sm":                       {"groups", "nodes", "partitions"},
+		"sm":                       {"faults", "groups", "nodes", "partitions"},
 	} {
 		if diff := cmp.Diff(want, names(t, tr, path)); diff != "" {
 			t.Errorf("ls %q (-want +got):\n%s", path, diff)

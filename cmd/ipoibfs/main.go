@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"ipoibfs/fs"
 	"ipoibfs/ipoib"
 	"ipoibfs/verbs/soft"
 	"ipoibfs/verbs/soft/partitions"
@@ -24,6 +25,13 @@ import (
 func main() {
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("ipoibfs: ")
+	if len(os.Args) > 1 && os.Args[1] == "9p" {
+		if err := ninepCommand(os.Args[2:], os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "ipoibfs 9p:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "ipoibfs:", err)
 		os.Exit(1)
@@ -40,6 +48,9 @@ func run(args []string) error {
 	listen := fl.String("listen", "127.0.0.1:0", "UDP `address` of port 1 when joining a fabric")
 	partFile := fl.String("partitions", "", "OpenSM partitions.conf `file` for the subnet manager")
 	netns := fl.String("netns", "", "place the kernel interfaces in this network `namespace` (created if missing)")
+	mountDir := fl.String("mount", "mnt", "mount the control tree here with FUSE (\"\" disables)")
+	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
+	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
 	if err := fl.Parse(args); err != nil {
@@ -112,6 +123,19 @@ func run(args []string) error {
 			return err
 		}
 		log.Printf("%s: up, hardware address %s", i.Name(), i.HWAddr())
+	}
+	tree := fs.New(eng, fs.Options{SM: hca.SM(), Log: func(l string) { log.Print(l) }})
+	if *ninepAddr != "" {
+		stop, err := serve9P(tree, *ninepAddr, *ninepAllow)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if *mountDir != "" {
+		if unmount := mountTree(tree, *mountDir); unmount != nil {
+			defer unmount()
+		}
 	}
 
 	sig := make(chan os.Signal, 4)

@@ -78,3 +78,19 @@ func FuzzCtl(f *testing.F) {
 		}
 	})
 }
+
+func TestParseFaults(t *testing.T) {
+	f, err := ParseFaults(Faults{Dup: 0.5}, "loss 2%\nreorder 0.02 delay 1ms")
+	if err != nil || f != (Faults{Loss: 0.02, Dup: 0.5, Reorder: 0.02, Delay: time.Millisecond}) {
+		t.Fatalf("%+v %v", f, err)
+	}
+	back, err := ParseFaults(Faults{}, f.String())
+	if err != nil || back != f {
+		t.Fatalf("round trip %+v %v", back, err)
+	}
+	for _, bad := range []string{"", "loss", "loss x", "loss 1.5", "jitter 1", "delay soon", "loss -1%", "delay 11s"} {
+		if _, err := ParseFaults(Faults{}, bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -154,6 +154,13 @@ func (sm *SM) SetFaults(f Faults) error {
 	return nil
 }
 
+// Faults returns the fabric impairments in force.
+func (sm *SM) Faults() Faults {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.faults
+}
+
 // Nodes lists the ports known to the SM, sorted by LID.
 func (sm *SM) Nodes() []NodeInfo {
 	sm.mu.Lock()

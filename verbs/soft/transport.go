@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -473,4 +475,49 @@ func (e *impaired) Send(batch []Datagram) error {
 	err := e.Endpoint.Send(out)
 	e.mu.Unlock()
 	return err
+}
+
+// String formats the faults as the sm/faults file shows them.
+func (f Faults) String() string {
+	return fmt.Sprintf("loss %g\ndup %g\nreorder %g\ndelay %v\n", f.Loss, f.Dup, f.Reorder, f.Delay)
+}
+
+// ParseFaults applies "name value" pairs (loss, dup, reorder as a probability 0..1 or
+// a percentage like 2%; delay as a duration like 5ms) to cur. Names not given keep
+// their value; the file's own content can be written back.
+func ParseFaults(cur Faults, s string) (Faults, error) {
+	fields := strings.Fields(s)
+	if len(fields) == 0 || len(fields)%2 != 0 {
+		return cur, fmt.Errorf("want name value pairs (loss, dup, reorder, delay), got %q", s)
+	}
+	for k := 0; k < len(fields); k += 2 {
+		name, val := strings.TrimSuffix(fields[k], ":"), fields[k+1]
+		if name == "delay" {
+			d, err := time.ParseDuration(val)
+			if err != nil {
+				return cur, fmt.Errorf("delay %q: %v", val, err)
+			}
+			cur.Delay = d
+			continue
+		}
+		scale := 1.0
+		if v, ok := strings.CutSuffix(val, "%"); ok {
+			val, scale = v, 0.01
+		}
+		p, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return cur, fmt.Errorf("%s %q is not a number", name, fields[k+1])
+		}
+		switch name {
+		case "loss":
+			cur.Loss = p * scale
+		case "dup":
+			cur.Dup = p * scale
+		case "reorder":
+			cur.Reorder = p * scale
+		default:
+			return cur, fmt.Errorf("unknown fault %q (want loss, dup, reorder or delay)", name)
+		}
+	}
+	return cur, cur.Validate()
 }
