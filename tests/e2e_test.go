@@ -22,6 +22,9 @@ import (
 var binPath string
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv("IPOIBFS_E2E_ROLE"); role != "" {
+		os.Exit(helperRole(role, os.Getenv("IPOIBFS_E2E_ADDR")))
+	}
 	dir, err := os.MkdirTemp("", "ipoibfs-e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -58,7 +61,9 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	d := &daemon{name: name, log: &syncBuf{}, done: make(chan error, 1)}
-	d.cmd = exec.Command(binPath, append([]string{"-name", name}, args...)...)
+	// No mount and no 9P unless the test asks: several daemons share this host.
+	base := []string{"-name", name, "-mount", "", "-9p", ""}
+	d.cmd = exec.Command(binPath, append(base, args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
