@@ -1,7 +1,8 @@
 // Command netbench measures IPoIB over the engine between two network namespaces beside
 // a veth pair with the same MTU, measured in the same run: iperf3 single-stream TCP
-// throughput and ping RTT, at MTU 2044 (2K broadcast group) and 4092 (4K group), with
-// the kernel's large-send offload on and off. It prints the numbers and the ratios.
+// throughput and ping RTT, at MTU 2044 (2K broadcast group) and 4092 (4K group) with
+// the kernel's large-send offload on and off, and in connected mode at MTU 65520. It
+// prints the numbers and the ratios.
 //
 // Needs root, iperf3, ping, ethtool and ip; run it as `go run ./bench/netbench`.
 package main
@@ -42,8 +43,11 @@ func main() {
 	}
 	fmt.Printf("single-stream TCP (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", *dur)
 	fmt.Printf("%-6s %-9s %12s %12s %7s %10s %10s %7s\n", "MTU", "offloads", "ipoib Gb/s", "veth Gb/s", "ratio", "ipoib RTT", "veth RTT", "ratio")
-	for _, mtu := range []int{2044, 4092} {
+	for _, mtu := range []int{2044, 4092, 65520} {
 		for _, off := range []bool{true, false} {
+			if mtu == 65520 && !off {
+				continue // connected mode has no stateless offloads to switch
+			}
 			ib, err := measureIPoIB(dir, mtu, off)
 			if err != nil {
 				die("ipoib MTU %d: %v", mtu, err)
@@ -55,6 +59,9 @@ func main() {
 			mode := "on"
 			if !off {
 				mode = "off"
+			}
+			if mtu == 65520 {
+				mode = "connected"
 			}
 			fmt.Printf("%-6d %-9s %12.2f %12.2f %7.2f %9.3fms %9.3fms %7.2f\n", mtu, mode,
 				ib.gbps, ve.gbps, ib.gbps/ve.gbps, ib.rtt, ve.rtt, ib.rtt/ve.rtt)
@@ -94,8 +101,9 @@ func measureIPoIB(dir string, mtu int, offloads bool) (result, error) {
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf("Default=0x7fff, ipoib, mtu=%d : ALL=full;\n", enc)), 0o644); err != nil {
 		return result{}, err
 	}
-	a := exec.Command(binPath, "-name", "bench-a", "-sm", "127.0.3.1:4791", "-netns", nsA, "-partitions", conf)
-	b := exec.Command(binPath, "-name", "bench-b", "-fabric", "127.0.3.1:4791", "-listen", "127.0.3.2:4791", "-netns", nsB)
+	mA, mB := filepath.Join(dir, "mnt-a"), filepath.Join(dir, "mnt-b")
+	a := exec.Command(binPath, "-name", "bench-a", "-sm", "127.0.3.1:4791", "-netns", nsA, "-partitions", conf, "-mount", mA, "-9p", "")
+	b := exec.Command(binPath, "-name", "bench-b", "-fabric", "127.0.3.1:4791", "-listen", "127.0.3.2:4791", "-netns", nsB, "-mount", mB, "-9p", "")
 	for _, c := range []*exec.Cmd{a, b} {
 		if err := c.Start(); err != nil {
 			return result{}, err
@@ -105,6 +113,22 @@ func measureIPoIB(dir string, mtu int, offloads bool) (result, error) {
 	for _, ns := range []string{nsA, nsB} {
 		if err := waitCarrier(ns, "ib0"); err != nil {
 			return result{}, err
+		}
+	}
+	if mtu > 4092 {
+		// Connected mode through the control tree, as a user would switch it.
+		for _, m := range []string{mA, mB} {
+			if err := waitFile(filepath.Join(m, "class/net/ib0/mode")); err != nil {
+				return result{}, err
+			}
+			if err := os.WriteFile(filepath.Join(m, "class/net/ib0/mode"), []byte("connected\n"), 0); err != nil {
+				return result{}, err
+			}
+		}
+		for _, ns := range []string{nsA, nsB} {
+			if err := waitCarrier(ns, "ib0"); err != nil {
+				return result{}, err
+			}
 		}
 	}
 	return measurePair(nsA, nsB, "ib0", "ib0", mtu, offloads)
@@ -128,6 +152,17 @@ func measureVeth(mtu int, offloads bool) (result, error) {
 		}
 	}
 	return measurePair(nsA, nsB, "v0", "v1", mtu, offloads)
+}
+
+func waitFile(p string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(p); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s never appeared (FUSE mount)", p)
 }
 
 func waitCarrier(ns, dev string) error {
@@ -155,8 +190,11 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool) (result, e
 			state = "off"
 		}
 		// Large send on the kernel side of the device; the engine segments in memory.
-		if _, err := sh("ip", "netns", "exec", x[0], "ethtool", "-K", x[1], "tso", state, "gso", state); err != nil {
-			return result{}, err
+		// (In connected mode the engine has switched them off itself.)
+		if mtu <= 4092 {
+			if _, err := sh("ip", "netns", "exec", x[0], "ethtool", "-K", x[1], "tso", state, "gso", state); err != nil {
+				return result{}, err
+			}
 		}
 	}
 	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "3", "-W", "2", "10.99.0.2"); err != nil {
