@@ -62,6 +62,10 @@ func run(args []string) error {
 	if *smAddr != "" && *fabric != "" {
 		return fmt.Errorf("-sm and -fabric exclude each other: a node either hosts the subnet manager or joins one")
 	}
+	// Signals are caught from the start, so one arriving while the tree is being set
+	// up is handled (after setup) instead of killing the daemon.
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	cfg := soft.Config{Name: *name, Ports: *ports}
 	var parts *partitions.Config
 	if *partFile != "" {
@@ -138,8 +142,6 @@ func run(args []string) error {
 		}
 	}
 
-	sig := make(chan os.Signal, 4)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	for {
 		select {
 		case ev := <-events:

@@ -20,15 +20,16 @@ import (
 // daemon left there. Without FUSE the daemon goes on and says why; it returns the
 // unmount function or nil.
 func mountTree(tree *fs.Tree, dir string) func() {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		log.Printf("FUSE mount off: %v", err)
-		return nil
-	}
+	// A dead mount answers every access (mkdir included) with ENOTCONN: clean it first.
 	if cleaned, err := fuse.CleanupStale(dir); err != nil {
 		log.Printf("FUSE mount off: %s: stale mount: %v", dir, err)
 		return nil
 	} else if cleaned {
 		log.Printf("%s: removed a dead mount left by an earlier daemon", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		log.Printf("FUSE mount off: %v", err)
+		return nil
 	}
 	srv, err := fuse.Mount(dir, tree.Root(), fuse.Options{Log: func(l string) { log.Print(l) }})
 	if err != nil {

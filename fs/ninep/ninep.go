@@ -170,9 +170,11 @@ func (c *trackedConn) Close() error {
 
 // file is one fid: the node it names and, once opened, its handle.
 type file struct {
-	n  *fs.Node
-	mu sync.Mutex
-	h  *fs.Handle
+	dirMu sync.Mutex
+	dir   []*fs.Node // the listing in progress (per fid)
+	n     *fs.Node
+	mu    sync.Mutex
+	h     *fs.Handle
 }
 
 var _ p9.File = (*file)(nil)
@@ -304,11 +306,20 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 
 func (f *file) FSync() error { return nil }
 
+// Readdir lists the directory as it was when the listing started (offset 0): a listing
+// takes several requests, and a child created or deleted in between must neither
+// appear twice nor push another entry out.
 func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
-	cs, err := f.n.Children()
-	if err != nil {
-		return nil, toErr(err)
+	f.dirMu.Lock()
+	defer f.dirMu.Unlock()
+	if offset == 0 || f.dir == nil {
+		cs, err := f.n.Children()
+		if err != nil {
+			return nil, toErr(err)
+		}
+		f.dir = cs
 	}
+	cs := f.dir
 	if offset >= uint64(len(cs)) {
 		return nil, nil
 	}
