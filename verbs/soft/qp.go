@@ -28,6 +28,8 @@ type QP struct {
 	qkey   uint32
 	recvQ  []verbs.RecvWR // posted receive buffers, FIFO
 	recvH  int            // head index into recvQ
+	posted chan struct{}  // signalled by PostRecv, for awaitRecvLocked
+	starve time.Time      // a wait for buffers timed out then: drop at once until later
 	psn    uint32
 
 	sendMu  sync.Mutex // serialises PostSend so the scratch buffers can be reused
@@ -64,7 +66,7 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	for h.qps[h.nextQPN] != nil || h.nextQPN < 2 {
 		h.nextQPN = (h.nextQPN + 1) & 0xfffffe // never 0xffffff (multicast)
 	}
-	q := &QP{hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
+	q := &QP{posted: make(chan struct{}, 1), hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
 		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR}
 	if attr.Type == verbs.QPTypeRC {
 		q.rc = newRC()
@@ -150,10 +152,57 @@ func (q *QP) flushLocked() {
 	q.recvQ, q.recvH = nil, 0
 }
 
+// UD has no flow control: a datagram finding no receive buffer is dropped. The
+// software wire, though, hands over bursts of thousands of packets at once (GRO batches)
+// where a real link would spread them over time, so before dropping, the receive path
+// waits briefly for the consumer to post buffers: at most rqWait per packet, and not at
+// all for starveHold after a wait ran out (the consumer is gone or overloaded).
+const (
+	rqWait     = time.Millisecond
+	starveHold = 10 * time.Millisecond
+)
+
+// awaitRecvLocked waits (releasing q.mu) for a receive buffer; reports whether one is
+// there.
+func (q *QP) awaitRecvLocked() bool {
+	if time.Now().Before(q.starve) || q.posted == nil {
+		return false
+	}
+	t := time.NewTimer(rqWait)
+	defer t.Stop()
+	for q.recvH == len(q.recvQ) {
+		ch := q.posted
+		q.mu.Unlock()
+		timedOut := false
+		select {
+		case <-ch:
+		case <-t.C:
+			timedOut = true
+		}
+		q.mu.Lock()
+		if q.state != verbs.QPRTR && q.state != verbs.QPRTS {
+			return false
+		}
+		if timedOut && q.recvH == len(q.recvQ) {
+			q.starve = time.Now().Add(starveHold)
+			return false
+		}
+	}
+	return true
+}
+
 // PostRecv queues receive buffers.
 func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	defer func() {
+		if q.posted != nil {
+			select {
+			case q.posted <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	if q.state == verbs.QPReset || q.state == verbs.QPErr {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
@@ -304,7 +353,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID) {
 		p.cnt.badQKey.Add(1)
 		return
 	}
-	if q.recvH == len(q.recvQ) {
+	if q.recvH == len(q.recvQ) && !q.awaitRecvLocked() {
 		p.cnt.rcvDrop.Add(1)
 		return
 	}
