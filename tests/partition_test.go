@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -118,4 +119,28 @@ func waitTUN(t *testing.T, ns, dev string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestShutdownWithMountPinnedElsewhere: a process started with `ip netns exec` while
+// the tree is mounted holds a copy of the mount in its own mount namespace (on hosts
+// where / has private propagation). SIGTERM must still end the daemon promptly with
+// exit 0 (startDaemon's cleanup checks both).
+func TestShutdownWithMountPinnedElsewhere(t *testing.T) {
+	requireE2E(t)
+	ns := netns(t, "pin")
+	mnt := mountDir(t)
+	var pin *exec.Cmd
+	t.Cleanup(func() { // runs after the daemon's SIGTERM check
+		if pin != nil {
+			_ = pin.Process.Kill()
+			_ = pin.Wait()
+		}
+	})
+	startDaemon(t, "pin", "-netns", ns, "-mount", mnt)
+	waitTree(t, mnt)
+	pin = exec.Command("ip", "netns", "exec", ns, "sleep", "120")
+	if err := pin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
 }

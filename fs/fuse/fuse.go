@@ -89,17 +89,61 @@ func (s *Server) Dir() string { return s.dir }
 func (s *Server) Wait() { s.srv.Wait() }
 
 // Unmount unmounts the tree. If it is busy (open files, a shell inside it) it is
-// detached lazily (MNT_DETACH): it disappears from the namespace now and goes away when
-// the last user closes it.
+// detached lazily (MNT_DETACH): it disappears from the namespace now.
+//
+// Either way the FUSE connection can outlive the unmount: a process started with
+// `ip netns exec` while the tree was mounted runs in a mount namespace holding its own
+// copy of the mount when / has private propagation, and keeps the connection open for
+// as long as it lives. Unmount then aborts the connection through fusectl (the
+// kernel's fuse connection control file system), so the daemon never hangs on exit
+// waiting for requests that cannot come.
 func (s *Server) Unmount() error {
-	err := s.srv.Unmount()
-	if err == nil {
+	var dev uint64
+	var st syscall.Stat_t
+	if syscall.Stat(s.dir, &st) == nil {
+		dev = st.Dev
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Unmount() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			return nil
+		}
+		derr := syscall.Unmount(s.dir, syscall.MNT_DETACH)
+		abortConn(dev)
+		if derr != nil {
+			return fmt.Errorf("unmount %s: %v; lazy unmount: %w", s.dir, err, derr)
+		}
+		return nil
+	case <-time.After(2 * time.Second):
+		if err := abortConn(dev); err != nil {
+			return fmt.Errorf("unmount %s: the connection stays open elsewhere and could not be aborted: %w", s.dir, err)
+		}
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+		}
 		return nil
 	}
-	if derr := syscall.Unmount(s.dir, syscall.MNT_DETACH); derr != nil {
-		return fmt.Errorf("unmount %s: %v; lazy unmount: %w", s.dir, err, derr)
+}
+
+// abortConn writes to /sys/fs/fuse/connections/<dev>/abort, mounting fusectl there
+// first when needed. dev is the mount's st_dev.
+func abortConn(dev uint64) error {
+	if dev == 0 {
+		return errors.New("unknown FUSE device")
 	}
-	return nil
+	const ctl = "/sys/fs/fuse/connections"
+	// fusectl names a connection by the kernel's dev_t (major << 20 | minor).
+	major, minor := (dev>>8)&0xfff|(dev>>32)&^0xfff, dev&0xff|(dev>>12)&^0xff
+	abort := fmt.Sprintf("%s/%d/abort", ctl, major<<20|minor)
+	if _, err := os.Stat(abort); err != nil {
+		if err := syscall.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+			return fmt.Errorf("mount fusectl: %w", err)
+		}
+	}
+	return os.WriteFile(abort, []byte("1"), 0)
 }
 
 // CleanupStale lazily unmounts a dead FUSE mount at dir: one whose daemon died, which
