@@ -110,8 +110,9 @@ func (s *Server) Unmount() error {
 		if err == nil {
 			return nil
 		}
+		// Busy: detach lazily; open files keep being served until closed (or until
+		// the process exits and the kernel drops the connection).
 		derr := syscall.Unmount(s.dir, syscall.MNT_DETACH)
-		abortConn(dev)
 		if derr != nil {
 			return fmt.Errorf("unmount %s: %v; lazy unmount: %w", s.dir, err, derr)
 		}
