@@ -700,3 +700,89 @@ func TestConnectedToDatagramPeerFallsBack(t *testing.T) {
 	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 5, 2044-28)})
 	waitFor(t, "a 2044-byte packet", func() bool { return len(b.host.take(isICMP4(5))) == 1 })
 }
+
+// TestMaxNonSRQConnQPAndChildMode: max_nonsrq_conn_qp caps passive connections (REJ
+// beyond it, and the refused peer reaches us over UD), and a child has its own mode.
+func TestMaxNonSRQConnQPAndChildMode(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b", "c")
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	a.e.params.MaxNonSRQConnQP = 1
+	for k, n := range nodes {
+		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ping(t, b.ib0, a.ib0, a.host, "10.0.0.2", "10.0.0.1", 1)
+	waitFor(t, "b's connection to a", func() bool {
+		b.ib0.mu.Lock()
+		defer b.ib0.mu.Unlock()
+		tx := b.ib0.tx[a.ib0.HWAddr()]
+		return tx != nil && tx.up
+	})
+	ping(t, c.ib0, a.ib0, a.host, "10.0.0.3", "10.0.0.1", 2) // arrives, over UD
+	waitFor(t, "c refused by a", func() bool {
+		c.ib0.mu.Lock()
+		defer c.ib0.mu.Unlock()
+		tx := c.ib0.tx[a.ib0.HWAddr()]
+		return tx != nil && !tx.rejected.IsZero()
+	})
+	a.ib0.mu.Lock()
+	nrx := len(a.ib0.rx)
+	a.ib0.mu.Unlock()
+	if nrx != 1 {
+		t.Fatalf("a holds %d passive connections with max_nonsrq_conn_qp 1", nrx)
+	}
+	// Children start in datagram mode whatever the parent's mode is.
+	kid, err := a.ib0.CreateChild(0x8001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kid.Mode() != Datagram || a.ib0.Mode() != Connected {
+		t.Fatalf("child mode %v, parent %v", kid.Mode(), a.ib0.Mode())
+	}
+}
+
+// TestConnectedPeerRestart: the peer's engine restarts (same node name, so the same
+// GUID); the old connection fails, is torn down, and the next packets rebuild it.
+func TestConnectedPeerRestart(t *testing.T) {
+	smh, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	b.e.Close()
+	b.hca.Close()
+	h, err := soft.New(soft.Config{Name: "b", Network: b.hca.Network(), SM: smh.Endpoint(1), Heartbeat: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	waitFor(t, "restarted port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
+	e, err := New(h, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	ib0, _ := e.Interface("ib0")
+	host := &fakeHost{}
+	ib0.AttachHost(host)
+	ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	_ = ib0.SetUp(true)
+	_ = ib0.SetMode(Connected)
+	waitFor(t, "carrier", ib0.Carrier)
+	big := icmp4("10.0.0.1", "10.0.0.2", 8, 9, 20000)
+	deadline := time.Now().Add(15 * time.Second)
+	for len(host.take(isICMP4(9))) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no traffic to the restarted peer; a stats %+v", a.ib0.Stats())
+		}
+		a.ib0.Transmit([][]byte{big})
+		time.Sleep(50 * time.Millisecond)
+	}
+}

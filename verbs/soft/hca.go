@@ -121,13 +121,16 @@ func New(cfg Config) (*HCA, error) {
 	return h, nil
 }
 
-func (h *HCA) Name() string                  { return h.cfg.Name }
-func (h *HCA) NodeGUID() verbs.GUID          { return h.guid }
-func (h *HCA) NodeDesc() string              { return "ipoibfs " + h.cfg.Name }
-func (h *HCA) FWVersion() string             { return "1.0.0" }
-func (h *HCA) NumPorts() int                 { return len(h.ports) }
-func (h *HCA) SoftPort(n int) *Port          { return h.ports[n-1] }
-func (h *HCA) SM() *SM                       { return h.sm }
+func (h *HCA) Name() string         { return h.cfg.Name }
+func (h *HCA) NodeGUID() verbs.GUID { return h.guid }
+func (h *HCA) NodeDesc() string     { return "ipoibfs " + h.cfg.Name }
+func (h *HCA) FWVersion() string    { return "1.0.0" }
+func (h *HCA) NumPorts() int        { return len(h.ports) }
+func (h *HCA) SoftPort(n int) *Port { return h.ports[n-1] }
+func (h *HCA) SM() *SM              { return h.sm }
+
+// Network returns the network the HCA's ports are attached to.
+func (h *HCA) Network() Network              { return h.cfg.Network }
 func (h *HCA) EventDrops() uint64            { return h.evDrops.Load() }
 func (h *HCA) Endpoint(n int) netip.AddrPort { return h.ports[n-1].ep.Addr() }
 
