@@ -537,7 +537,9 @@ func TestRCSequenceNAKGoesBackN(t *testing.T) {
 
 func TestRCRNRWaitsForReceiveBuffers(t *testing.T) {
 	_, _, nodes := fabric(t, "", "a", "b")
-	a, b := rcPair(t, nodes[0], nodes[1], rcOpts{rnrRetry: 7, retryCnt: 1, timeout: 8})
+	// Generous transport retries: only RNR is under test, and a loaded machine may
+	// delay an RNR NAK past a short ACK timeout.
+	a, b := rcPair(t, nodes[0], nodes[1], rcOpts{rnrRetry: 7, retryCnt: 7, timeout: 14})
 	msgs := [][]byte{pattern(1, 100), pattern(2, 10000), pattern(3, 0)}
 	for i, m := range msgs {
 		a.post(t, verbs.SendWR{ID: uint64(i), Data: [][]byte{m}, Signaled: true})
