@@ -444,8 +444,10 @@ func TestRelay(t *testing.T) {
 		el := transfer(t, p.nsA, p.nsB, "10.77.0.2", size/4)
 		rx := rxPackets(t, p.nsB, p.b.Name()) - rx0
 		t.Logf("GRO off: %d MB in %v (%s), %d packets written, B kernel rx %d", size>>22, el.Round(time.Millisecond), mbps(size/4, el), p.ab.pkts.Load(), rx)
-		if rx < uint64(p.ab.pkts.Load()) {
-			t.Errorf("GRO off: %d packets written into B but only %d skbs", p.ab.pkts.Load(), rx)
+		// Coalescing would turn ~16 segments into one skb; allow for the odd packet the
+		// kernel drops or counts late under load.
+		if w := uint64(p.ab.pkts.Load()); rx < w*9/10 {
+			t.Errorf("GRO off: %d packets written into B but only %d skbs", w, rx)
 		}
 
 		for _, d := range []*Device{p.a, p.b} {
