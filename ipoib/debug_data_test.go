@@ -3,6 +3,7 @@
 package ipoib
 
 import (
+	"ipoibfs/internal/testenv"
 	"log"
 	"net/netip"
 	"strings"
@@ -14,7 +15,7 @@ func TestDataDebugTracesOnlyWhenSet(t *testing.T) {
 		t.Fatal("built with the tag but dataDebug is off")
 	}
 	_, nodes := testFabric(t, "", "a", "b")
-	var buf syncBuf
+	var buf testenv.Buffer
 	a, b := nodes[0], nodes[1]
 	a.e.log = log.New(&buf, "", 0)
 	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"ipoibfs/internal/testenv"
 	"log"
 	"net/netip"
 	"strings"
@@ -462,7 +463,7 @@ func TestBroadcastLoopbackDroppedAndGarbageCounted(t *testing.T) {
 }
 
 func TestDebugLevelsTrace(t *testing.T) {
-	var buf syncBuf
+	var buf testenv.Buffer
 	smh, err := soft.New(soft.Config{Name: "sm", Network: soft.NewMemNetwork(), HostSM: true, Heartbeat: hb})
 	if err != nil {
 		t.Fatal(err)
@@ -495,14 +496,6 @@ func TestDebugLevelsTrace(t *testing.T) {
 		t.Fatalf("debug_level garbage: %v", err)
 	}
 }
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func TestParamsRounding(t *testing.T) {
 	for _, tc := range []struct{ s, r, c, ws, wr, wc int }{

@@ -113,7 +113,7 @@ func TestConnectedModeEndToEnd(t *testing.T) {
 	tshark := testenv.Tool(t, "tshark")
 	pcap := filepath.Join(t.TempDir(), "rc.pcap")
 	capture := exec.Command(tshark, "-n", "-i", "lo", "-f", "udp port 4791 and net 127.0.1.32/30", "-w", pcap, "-c", "3000")
-	var stderr syncBuf
+	var stderr testenv.Buffer
 	capture.Stderr = &stderr
 	if err := capture.Start(); err != nil {
 		t.Fatal(err)

@@ -4,14 +4,12 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -45,22 +43,14 @@ func TestMain(m *testing.M) {
 type daemon struct {
 	name string
 	cmd  *exec.Cmd
-	log  *syncBuf
+	log  *testenv.Buffer
 	done chan error
 }
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // startDaemon runs ipoibfs with args; on cleanup it sends SIGTERM and requires exit 0.
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{name: name, log: &syncBuf{}, done: make(chan error, 1)}
+	d := &daemon{name: name, log: &testenv.Buffer{}, done: make(chan error, 1)}
 	// No mount and no 9P unless the test asks: several daemons share this host.
 	base := []string{"-name", name, "-mount", "", "-9p", ""}
 	d.cmd = exec.Command(binPath, append(base, args...)...)
@@ -202,7 +192,7 @@ func TestTsharkDecodesARPAndICMP(t *testing.T) {
 	tshark := testenv.Tool(t, "tshark")
 	pcap := filepath.Join(t.TempDir(), "fabric.pcap")
 	capture := exec.Command(tshark, "-n", "-i", "lo", "-f", "udp port 4791 and net 127.0.1.16/30", "-w", pcap)
-	var stderr syncBuf
+	var stderr testenv.Buffer
 	capture.Stderr = &stderr
 	if err := capture.Start(); err != nil {
 		t.Fatal(err)

@@ -1125,7 +1125,7 @@ func TestTreeStaleMountCleanup(t *testing.T) {
 	mnt := treeMountDir(t)
 	treeNoMountAt(t, mnt)
 	ns1 := netns(t, "tstale1")
-	var log1 syncBuf
+	var log1 testenv.Buffer
 	cmd := exec.Command(binPath, "-name", "tree-stale1", "-mount", mnt, "-9p", "", "-netns", ns1)
 	cmd.Stdout, cmd.Stderr = &log1, &log1
 	if err := cmd.Start(); err != nil {

@@ -354,26 +354,9 @@ type Relay struct {
 	p      *proc
 	stdin  io.WriteCloser
 	lines  chan string
-	stderr *lockedBuffer
+	stderr *testenv.Buffer
 	mu     sync.Mutex
 	broken bool
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Relay starts madrelay attached to node simHost (SIM_HOST, e.g. "Hca2"). It is closed
@@ -392,7 +375,7 @@ func (f *Fabric) Relay(t testing.TB, simHost string) *Relay {
 		t.Fatal(err)
 	}
 	cmd.Stdout = pw
-	r := &Relay{host: simHost, stdin: stdin, lines: make(chan string, 4), stderr: &lockedBuffer{}}
+	r := &Relay{host: simHost, stdin: stdin, lines: make(chan string, 4), stderr: &testenv.Buffer{}}
 	cmd.Stderr = r.stderr
 	r.p, err = startProc("madrelay", cmd)
 	pw.Close()

@@ -28,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"ipoibfs/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -306,7 +307,7 @@ func (im *Image) Run(ctx context.Context, port int, script string) (out string, 
 		"-device", "virtio-net-pci,netdev=n0,romfile=",
 	}
 	cmd := exec.CommandContext(ctx, im.QEMU, args...)
-	var console syncBuffer
+	var console testenv.Buffer
 	var stderr bytes.Buffer
 	cmd.Stdout = &console
 	cmd.Stderr = &stderr
@@ -406,24 +407,6 @@ func (im *Image) writeInitrd(path string, port int, script, begin, end, failm st
 		return err
 	}
 	return f.Close()
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // WriteError is the line busybox ash prints to stderr when the write(2) of its echo

@@ -339,14 +339,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID) {
 		p.cnt.noQP.Add(1) // RC QPs take no datagrams
 		return
 	}
-	p.mu.RLock()
-	var mine verbs.PKey
-	if q.pkeyIx < len(p.pkeys) {
-		mine = p.pkeys[q.pkeyIx]
-	}
-	p.mu.RUnlock()
-	if !mine.CanTalk(verbs.PKey(pkt.BTH.PKey)) {
-		p.cnt.badPKey.Add(1)
+	if _, ok := q.pkeyAdmitsLocked(pkt.BTH.PKey); !ok {
 		return
 	}
 	if pkt.DETH.QKey != q.qkey {
@@ -543,4 +536,21 @@ func (c *CQ) Close() error {
 		c.timer.Stop()
 	}
 	return nil
+}
+
+// pkeyAdmitsLocked checks a received packet's P_Key against the QP's table entry
+// (same partition, at least one full member) and counts a violation.
+func (q *QP) pkeyAdmitsLocked(pk uint16) (verbs.PKey, bool) {
+	p := q.port
+	p.mu.RLock()
+	var mine verbs.PKey
+	if q.pkeyIx < len(p.pkeys) {
+		mine = p.pkeys[q.pkeyIx]
+	}
+	p.mu.RUnlock()
+	if !mine.CanTalk(verbs.PKey(pk)) {
+		p.cnt.badPKey.Add(1)
+		return mine, false
+	}
+	return mine, true
 }

@@ -835,14 +835,8 @@ func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID) bool {
 		p.cnt.noQP.Add(1)
 		return false
 	}
-	p.mu.RLock()
-	var mine verbs.PKey
-	if q.pkeyIx < len(p.pkeys) {
-		mine = p.pkeys[q.pkeyIx]
-	}
-	p.mu.RUnlock()
-	if !mine.CanTalk(verbs.PKey(pkt.BTH.PKey)) {
-		p.cnt.badPKey.Add(1)
+	mine, ok := q.pkeyAdmitsLocked(pkt.BTH.PKey)
+	if !ok {
 		return false
 	}
 	if isAck {

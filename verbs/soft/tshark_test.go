@@ -1,7 +1,6 @@
 package soft
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"net/netip"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +28,7 @@ func TestTsharkDecodesLiveFabric(t *testing.T) {
 	nodeAddr := netip.MustParseAddrPort("127.0.0.62:4791")
 
 	capture := exec.Command(tshark, "-n", "-i", "lo", "-f", "udp port 4791 and host 127.0.0.61", "-w", pcap)
-	var stderr lockedBuffer
+	var stderr testenv.Buffer
 	capture.Stderr = &stderr
 	if err := capture.Start(); err != nil {
 		t.Fatal(err)
@@ -133,22 +131,4 @@ func csum(b []byte) uint16 {
 		s = s&0xffff + s>>16
 	}
 	return ^uint16(s)
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer goroutine and a polling reader.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
