@@ -871,7 +871,8 @@ func TestRCGarbageIsCountedAndDropped(t *testing.T) {
 	mid.Payload = make([]byte, 4096)
 	before := pb.Counters()
 	inject(nodes[0], craft(t, nodes[0], nodes[1], mid))
-	if after := pb.Counters(); after.XmitPackets-before.XmitPackets != 1 || b.qp.State() != verbs.QPErr {
+	// At least the NAK goes out (an ACK still owed for the real message may go with it).
+	if after := pb.Counters(); after.XmitPackets-before.XmitPackets < 1 || b.qp.State() != verbs.QPErr {
 		t.Fatalf("protocol violation: %d packets sent, state %v", after.XmitPackets-before.XmitPackets, b.qp.State())
 	}
 }
