@@ -158,8 +158,8 @@ func (q *QP) flushLocked() {
 // waits briefly for the consumer to post buffers: at most rqWait per packet, and not at
 // all for starveHold after a wait ran out (the consumer is gone or overloaded).
 const (
-	rqWait     = time.Millisecond
-	starveHold = 10 * time.Millisecond
+	rqWait     = 5 * time.Millisecond
+	starveHold = 20 * time.Millisecond
 )
 
 // awaitRecvLocked waits (releasing q.mu) for a receive buffer; reports whether one is
