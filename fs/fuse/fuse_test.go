@@ -138,7 +138,7 @@ func TestShell(t *testing.T) {
 		}
 	}
 	// Every failed write produced a log line naming the file.
-	logs := strings.Join(v.log.take(), "\n")
+	logs := strings.Join(v.log.Take(), "\n")
 	for _, want := range []string{"class/net/ib0/create_child: P_Key 0x8001 is already used", "class/net/ib0/delete_child: no child of ib0 has P_Key 0x0001",
 		"class/net/ib0/mtu: MTU 5 outside", "sm/partitions: line 1: "} {
 		if !strings.Contains(logs, want) {
