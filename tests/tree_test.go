@@ -154,18 +154,7 @@ func (td *treeDaemon) bash(t *testing.T, script string, cred *syscall.Credential
 	if cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
-	var o, e strings.Builder
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	default:
-		t.Fatalf("bash: %v", err)
-	}
-	return o.String(), e.String(), code
+	return runOutput(t, "bash", cmd)
 }
 
 // ninep runs `ipoibfs 9p ADDR op path` with stdin and returns stdout, stderr and the
@@ -176,18 +165,7 @@ func (td *treeDaemon) ninep(t *testing.T, op, path, stdin string) (stdout, stder
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binPath, "9p", td.addr, op, path)
 	cmd.Stdin = strings.NewReader(stdin)
-	var o, e strings.Builder
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	default:
-		t.Fatalf("ipoibfs 9p: %v", err)
-	}
-	return o.String(), e.String(), code
+	return runOutput(t, "ipoibfs 9p", cmd)
 }
 
 // client returns a Go 9P client of the daemon, closed at cleanup.
@@ -1315,4 +1293,22 @@ func TestTree9PSubcommand(t *testing.T) {
 	if out, stderr, code := td.ninep(t, "ls", "class/net/ib0", ""); code != 0 || out != strings.Join(treeLs(t, td.path("class/net/ib0")), "\n")+"\n" {
 		t.Errorf("ls class/net/ib0 over 9P differs from FUSE: %q %q", out, stderr)
 	}
+}
+
+// runOutput runs cmd and returns its stdout, stderr and exit status; failing to run it
+// at all fails the test.
+func runOutput(t *testing.T, what string, cmd *exec.Cmd) (stdout, stderr string, code int) {
+	t.Helper()
+	var o, e strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("%s: %v", what, err)
+	}
+	return o.String(), e.String(), code
 }

@@ -515,20 +515,7 @@ func startDaemon(bin, tmp string) daemon {
 	if err := cmd.Start(); err != nil {
 		die("start daemon: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	atExit(func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(10 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		}
+	exited := stopAtExit(cmd, 10*time.Second, func() {
 		// A daemon that died without unmounting leaves a dead FUSE mount.
 		if isMountPoint(d.mnt) {
 			unix.Unmount(d.mnt, unix.MNT_DETACH)
@@ -597,21 +584,7 @@ func startReference(tmp string) reference {
 	if err := cmd.Start(); err != nil {
 		die("start diod: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	atExit(func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(5 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		}
-	})
+	exited := stopAtExit(cmd, 5*time.Second, nil)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
@@ -629,4 +602,29 @@ func startReference(tmp string) reference {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stopAtExit reaps a started child and registers its shutdown with atExit: SIGTERM,
+// SIGKILL after grace, then after() if set. The channel yields the exit status (callers
+// that peek at it put the value back).
+func stopAtExit(cmd *exec.Cmd, grace time.Duration, after func()) chan error {
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	atExit(func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(grace):
+				cmd.Process.Kill()
+				<-exited
+			}
+		}
+		if after != nil {
+			after()
+		}
+	})
+	return exited
 }
