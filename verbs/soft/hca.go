@@ -38,7 +38,7 @@ type HCA struct {
 	guid  verbs.GUID
 	ports []*Port
 
-	mu      sync.Mutex
+	mu      sync.RWMutex // read-locked per received packet (QP lookup)
 	qps     map[verbs.QPN]*QP
 	nextQPN verbs.QPN
 	subs    map[chan verbs.Event]struct{}
@@ -159,8 +159,8 @@ func (h *HCA) Subscribe(buf int) (<-chan verbs.Event, func()) {
 }
 
 func (h *HCA) event(t verbs.EventType, port int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
 	for ch := range h.subs {
 		select {
 		case ch <- verbs.Event{Type: t, Port: port}:

@@ -77,8 +77,8 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 }
 
 func (h *HCA) qp(n verbs.QPN) *QP {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.mu.RLock()
+	defer h.mu.RUnlock()
 	return h.qps[n]
 }
 
