@@ -547,10 +547,19 @@ func (d *Device) watch(fn func([]netip.Prefix)) {
 // follow reports address changes of the device until the device closes (true) or the
 // subscription ends (false).
 func (d *Device) follow(ch <-chan netlink.AddrUpdate, report func()) bool {
+	// A periodic re-read backs the subscription up: an event missed for any reason
+	// (a busy namespace, a dropped notification) would otherwise leave the engine
+	// ignoring ARP and ND for an address until the next change. report() only calls
+	// back when the list changed.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		select {
 		case <-d.done:
 			return true
+		case <-tick.C:
+			report()
+			continue
 		case u, ok := <-ch:
 			if !ok {
 				return false
