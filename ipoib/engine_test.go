@@ -779,3 +779,35 @@ func TestConnectedPeerRestart(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestFlushesKeepSAMembership: back-to-back flushes (PORT_ACTIVE then PKEY_CHANGE, as a
+// port coming up produces) must leave the port a member of the broadcast group at the
+// SA; a late leave from the first round used to delete the second round's join, and
+// the peer's broadcasts (ARP) never reached the port again.
+func TestFlushesKeepSAMembership(t *testing.T) {
+	smh, nodes := testFabric(t, "", "a", "b")
+	b := nodes[1]
+	bcast := b.ib0.Broadcast().GID()
+	gid := b.ib0.HWAddr().GID()
+	member := func() bool {
+		g, ok := smh.SM().DB().Group(bcast)
+		if !ok {
+			return false
+		}
+		for _, m := range g.Members {
+			if m.GID == gid && m.JoinState&1 != 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for range 5 {
+		b.ib0.flush(flushNormal)
+		b.ib0.flush(flushHeavy)
+		waitFor(t, "carrier after the flushes", b.ib0.Carrier)
+		time.Sleep(50 * time.Millisecond) // room for a stray leave to arrive
+		if !member() {
+			t.Fatal("b is no longer a member of the broadcast group at the SA")
+		}
+	}
+}

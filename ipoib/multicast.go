@@ -3,6 +3,7 @@ package ipoib
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"time"
 
 	"ipoibfs/verbs"
@@ -128,8 +129,12 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	i.mu.Lock()
 	g.joining = false
 	if cur := i.mcast[g.mgid]; cur != g || !i.up {
+		// Superseded by a flush. Leave only if nobody wants the group any more: the SA
+		// keeps one membership per port, and a leave arriving after the new join for
+		// the same group would delete the membership that join just made.
+		wanted := cur != nil && i.up
 		i.mu.Unlock()
-		if err == nil {
+		if err == nil && !wanted {
 			i.leaveGroup(g.mgid, rec.JoinState)
 		}
 		return
@@ -191,6 +196,10 @@ func (i *Interface) leaveAll() {
 	act := i.setCarrierLocked(false)
 	i.mu.Unlock()
 	act()
+	// Leaves are waited for (all at once, 3 s at most), so that a rejoin started right
+	// after (a flush) cannot reach the SA before a leave and be undone by it.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, g := range groups {
 		if g.attached {
 			_ = i.qp.DetachMcast(g.mgid, g.rec.MLID)
@@ -200,19 +209,23 @@ func (i *Interface) leaveAll() {
 			if g.sendOnly {
 				state = mad.JoinSendOnlyFull
 			}
-			i.leaveGroup(g.mgid, state)
+			wg.Add(1)
+			go func() { defer wg.Done(); i.leave(g.mgid, state) }()
 		}
 	}
 }
 
 // leaveGroup tells the SA we leave (best effort, in the background).
 func (i *Interface) leaveGroup(mgid verbs.GID, state uint8) {
+	go i.leave(mgid, state)
+}
+
+// leave sends the leave and waits for the answer (at most 3 s).
+func (i *Interface) leave(mgid verbs.GID, state uint8) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
 	gid := i.HWAddr().GID()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		_ = i.sa.Leave(ctx, mad.MCMemberRecord{MGID: mgid, PortGID: gid, JoinState: state}, mad.LeaveMask)
-	}()
+	_ = i.sa.Leave(ctx, mad.MCMemberRecord{MGID: mgid, PortGID: gid, JoinState: state}, mad.LeaveMask)
 }
 
 // sendMulticast sends a frame to a group, creating a send-only membership when the
