@@ -5,12 +5,15 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,22 +28,95 @@ import (
 func main() {
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("ipoibfs: ")
-	if len(os.Args) > 1 && os.Args[1] == "9p" {
-		if err := ninepCommand(os.Args[2:], os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, "ipoibfs 9p:", err)
-			os.Exit(1)
+	os.Exit(cli(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// Exit statuses, as Go's flag package and most daemons use them.
+const (
+	exitOK    = 0
+	exitError = 1 // the daemon or a subcommand failed
+	exitUsage = 2 // bad flags or arguments
+)
+
+// usageError is a command line that cannot be run; the message was already printed.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// cli runs the daemon or a subcommand and returns the exit status: 0 after -h or
+// -version, 2 for a bad command line, 1 when the daemon or subcommand fails.
+func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "9p" {
+		if err := ninepCommand(args[1:], stdin, stdout); err != nil {
+			fmt.Fprintln(stderr, "ipoibfs 9p:", err)
+			return exitError
 		}
-		return
+		return exitOK
 	}
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "ipoibfs:", err)
-		os.Exit(1)
+	err := run(args, stdout, stderr)
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		return exitUsage
+	default:
+		fmt.Fprintln(stderr, "ipoibfs:", err)
+		return exitError
 	}
 }
 
-func run(args []string) error {
+// subcommands are listed in the usage text.
+var subcommands = [][2]string{
+	{"9p ADDR ls|read|write|stat PATH", "talk to a tree served over 9P (write takes stdin)"},
+}
+
+func usage(fl *flag.FlagSet) func() {
+	return func() {
+		w := fl.Output()
+		fmt.Fprintf(w, "usage: ipoibfs [flags]          run the daemon\n")
+		for _, c := range subcommands {
+			fmt.Fprintf(w, "       ipoibfs %-32s %s\n", c[0], c[1])
+		}
+		fmt.Fprintf(w, "\nflags:\n")
+		fl.PrintDefaults()
+	}
+}
+
+// version describes the binary from its build information: the module version and,
+// for a build from a checkout, the VCS revision and whether the tree was modified.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "ipoibfs (no build information)"
+	}
+	v := "ipoibfs " + bi.Main.Version
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = " (modified)"
+			}
+		}
+	}
+	if rev != "" {
+		v += " revision " + rev + modified
+	}
+	return v + " " + bi.GoVersion
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fl := flag.NewFlagSet("ipoibfs", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	fl.Usage = usage(fl)
+	showVersion := fl.Bool("version", false, "print the version and exit")
 	name := fl.String("name", host, "node `name`; port GUIDs derive from it")
 	ports := fl.Int("ports", 1, "number of HCA `ports`")
 	smAddr := fl.String("sm", "", "host the subnet manager and fabric on this UDP `address`")
@@ -54,13 +130,25 @@ func run(args []string) error {
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
 	if err := fl.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err} // flag printed it with the usage
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version())
+		return nil
+	}
+	bad := func(format string, a ...any) error {
+		err := fmt.Errorf(format, a...)
+		fmt.Fprintln(stderr, "ipoibfs:", err)
+		return usageError{err}
 	}
 	if fl.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fl.Arg(0))
+		return bad("unexpected argument %q (subcommands: %s)", fl.Arg(0), subcommandNames())
 	}
 	if *smAddr != "" && *fabric != "" {
-		return fmt.Errorf("-sm and -fabric exclude each other: a node either hosts the subnet manager or joins one")
+		return bad("-sm and -fabric exclude each other: a node either hosts the subnet manager or joins one")
 	}
 	// Signals are caught from the start, so one arriving while the tree is being set
 	// up is handled (after setup) instead of killing the daemon.
@@ -79,20 +167,20 @@ func run(args []string) error {
 	case *smAddr != "":
 		a, err := netip.ParseAddrPort(*smAddr)
 		if err != nil {
-			return fmt.Errorf("-sm %q: %v", *smAddr, err)
+			return bad("-sm %q: %v", *smAddr, err)
 		}
 		cfg.Network, cfg.Listen, cfg.HostSM, cfg.Partitions = soft.UDPNetwork{}, a, true, parts
 	case *fabric != "":
 		a, err := netip.ParseAddrPort(*fabric)
 		if err != nil {
-			return fmt.Errorf("-fabric %q: %v", *fabric, err)
+			return bad("-fabric %q: %v", *fabric, err)
 		}
 		l, err := netip.ParseAddrPort(*listen)
 		if err != nil {
-			return fmt.Errorf("-listen %q: %v", *listen, err)
+			return bad("-listen %q: %v", *listen, err)
 		}
 		if parts != nil {
-			return fmt.Errorf("-partitions needs -sm or the embedded fabric: only the subnet manager reads it")
+			return bad("-partitions needs -sm or the embedded fabric: only the subnet manager reads it")
 		}
 		cfg.Network, cfg.Listen, cfg.SM = soft.UDPNetwork{}, l, a
 	default:
@@ -219,4 +307,12 @@ func (p paramFlags) build() (*ipoib.Params, error) {
 		}
 	}
 	return mp, nil
+}
+
+func subcommandNames() string {
+	var names []string
+	for _, c := range subcommands {
+		names = append(names, strings.Fields(c[0])[0])
+	}
+	return strings.Join(names, ", ")
 }

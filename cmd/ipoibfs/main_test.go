@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// The command line follows the conventions of Go tools and daemons: -h is not an
+// error, a bad command line exits 2 with the reason, -version prints the build.
+func TestCommandLine(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		status    int
+		stdout    string // substring expected on stdout
+		stderr    string // substring expected on stderr
+		notStderr string
+	}{
+		{args: []string{"-h"}, status: exitOK, stderr: "ipoibfs 9p ADDR"},
+		{args: []string{"-help"}, status: exitOK, stderr: "-fabric"},
+		{args: []string{"-version"}, status: exitOK, stdout: "ipoibfs "},
+		{args: []string{"-no-such-flag"}, status: exitUsage, stderr: "flag provided but not defined: -no-such-flag"},
+		{args: []string{"-ports", "two"}, status: exitUsage, stderr: "invalid value"},
+		{args: []string{"extra"}, status: exitUsage, stderr: `unexpected argument "extra" (subcommands: 9p)`},
+		{args: []string{"-sm", "127.0.0.1:1", "-fabric", "127.0.0.1:2"}, status: exitUsage, stderr: "exclude each other"},
+		{args: []string{"-sm", "nowhere"}, status: exitUsage, stderr: `-sm "nowhere"`},
+		{args: []string{"-fabric", "127.0.0.1:1", "-listen", "x"}, status: exitUsage, stderr: `-listen "x"`},
+		{args: []string{"9p"}, status: exitError, stderr: "usage: ipoibfs 9p ADDR"},
+	} {
+		var out, errb bytes.Buffer
+		got := cli(tc.args, strings.NewReader(""), &out, &errb)
+		if got != tc.status {
+			t.Errorf("ipoibfs %s: exit %d, want %d (stderr %q)", strings.Join(tc.args, " "), got, tc.status, errb.String())
+		}
+		if !strings.Contains(out.String(), tc.stdout) {
+			t.Errorf("ipoibfs %s: stdout %q lacks %q", strings.Join(tc.args, " "), out.String(), tc.stdout)
+		}
+		if !strings.Contains(errb.String(), tc.stderr) {
+			t.Errorf("ipoibfs %s: stderr %q lacks %q", strings.Join(tc.args, " "), errb.String(), tc.stderr)
+		}
+	}
+}
+
+// -version names the Go toolchain the binary was built with, from its build
+// information (a test binary has some too).
+func TestVersionFromBuildInfo(t *testing.T) {
+	v := version()
+	if !strings.HasPrefix(v, "ipoibfs ") || !strings.Contains(v, "go1.") {
+		t.Fatalf("version() = %q, want \"ipoibfs <version> ... go1.N\"", v)
+	}
+}
