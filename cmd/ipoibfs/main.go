@@ -224,11 +224,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		defer stop()
 	}
+	mounted := ""
 	if *mountDir != "" {
 		if unmount := mountTree(tree, *mountDir); unmount != nil {
 			defer unmount()
+			mounted = *mountDir
 		}
 	}
+	// Ready: every interface has its kernel device and the tree is served, so
+	// `ip addr add` and scripts against the tree work from here on.
+	sdNotify("READY=1\nSTATUS=" + readyStatus(eng, mounted, *ninepAddr))
+	defer sdNotify("STOPPING=1")
 
 	for {
 		select {
