@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -118,5 +119,43 @@ func TestServiceUnitVerifies(t *testing.T) {
 	out, _ = exec.Command(tool, "verify", f).CombinedOutput()
 	if !strings.Contains(string(out), "ipoibfs.service") {
 		t.Errorf("systemd-analyze verify accepted Type=notify-please: %s", out)
+	}
+}
+
+// A second daemon started by mistake on the first one's namespace or mount point fails
+// at once, naming the conflict, and the first keeps its device and its tree.
+func TestSecondDaemonRefused(t *testing.T) {
+	requireE2E(t)
+	testenv.File(t, "/dev/fuse")
+	ns, mnt := netns(t, "dup"), mountDir(t)
+	startDaemon(t, "first", "-netns", ns, "-mount", mnt)
+	waitLink(t, ns, "ib0")
+	waitTree(t, mnt)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-netns", ns}, "a network device ib0 already exists in network namespace " + ns},
+		{[]string{"-netns", netns(t, "dup2"), "-mount", mnt}, "-mount " + mnt + ": a fuse.ipoibfs file system"},
+	} {
+		args := append([]string{"-name", "second", "-9p", ""}, tc.args...)
+		if len(tc.args) == 2 {
+			args = append(args, "-mount", "")
+		}
+		out, err := run(t, 20*time.Second, binPath, args...)
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, tc.want) {
+			t.Errorf("second daemon %v: %v, output %q; want exit 1 saying %q", tc.args, err, out, tc.want)
+		}
+		if strings.Contains(out, "subnet manager on") || strings.Contains(out, "endpoint") {
+			t.Errorf("second daemon %v started its HCA before refusing:\n%s", tc.args, out)
+		}
+	}
+	out := mustRun(t, "ip", "-n", ns, "link", "show", "ib0")
+	if !strings.Contains(out, "LOWER_UP") {
+		t.Errorf("first daemon's ib0 after the refusals: %s", out)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "class/net/ib0/mode")); err != nil || string(b) != "datagram\n" {
+		t.Errorf("first daemon's tree after the refusals: %q, %v", b, err)
 	}
 }

@@ -150,6 +150,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *smAddr != "" && *fabric != "" {
 		return bad("-sm and -fabric exclude each other: a node either hosts the subnet manager or joins one")
 	}
+	if *ports < 1 {
+		return bad("-ports %d: an HCA has at least one port", *ports)
+	}
+	if err := checkMountPoint(*mountDir); err != nil {
+		return err
+	}
+	var names []string
+	for p := range *ports {
+		names = append(names, fmt.Sprintf("ib%d", p)) // ipoib.Options' default NameTemplate
+	}
+	if err := checkDevices(*netns, names); err != nil {
+		return err
+	}
 	// Signals are caught from the start, so one arriving while the tree is being set
 	// up is handled (after setup) instead of killing the daemon.
 	sig := make(chan os.Signal, 4)
