@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -47,6 +48,12 @@ func (e usageError) Unwrap() error { return e.err }
 // cli runs the daemon or a subcommand and returns the exit status: 0 after -h or
 // -version, 2 for a bad command line, 1 when the daemon or subcommand fails.
 func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if filepath.Base(os.Args[0]) == mountHelperName {
+		return mountHelper(args, stderr)
+	}
+	if len(args) > 0 && args[0] == "mount" {
+		return mountCommand(args[1:], stderr)
+	}
 	if len(args) > 0 && args[0] == "9p" {
 		if err := ninepCommand(args[1:], stdin, stdout); err != nil {
 			fmt.Fprintln(stderr, "ipoibfs 9p:", err)
@@ -72,6 +79,7 @@ func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // subcommands are listed in the usage text.
 var subcommands = [][2]string{
 	{"9p ADDR ls|read|write|stat PATH", "talk to a tree served over 9P (write takes stdin)"},
+	{"mount [-o OPTS] ADDR DIR", "mount a tree served over 9P on DIR with FUSE (also as mount.ipoibfs)"},
 }
 
 func usage(fl *flag.FlagSet) func() {

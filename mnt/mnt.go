@@ -1,0 +1,398 @@
+// Package mnt mounts a remote ipoibfs tree, served over 9P2000.L by another daemon, on a
+// local directory through FUSE. It is for hosts without a kernel 9P client (`ipoibfs
+// mount ADDR DIR`, or `mount -t ipoibfs ADDR DIR` through the mount.ipoibfs helper).
+//
+// Every FUSE operation becomes 9P requests on one connection: nodes hold only their path
+// and walk it from the attached root each time, so there is no fid to leak and an
+// interface deleted on the server is simply gone at the next lookup. Nothing is cached
+// (entry and attribute timeouts 0, direct I/O), as on the local mount. Errors the
+// server sends keep their errno, so scripts see the same "Invalid argument" or "No such
+// device" as on the server's own mount; once the connection is lost every operation
+// fails with ENOTCONN ("Transport endpoint is not connected") instead of hanging.
+//
+// Access: the mount is allow_other with default_permissions and keeps the server's
+// owners and modes, so the local kernel applies the same rules to local users as the
+// server applies to its own; the server sees this process's identity.
+//
+// Locking: none beyond the p9 client's; a handle's fid is used by one FUSE request at a
+// time per operation kind, and the p9 client multiplexes requests by tag.
+package mnt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hugelgupf/p9/linux"
+	"github.com/hugelgupf/p9/p9"
+)
+
+// Options configure Mount.
+type Options struct {
+	// Source is shown in /proc/mounts (the server address).
+	Source string
+	// Log receives diagnostic lines (nil discards).
+	Log func(string)
+}
+
+// Server is a mounted remote tree.
+type Server struct {
+	dir  string
+	srv  *gofuse.Server
+	conn io.Closer
+	c    *p9.Client
+	root p9.File
+}
+
+// Mount attaches to the tree served on conn and mounts it at dir. The connection is
+// owned by the Server from then on.
+func Mount(dir string, conn io.ReadWriteCloser, o Options) (*Server, error) {
+	c, err := p9.NewClient(conn, p9.WithMessageSize(256<<10))
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("9P version negotiation: %w", errnoOf(err))
+	}
+	root, err := c.Attach("/")
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("9P attach: %w", errnoOf(err))
+	}
+	s := &Server{dir: dir, conn: conn, c: c, root: root}
+	logf := func(string) {}
+	if o.Log != nil {
+		logf = o.Log
+	}
+	zero := time.Duration(0)
+	top := &node{s: s}
+	qid, _, _, err := root.GetAttr(p9.AttrMask{Mode: true})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("9P getattr of the root: %w", errnoOf(err))
+	}
+	src := o.Source
+	if src == "" {
+		src = "ipoibfs"
+	}
+	srv, err := gofs.Mount(dir, top, &gofs.Options{
+		MountOptions: gofuse.MountOptions{
+			DirectMountStrict: true,
+			DisableXAttrs:     true,
+			AllowOther:        true,
+			Options:           []string{"default_permissions"},
+			FsName:            src,
+			Name:              "ipoibfs",
+			Logger:            newLogger(logf),
+		},
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		RootStableAttr:  &gofs.StableAttr{Ino: qid.Path},
+		Logger:          newLogger(logf),
+	})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	s.srv = srv
+	return s, nil
+}
+
+// Wait blocks until the file system is unmounted (umount DIR, or Unmount).
+func (s *Server) Wait() {
+	s.srv.Wait()
+	s.c.Close()
+}
+
+// Unmount unmounts the tree (lazily if it is busy) and closes the connection.
+func (s *Server) Unmount() error {
+	err := s.srv.Unmount()
+	if err != nil {
+		err = syscall.Unmount(s.dir, syscall.MNT_DETACH)
+	}
+	s.c.Close()
+	return err
+}
+
+// errnoOf turns what the p9 client returns into the errno a local caller sees: the
+// server's own errno, or ENOTCONN when the connection is gone.
+func errnoOf(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var le linux.Errno
+	if errors.As(err, &le) {
+		return syscall.Errno(le)
+	}
+	var se syscall.Errno
+	if errors.As(err, &se) {
+		return se
+	}
+	return syscall.ENOTCONN // EOF, reset, closed connection, out of tags: the link is unusable
+}
+
+// node is one path of the remote tree; path is "" for the root.
+type node struct {
+	gofs.Inode
+	s    *Server
+	path []string
+}
+
+var (
+	_ gofs.NodeLookuper  = (*node)(nil)
+	_ gofs.NodeReaddirer = (*node)(nil)
+	_ gofs.NodeGetattrer = (*node)(nil)
+	_ gofs.NodeSetattrer = (*node)(nil)
+	_ gofs.NodeOpener    = (*node)(nil)
+	_ gofs.NodeOpendirer = (*node)(nil)
+	_ gofs.NodeStatfser  = (*node)(nil)
+	_ gofs.NodeCreater   = (*node)(nil)
+	_ gofs.NodeMkdirer   = (*node)(nil)
+	_ gofs.NodeUnlinker  = (*node)(nil)
+	_ gofs.NodeRmdirer   = (*node)(nil)
+	_ gofs.NodeRenamer   = (*node)(nil)
+	_ gofs.NodeSymlinker = (*node)(nil)
+	_ gofs.NodeLinker    = (*node)(nil)
+	_ gofs.NodeMknoder   = (*node)(nil)
+	_ gofs.FileReader    = (*handle)(nil)
+	_ gofs.FileWriter    = (*handle)(nil)
+	_ gofs.FileFlusher   = (*handle)(nil)
+	_ gofs.FileReleaser  = (*handle)(nil)
+	_ gofs.FileFsyncer   = (*handle)(nil)
+)
+
+// walk returns a new fid for the node's path plus extra names; the caller clunks it.
+func (n *node) walk(extra ...string) (p9.File, error) {
+	names := append(append([]string(nil), n.path...), extra...)
+	_, f, err := n.s.root.Walk(names)
+	return f, err
+}
+
+func fill(a p9.Attr, qid p9.QID, out *gofuse.Attr) {
+	out.Ino = qid.Path
+	out.Mode = uint32(a.Mode)
+	out.Size = a.Size
+	out.Nlink = uint32(a.NLink)
+	out.Blksize = 4096
+	out.Owner = gofuse.Owner{Uid: uint32(a.UID), Gid: uint32(a.GID)}
+	out.Atime, out.Atimensec = a.ATimeSeconds, uint32(a.ATimeNanoSeconds)
+	out.Mtime, out.Mtimensec = a.MTimeSeconds, uint32(a.MTimeNanoSeconds)
+	out.Ctime, out.Ctimensec = a.CTimeSeconds, uint32(a.CTimeNanoSeconds)
+}
+
+var attrMask = p9.AttrMask{Mode: true, UID: true, GID: true, NLink: true, Size: true, ATime: true, MTime: true, CTime: true}
+
+func (n *node) getattr(extra ...string) (p9.QID, p9.Attr, syscall.Errno) {
+	f, err := n.walk(extra...)
+	if err != nil {
+		return p9.QID{}, p9.Attr{}, errnoOf(err)
+	}
+	defer f.Close()
+	qid, _, a, err := f.GetAttr(attrMask)
+	return qid, a, errnoOf(err)
+}
+
+func kind(m p9.FileMode) uint32 {
+	if m.IsDir() {
+		return syscall.S_IFDIR
+	}
+	return syscall.S_IFREG
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	qid, a, e := n.getattr(name)
+	if e != 0 {
+		return nil, e
+	}
+	fill(a, qid, &out.Attr)
+	child := &node{s: n.s, path: append(append([]string(nil), n.path...), name)}
+	return n.NewInode(ctx, child, gofs.StableAttr{Mode: kind(a.Mode), Ino: qid.Path}), 0
+}
+
+func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
+	qid, a, e := n.getattr()
+	if e != 0 {
+		return e
+	}
+	fill(a, qid, &out.Attr)
+	return 0
+}
+
+// Setattr accepts truncation and times as no-ops, as the local mount does; the server
+// has no stored bytes to change either.
+func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	return n.Getattr(ctx, f, out)
+}
+
+func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno {
+	out.Bsize = 4096
+	out.NameLen = 255
+	return 0
+}
+
+func (n *node) Opendir(ctx context.Context) syscall.Errno { return 0 }
+
+func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	f, err := n.walk()
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	defer f.Close()
+	if _, _, err := f.Open(p9.ReadOnly); err != nil {
+		return nil, errnoOf(err)
+	}
+	var es []gofuse.DirEntry
+	var off uint64
+	for {
+		ds, err := f.Readdir(off, 64<<10)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		if len(ds) == 0 {
+			return gofs.NewListDirStream(es), 0
+		}
+		for _, d := range ds {
+			off = d.Offset
+			if d.Name == "." || d.Name == ".." {
+				continue
+			}
+			m := uint32(syscall.S_IFREG)
+			if d.Type == p9.TypeDir {
+				m = syscall.S_IFDIR
+			}
+			es = append(es, gofuse.DirEntry{Name: d.Name, Ino: d.QID.Path, Mode: m})
+		}
+	}
+}
+
+// The tree's names are fixed: the server refuses with the errnos sysfs gives, and so
+// does this mount without asking it (EACCES for create, EPERM for the rest).
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, syscall.EACCES
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return syscall.EPERM
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	f, err := n.walk()
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	var mode p9.OpenFlags
+	switch flags & syscall.O_ACCMODE {
+	case syscall.O_WRONLY:
+		mode = p9.WriteOnly
+	case syscall.O_RDWR:
+		mode = p9.ReadWrite
+	default:
+		mode = p9.ReadOnly
+	}
+	if _, _, err := f.Open(mode); err != nil {
+		f.Close()
+		return nil, 0, errnoOf(err)
+	}
+	return &handle{f: f}, gofuse.FOPEN_DIRECT_IO, 0
+}
+
+// handle is one open remote fid. The server applies what a commit file (sm/partitions)
+// accumulated when the fid is clunked, so the first close(2) after a write clunks it
+// and returns the server's verdict, as close(2) does on the local mount.
+type handle struct {
+	mu      sync.Mutex
+	f       p9.File
+	wrote   bool
+	clunked bool
+}
+
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.clunked {
+		return nil, syscall.EBADF
+	}
+	k, err := h.f.ReadAt(dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, errnoOf(err)
+	}
+	return gofuse.ReadResultData(dest[:k]), 0
+}
+
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.clunked {
+		return 0, syscall.EBADF
+	}
+	k, err := h.f.WriteAt(data, off)
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	h.wrote = true
+	return uint32(k), 0
+}
+
+func (h *handle) Flush(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.wrote || h.clunked {
+		return 0
+	}
+	h.clunked = true
+	return errnoOf(h.f.Close())
+}
+
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.clunked {
+		h.clunked = true
+		h.f.Close()
+	}
+	return 0
+}
+
+func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+
+// newLogger turns go-fuse's log output into calls of a line function.
+func newLogger(f func(string)) *log.Logger {
+	return log.New(lineWriter(f), "", 0)
+}
+
+type lineWriter func(string)
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		w("fuse: " + l)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,149 @@
+package tests
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"ipoibfs/internal/testenv"
+)
+
+// remoteMount runs `ipoibfs mount ADDR DIR` in the foreground and waits for the tree.
+func remoteMount(t *testing.T, addr, dir string) (cmd *exec.Cmd, done chan error, log *testenv.Buffer) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log = &testenv.Buffer{}
+	cmd = exec.Command(binPath, "mount", addr, dir)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+	})
+	treeWait(t, dir, log)
+	return cmd, done, log
+}
+
+// Node B's tree mounted on "host A" through `ipoibfs mount` gives the same transcript of
+// the documented commands as B's own mount; a dropped connection gives ENOTCONN, not a
+// hang; umount ends the mount process with status 0.
+func TestRemoteMountTranscript(t *testing.T) {
+	td := treeStart(t, "rmt", "")
+	treeWaitMCG(t, td)
+	remote := filepath.Join(t.TempDir(), "remote")
+	_, done, log := remoteMount(t, td.addr, remote)
+
+	local, stderr, code := td.bash(t, treeDocScript, nil)
+	if code != 0 || stderr != "" {
+		t.Errorf("bash on B's mount: exit %d, stderr %q", code, stderr)
+	}
+	treeCheckDoc(t, "bash on B's own mount", local)
+	rtd := *td
+	rtd.mnt = remote
+	got, stderr, code := rtd.bash(t, treeDocScript, nil)
+	if code != 0 || stderr != "" {
+		t.Errorf("bash on the remote mount: exit %d, stderr %q", code, stderr)
+	}
+	if diff := cmp.Diff(local, got); diff != "" {
+		t.Errorf("transcripts differ (-B's mount +remote mount):\n%s", diff)
+	}
+	// The local kernel applies the server's modes to local users too.
+	_, stderr, _ = rtd.bash(t, "echo connected > class/net/ib0/mode", &syscall.Credential{Uid: 65534, Gid: 65534})
+	if !strings.Contains(stderr, "Permission denied") {
+		t.Errorf("nobody writing mode on the remote mount: stderr %q, want Permission denied", stderr)
+	}
+	if b, err := os.ReadFile(td.path("class/net/ib0/mode")); err != nil || string(b) != "datagram\n" {
+		t.Errorf("mode on B after nobody's write: %q, %v", b, err)
+	}
+
+	// B goes away: the remote mount answers ENOTCONN at once.
+	_ = td.cmd.Process.Signal(syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "cat", filepath.Join(remote, "class/net/ib0/pkey")).CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("cat on the remote mount hung after the server went away")
+	}
+	if err == nil || !strings.Contains(string(out), "Transport endpoint is not connected") {
+		t.Errorf("cat after the server went away: %v %q, want ENOTCONN", err, out)
+	}
+	if err := syscall.Unmount(remote, 0); err != nil {
+		t.Fatalf("umount %s: %v", remote, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("ipoibfs mount after umount: %v; log:\n%s", err, log)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("ipoibfs mount still running 10 s after umount; log:\n%s", log)
+	}
+}
+
+// mount(8) runs mount.ipoibfs for `mount -t ipoibfs ADDR DIR` (and fstab lines): it
+// returns once the tree is mounted and a detached process serves it until umount. The
+// helper is made visible to mount(8) in a private mount namespace (an overlay on the
+// helper directory) so the host's /sbin is not touched.
+func TestMountTypeIpoibfs(t *testing.T) {
+	testenv.Tool(t, "mount")
+	testenv.Tool(t, "unshare")
+	testenv.Tool(t, "pgrep")
+	td := treeStart(t, "mtyp", "")
+	sbin, err := filepath.EvalSymlinks("/sbin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := t.TempDir()
+	if err := os.Symlink(binPath, filepath.Join(extra, "mount.ipoibfs")); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "m")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := `set -e
+mount -t overlay overlay -o lowerdir=` + extra + `:` + sbin + ` ` + sbin + `
+mount -t ipoibfs ` + td.addr + ` ` + dir + `
+grep " ` + dir + ` " /proc/mounts | cut -d' ' -f1,3
+cat ` + dir + `/class/net/ib0/pkey
+umount ` + dir + `
+if mount -t ipoibfs 127.0.0.1:1 ` + dir + ` 2>err; then echo "mounted a dead address"; fi
+echo "status of the failed mount: $(cat err)"
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "unshare", "-m", "--propagation", "private", "bash", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("mount -t ipoibfs: %v\n%s", err, out)
+	}
+	want := td.addr + " fuse.ipoibfs\n0xffff\nstatus of the failed mount: mount.ipoibfs: dial tcp 127.0.0.1:1: connect: connection refused\n"
+	if string(out) != want {
+		t.Errorf("mount -t ipoibfs transcript (-want +got):\n%s", cmp.Diff(want, string(out)))
+	}
+	// The detached server ended with the umount: nothing serves from that mount any more.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		o, _ := exec.Command("pgrep", "-f", "mount "+td.addr+" "+dir).Output()
+		if len(o) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("mount.ipoibfs's server still running after umount: %s", o)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
