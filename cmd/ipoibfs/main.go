@@ -76,6 +76,11 @@ func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 }
 
+// defaultMount is where the tree is mounted without -mount: an absolute path (a unit
+// started in / must not mount over /mnt), under the runtime directory systemd gives the
+// service (RuntimeDirectory=ipoibfs), and never inside the source tree.
+const defaultMount = "/run/ipoibfs/tree"
+
 // subcommands are listed in the usage text.
 var subcommands = [][2]string{
 	{"9p ADDR ls|read|write|stat PATH", "talk to a tree served over 9P (write takes stdin)"},
@@ -132,7 +137,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	listen := fl.String("listen", "127.0.0.1:0", "UDP `address` of port 1 when joining a fabric")
 	partFile := fl.String("partitions", "", "OpenSM partitions.conf `file` for the subnet manager")
 	netns := fl.String("netns", "", "place the kernel interfaces in this network `namespace` (created if missing)")
-	mountDir := fl.String("mount", "mnt", "mount the control tree here with FUSE (\"\" disables)")
+	mountDir := fl.String("mount", defaultMount, "mount the control tree here with FUSE (\"\" disables)")
 	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
 	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
 	var params paramFlags

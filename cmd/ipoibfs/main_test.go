@@ -18,6 +18,7 @@ func TestCommandLine(t *testing.T) {
 	}{
 		{args: []string{"-h"}, status: exitOK, stderr: "ipoibfs 9p ADDR"},
 		{args: []string{"-help"}, status: exitOK, stderr: "-fabric"},
+		{args: []string{"-h"}, status: exitOK, stderr: `(default "/run/ipoibfs/tree")`},
 		{args: []string{"-version"}, status: exitOK, stdout: "ipoibfs "},
 		{args: []string{"-no-such-flag"}, status: exitUsage, stderr: "flag provided but not defined: -no-such-flag"},
 		{args: []string{"-ports", "two"}, status: exitUsage, stderr: "invalid value"},
