@@ -51,8 +51,15 @@ func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if filepath.Base(os.Args[0]) == mountHelperName {
 		return mountHelper(args, stderr)
 	}
-	if len(args) > 0 && args[0] == "mount" {
-		return mountCommand(args[1:], stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "mount":
+			return mountCommand(args[1:], stderr)
+		case "exec":
+			return execCommand(args[1:], stdin, stdout, stderr)
+		case execChildCmd:
+			return execChild(args[1:], stderr)
+		}
 	}
 	if len(args) > 0 && args[0] == "9p" {
 		if err := ninepCommand(args[1:], stdin, stdout); err != nil {
@@ -85,6 +92,7 @@ const defaultMount = "/run/ipoibfs/tree"
 var subcommands = [][2]string{
 	{"9p ADDR ls|read|write|stat PATH", "talk to a tree served over 9P (write takes stdin)"},
 	{"mount [-o OPTS] ADDR DIR", "mount a tree served over 9P on DIR with FUSE (also as mount.ipoibfs)"},
+	{"exec [-tree DIR | -9p ADDR] -- CMD...", "run CMD with the tree bound over /sys's IPoIB paths"},
 }
 
 func usage(fl *flag.FlagSet) func() {
