@@ -8,14 +8,16 @@ require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/hugelgupf/p9 v0.4.1
 	github.com/moby/sys/mountinfo v0.7.2
+	github.com/prometheus/procfs v0.23.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/net v0.39.0
-	golang.org/x/sys v0.32.0
+	golang.org/x/sys v0.49.0
 	golang.zx2c4.com/wireguard v0.0.0-20260522210424-ecfc5a8d5446
 )
 
 require (
 	github.com/u-root/uio v0.0.0-20230305220412-3e8cd9d6bf63 // indirect
+	golang.org/x/sync v0.24.0 // indirect
 	golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect
 )

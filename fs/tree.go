@@ -287,7 +287,7 @@ func (t *Tree) listParams(dir string) ([]*Node, error) {
 func (t *Tree) listHCAs(dir string) ([]*Node, error) {
 	dev := t.e.Device()
 	return []*Node{t.dir(dir, dev.Name(), func(d string) ([]*Node, error) {
-		return []*Node{
+		out := []*Node{
 			t.file(d, "fw_ver", 0444, func() (string, error) { return dev.FWVersion() + "\n", nil }, nil),
 			t.file(d, "node_desc", 0444, func() (string, error) { return fmt.Sprintf("%.64s\n", dev.NodeDesc()), nil }, nil),
 			t.file(d, "node_guid", 0444, func() (string, error) { return guidString(dev.NodeGUID()) + "\n", nil }, nil),
@@ -299,7 +299,18 @@ func (t *Tree) listHCAs(dir string) ([]*Node, error) {
 				}
 				return out, nil
 			}),
-		}, nil
+		}
+		if info, ok := dev.(verbs.DeviceInfo); ok {
+			// Formats as the kernel's device.c and the mlx drivers print them.
+			out = append(out,
+				t.file(d, "board_id", 0444, func() (string, error) { return info.BoardID() + "\n", nil }, nil),
+				t.file(d, "hca_type", 0444, func() (string, error) { return info.HCAType() + "\n", nil }, nil),
+				t.file(d, "hw_rev", 0444, func() (string, error) { return fmt.Sprintf("%x\n", info.HWRevision()), nil }, nil),
+				t.file(d, "sys_image_guid", 0444, func() (string, error) { return guidString(info.SysImageGUID()) + "\n", nil }, nil),
+			)
+			sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+		}
+		return out, nil
 	})}, nil
 }
 
@@ -376,6 +387,7 @@ func (t *Tree) portDir(dir string, dev verbs.Device, num int) *Node {
 		}
 		return []*Node{
 			t.file(d, "cap_mask", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("0x%08x\n", a.CapMask), nil }), nil),
+			t.dir(d, "counters", func(d string) ([]*Node, error) { return t.portCounters(d, p), nil }),
 			t.dir(d, "gids", func(d string) ([]*Node, error) {
 				var out []*Node
 				for k := 0; k < 256; k++ {
@@ -465,4 +477,47 @@ func (t *Tree) listSM(dir string) ([]*Node, error) {
 		t.file(dir, "nodes", 0444, func() (string, error) { return nodesText(sm.Nodes()), nil }, nil),
 		parts,
 	}, nil
+}
+
+// portCounterNames are the kernel's ports/<n>/counters files (PortCounters and
+// PortCountersExtended, drivers/infiniband/core/sysfs.c) in its order, each with its
+// value from the port's counters. port_xmit_data and port_rcv_data count 4-octet words,
+// as in the IBA and the kernel. A P_Key violation on receive counts as a receive
+// constraint error; malformed packets and bad ICRCs as receive errors. The physical-
+// layer counters exist and stay 0: a software link has no symbols, lanes or VLs.
+var portCounterNames = []struct {
+	name  string
+	value func(c verbs.PortCounters) uint64
+}{
+	{"VL15_dropped", nil},
+	{"excessive_buffer_overrun_errors", nil},
+	{"link_downed", nil},
+	{"link_error_recovery", nil},
+	{"local_link_integrity_errors", nil},
+	{"port_rcv_constraint_errors", func(c verbs.PortCounters) uint64 { return c.BadPKey }},
+	{"port_rcv_data", func(c verbs.PortCounters) uint64 { return c.RcvBytes / 4 }},
+	{"port_rcv_errors", func(c verbs.PortCounters) uint64 { return c.Malformed + c.BadICRC }},
+	{"port_rcv_packets", func(c verbs.PortCounters) uint64 { return c.RcvPackets }},
+	{"port_rcv_remote_physical_errors", nil},
+	{"port_rcv_switch_relay_errors", nil},
+	{"port_xmit_constraint_errors", nil},
+	{"port_xmit_data", func(c verbs.PortCounters) uint64 { return c.XmitBytes / 4 }},
+	{"port_xmit_discards", func(c verbs.PortCounters) uint64 { return c.XmitDiscards }},
+	{"port_xmit_packets", func(c verbs.PortCounters) uint64 { return c.XmitPackets }},
+	{"port_xmit_wait", nil},
+	{"symbol_error", nil},
+}
+
+func (t *Tree) portCounters(dir string, p verbs.Port) []*Node {
+	out := make([]*Node, len(portCounterNames))
+	for k, c := range portCounterNames {
+		out[k] = t.file(dir, c.name, 0444, func() (string, error) {
+			var v uint64
+			if c.value != nil {
+				v = c.value(p.Counters())
+			}
+			return strconv.FormatUint(v, 10) + "\n", nil
+		}, nil)
+	}
+	return out
 }
