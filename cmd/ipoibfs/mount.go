@@ -92,6 +92,9 @@ func mountHelper(args []string, stderr io.Writer) int {
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Dir = "/" // never keep mount(8)'s working directory busy
+	// Detached: its stdio is /dev/null (mount(8)'s terminal is not its log); the
+	// outcome of the mount comes back through the pipe.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, nil, nil
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", mountHelperName, err)
 		return exitMountFailure
