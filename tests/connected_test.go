@@ -205,7 +205,6 @@ func TestConnectedModeEndToEnd(t *testing.T) {
 	// segments as one UDP GSO batch, and a capture on lo sees that batch unsegmented,
 	// so tshark decodes only its first BTH (a FIRST, or a MIDDLE when a batch boundary
 	// falls inside a message, which depends on timing).
-	_ = middle
 	if !first || !last || !req || !rep || !rtu {
 		t.Fatalf("tshark: RC first %v middle %v last %v, CM REQ %v REP %v RTU %v", first, middle, last, req, rep, rtu)
 	}
