@@ -30,6 +30,13 @@ type ifAttr struct {
 	write func(i *ipoib.Interface, b []byte) error
 }
 
+func devPort(i *ipoib.Interface) int {
+	if i.Parent() != nil {
+		return 0
+	}
+	return i.Port() - 1
+}
+
 func yes01(v bool) string {
 	if v {
 		return "1\n"
@@ -43,11 +50,14 @@ var ifAttrs = []ifAttr{
 	{name: "addr_len", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "20\n", nil }},
 	{name: "address", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.HWAddr().String() + "\n", nil }},
 	{name: "broadcast", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.Broadcast().String() + "\n", nil }},
-	{name: "carrier", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+	{name: "carrier", perm: 0644, read: func(i *ipoib.Interface) (string, error) {
 		if !i.IsUp() { // net-sysfs: carrier of a device that is not running is EINVAL
 			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
 		}
 		return yes01(i.Carrier()), nil
+	}, write: func(i *ipoib.Interface, b []byte) error {
+		// net-sysfs's carrier_store: IPoIB has no ndo_change_carrier.
+		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the port and the broadcast group; it cannot be set", i.Name())
 	}},
 	{name: "create_child", perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
@@ -64,8 +74,10 @@ var ifAttrs = []ifAttr{
 		}
 		return i.DeleteChild(v)
 	}},
-	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Port()-1), nil }},
-	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.Port()-1), nil }},
+	// ipoib_add_port sets dev_id and dev_port of a port's interface to port-1; children
+	// (__ipoib_vlan_add) keep the defaults, 0.
+	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
+	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
 	{name: "flags", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Flags()), nil }},
 	{name: "mode", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return i.Mode().String() + "\n", nil },
 		write: func(i *ipoib.Interface, b []byte) error {
@@ -100,6 +112,15 @@ var ifAttrs = []ifAttr{
 			return nil
 		}},
 }
+
+// zeroStats are net-sysfs's other statistics files (of its 24): counters of hardware
+// error kinds a software link never has, always 0 here as on the kernel driver.
+var zeroStats = []string{"collisions", "rx_compressed", "rx_crc_errors", "rx_errors", "rx_fifo_errors",
+	"rx_frame_errors", "rx_length_errors", "rx_missed_errors", "rx_nohandler", "rx_over_errors",
+	"tx_aborted_errors", "tx_carrier_errors", "tx_compressed", "tx_fifo_errors", "tx_heartbeat_errors",
+	"tx_window_errors"}
+
+func zeroStat(*ipoib.Interface) (string, error) { return "0\n", nil }
 
 func statReader(k int) func(i *ipoib.Interface) (string, error) {
 	return func(i *ipoib.Interface) (string, error) {

@@ -119,14 +119,16 @@ func parseMTU(b []byte) (int, error) {
 }
 
 // parseMode accepts "datagram" or "connected" with or without one trailing newline.
+// parseMode is ipoib_set_mode's strcmp against "datagram\n" and "connected\n": the
+// newline is part of the word, so `echo -n connected` is EINVAL as on the kernel.
 func parseMode(b []byte) (ipoib.Mode, error) {
-	switch strings.TrimSuffix(string(b), "\n") {
-	case "datagram":
+	switch string(b) {
+	case "datagram\n":
 		return ipoib.Datagram, nil
-	case "connected":
+	case "connected\n":
 		return ipoib.Connected, nil
 	}
-	return 0, errorf(syscall.EINVAL, "%q: write \"datagram\" or \"connected\"", clip(b))
+	return 0, errorf(syscall.EINVAL, "%q: write \"datagram\" or \"connected\" followed by a newline, as echo does", clip(b))
 }
 
 // parsePKeyArg is create_child/delete_child's sscanf("%i").

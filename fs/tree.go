@@ -133,11 +133,13 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 			func(d string) *Node { return t.dir(d, "net", t.listNet) },
 		)),
 		t.dir("", "kernel", static(func(d string) *Node {
-			return t.dir(d, "debug", static(func(d string) *Node {
+			debug := t.dir(d, "debug", static(func(d string) *Node {
 				n := t.dir(d, "ipoib", t.listDebug)
 				n.lookup = t.lookupDebug
 				return n
 			}))
+			debug.perm = 0700 // the debugfs mount point is root's alone
+			return debug
 		})),
 		t.dir("", "module", static(func(d string) *Node {
 			return t.dir(d, "ib_ipoib", static(func(d string) *Node { return t.dir(d, "parameters", t.listParams) }))
@@ -188,10 +190,14 @@ func (t *Tree) ifDir(dir, name string, child bool) *Node {
 				return out, nil
 			}),
 			t.dir(d, "statistics", func(d string) ([]*Node, error) {
-				out := make([]*Node, len(ipoib.StatNames))
+				out := make([]*Node, 0, len(ipoib.StatNames)+len(zeroStats))
 				for k, s := range ipoib.StatNames {
-					out[k] = t.ifFile(d, name, &ifAttr{name: s, perm: 0444, read: statReader(k)})
+					out = append(out, t.ifFile(d, name, &ifAttr{name: s, perm: 0444, read: statReader(k)}))
 				}
+				for _, s := range zeroStats {
+					out = append(out, t.ifFile(d, name, &ifAttr{name: s, perm: 0444, read: zeroStat}))
+				}
+				sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 				return out, nil
 			}),
 		)

@@ -91,9 +91,13 @@ func TestLayout(t *testing.T) {
 		"module/ib_ipoib/parameters": ipoib.ParamNames,
 		"class/net/ib0": {"addr_len", "address", "broadcast", "carrier", "create_child", "delete_child", "dev_id", "dev_port",
 			"ethtool", "flags", "mode", "mtu", "operstate", "pkey", "statistics", "tx_queue_len", "type", "umcast"},
-		"class/net/ib0/ethtool":    {"coalesce", "features", "statistics"},
-		"class/net/ib0/statistics": {"rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "tx_errors", "rx_dropped", "tx_dropped", "multicast"},
-		"sm":                       {"faults", "groups", "nodes", "partitions"},
+		"class/net/ib0/ethtool": {"coalesce", "features", "statistics"},
+		"class/net/ib0/statistics": { // net-sysfs's 24
+			"collisions", "multicast", "rx_bytes", "rx_compressed", "rx_crc_errors", "rx_dropped", "rx_errors",
+			"rx_fifo_errors", "rx_frame_errors", "rx_length_errors", "rx_missed_errors", "rx_nohandler",
+			"rx_over_errors", "rx_packets", "tx_aborted_errors", "tx_bytes", "tx_carrier_errors", "tx_compressed",
+			"tx_dropped", "tx_errors", "tx_fifo_errors", "tx_heartbeat_errors", "tx_packets", "tx_window_errors"},
+		"sm": {"faults", "groups", "nodes", "partitions"},
 	} {
 		if diff := cmp.Diff(want, names(t, tr, path)); diff != "" {
 			t.Errorf("ls %q (-want +got):\n%s", path, diff)
@@ -263,14 +267,16 @@ func TestWriteErrnos(t *testing.T) {
 		{ib + "delete_child", "0x8001", 0},
 		{ib + "delete_child", "0x8001", syscall.ENODEV},
 		// mode
-		{ib + "mode", "datagram", 0},
+		{ib + "mode", "datagram", syscall.EINVAL}, // ipoib_set_mode: strcmp with "datagram\n"
 		{ib + "mode", "datagram\n", 0},
 		{ib + "mode", "datagram\n\n", syscall.EINVAL},
 		{ib + "mode", "Datagram\n", syscall.EINVAL},
 		{ib + "mode", " datagram", syscall.EINVAL},
 		{ib + "mode", "", 0},
 		{ib + "mode", "\n", syscall.EINVAL},
-		{ib + "mode", "connected", cmErr}, // EINVAL while the HCA offers no connected mode
+		{ib + "mode", "connected", syscall.EINVAL},
+		{ib + "mode", "connected\n", cmErr}, // EINVAL while the HCA offers no connected mode
+		{ib + "mode", "datagram\n", 0},
 		{ib + "mode", "connected\n", cmErr},
 		{ib + "mode", "datagram\n", 0},
 		// mtu
@@ -376,7 +382,7 @@ func TestWriteLog(t *testing.T) {
 	got := v.log.take()
 	want := []*regexp.Regexp{
 		regexp.MustCompile(`^class/net/ib0/create_child: P_Key 0x8001 is already used by ib0`),
-		regexp.MustCompile(`^class/net/ib0/mode: "connected!": write "datagram" or "connected"$`),
+		regexp.MustCompile(`^class/net/ib0/mode: "connected!": write "datagram" or "connected" followed by a newline, as echo does$`),
 		regexp.MustCompile(`^class/net/ib0/mtu: MTU 5 outside 72\.\.\d+ in datagram mode$`),
 		regexp.MustCompile(`^sm/partitions: line 3: .+`),
 	}

@@ -1,6 +1,7 @@
 package ipoib
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
@@ -114,6 +115,9 @@ func (p *Params) SetParam(name, val string) error {
 	}
 	s := strings.TrimSuffix(val, "\n")
 	n, err := strconv.ParseInt(s, 0, 32)
+	if errors.Is(err, strconv.ErrRange) { // as kstrtoint, behind the kernel's param_set_int
+		return &Error{Op: "write", If: file, Err: syscall.ERANGE, Detail: fmt.Sprintf("%s is out of the int range", s)}
+	}
 	if err != nil {
 		return &Error{Op: "write", If: file, Err: syscall.EINVAL, Detail: fmt.Sprintf("%q is not an integer", s)}
 	}

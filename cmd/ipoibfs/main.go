@@ -233,9 +233,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if sm := hca.SM(); sm != nil {
 		log.Printf("subnet manager on %s", sm.Addr())
 	}
-	mp, err := params.build()
+	mp, warnings, err := params.build()
 	if err != nil {
 		return err
+	}
+	for _, w := range warnings {
+		log.Print(w)
 	}
 	eng, err := ipoib.New(hca, ipoib.Options{Params: mp})
 	if err != nil {
@@ -319,34 +322,41 @@ type paramFlags []string
 func (p *paramFlags) String() string     { return strings.Join(*p, ",") }
 func (p *paramFlags) Set(v string) error { *p = append(*p, v); return nil }
 
-func (p paramFlags) build() (*ipoib.Params, error) {
+// build turns the -param flags into the engine's parameters, as modprobe does: an
+// unknown name is ignored with a warning, a bad value is an error (ERANGE beyond int).
+func (p paramFlags) build() (*ipoib.Params, []string, error) {
 	q := map[string]int{"send_queue_size": 128, "recv_queue_size": 256, "max_nonsrq_conn_qp": 128}
 	debug := map[string]string{}
+	var warnings []string
 	for _, kv := range p {
 		name, val, ok := strings.Cut(kv, "=")
 		if !ok {
-			return nil, fmt.Errorf("-param %q: want name=value", kv)
+			return nil, nil, fmt.Errorf("-param %q: want name=value", kv)
 		}
 		if _, isQ := q[name]; isQ {
-			n, err := strconv.Atoi(val)
-			if err != nil {
-				return nil, fmt.Errorf("-param %s: %q is not an integer", name, val)
+			n, err := strconv.ParseInt(val, 0, 32)
+			if errors.Is(err, strconv.ErrRange) {
+				return nil, nil, fmt.Errorf("-param %s: %s: %w (out of the int range)", name, val, syscall.ERANGE)
 			}
-			q[name] = n
+			if err != nil {
+				return nil, nil, fmt.Errorf("-param %s: %q is not an integer", name, val)
+			}
+			q[name] = int(n)
 			continue
 		}
 		if !slices.Contains(ipoib.ParamNames, name) {
-			return nil, fmt.Errorf("-param %s: no such ib_ipoib parameter (have %s)", name, strings.Join(ipoib.ParamNames, ", "))
+			warnings = append(warnings, fmt.Sprintf("ib_ipoib: unknown parameter '%s' ignored (have %s)", name, strings.Join(ipoib.ParamNames, ", ")))
+			continue
 		}
 		debug[name] = val
 	}
 	mp := ipoib.NewParams(q["send_queue_size"], q["recv_queue_size"], q["max_nonsrq_conn_qp"])
 	for name, val := range debug {
 		if err := mp.SetParam(name, val); err != nil {
-			return nil, fmt.Errorf("-param %s: %v", name, err)
+			return nil, nil, fmt.Errorf("-param %s: %v", name, err)
 		}
 	}
-	return mp, nil
+	return mp, warnings, nil
 }
 
 func subcommandNames() string {

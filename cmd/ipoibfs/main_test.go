@@ -50,3 +50,28 @@ func TestVersionFromBuildInfo(t *testing.T) {
 		t.Fatalf("version() = %q, want \"ipoibfs <version> ... go1.N\"", v)
 	}
 }
+
+// -param follows modprobe: an unknown name is a warning, not a failure; values beyond
+// int are ERANGE as the kernel's parameter parser says.
+func TestParamFlags(t *testing.T) {
+	mp, warn, err := paramFlags{"recv_queue_size=1024", "no_such=1", "debug_level=2"}.build()
+	if err != nil || len(warn) != 1 || !strings.Contains(warn[0], "unknown parameter 'no_such' ignored") {
+		t.Fatalf("build: %v, warnings %q", err, warn)
+	}
+	if v, _ := mp.Param("recv_queue_size"); v != "1024\n" {
+		t.Errorf("recv_queue_size = %q", v)
+	}
+	if v, _ := mp.Param("debug_level"); v != "2\n" {
+		t.Errorf("debug_level = %q", v)
+	}
+	for _, bad := range []struct{ kv, want string }{
+		{"recv_queue_size=4294967296", "numerical result out of range"},
+		{"debug_level=2147483648", "numerical result out of range"},
+		{"recv_queue_size=x", "not an integer"},
+		{"debug_level", "want name=value"},
+	} {
+		if _, _, err := (paramFlags{bad.kv}).build(); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("-param %s: %v, want an error saying %q", bad.kv, err, bad.want)
+		}
+	}
+}

@@ -87,7 +87,7 @@ func TestShell(t *testing.T) {
 		{cmd: "echo 0x0001 > class/net/ib0/delete_child", errText: "write error: No such device", code: 1},
 		{cmd: "echo -n Connected > class/net/ib0/mode", errText: "write error: Invalid argument", code: 1},
 		{cmd: "printf 'connected\\n\\n' > class/net/ib0/mode", errText: "write error: Invalid argument", code: 1},
-		cm("echo -n connected > class/net/ib0/mode"),
+		{cmd: "echo -n connected > class/net/ib0/mode", errText: "write error: Invalid argument", code: 1},
 		cm("echo connected > class/net/ib0/mode"),
 		{cmd: "echo datagram > class/net/ib0/mode"},
 		{cmd: "cat class/net/ib0/mode", out: "datagram\n"},
