@@ -21,3 +21,6 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect
 )
+
+// third_party/p9/PATCH.md: the server must learn who attaches (Tattach uname/n_uname).
+replace github.com/hugelgupf/p9 => ./third_party/p9

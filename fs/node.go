@@ -162,32 +162,37 @@ func (n *Node) Lookup(name string) (*Node, error) {
 	return nil, syscall.ENOENT
 }
 
-// Open opens the node with open(2) flags (only the access mode matters). As in kernfs,
-// opening for reading needs a readable file and opening for writing a writable one,
-// whoever asks: EACCES otherwise. Directories open read-only (EISDIR for writing).
-func (n *Node) Open(flags int) (*Handle, error) {
+// Open opens the node for c with open(2) flags (only the access mode matters): c must
+// pass Access for reading and/or writing (EACCES otherwise). Directories open
+// read-only (EISDIR for writing).
+func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 	acc := flags & syscall.O_ACCMODE
 	rd := acc == syscall.O_RDONLY || acc == syscall.O_RDWR
 	wr := acc == syscall.O_WRONLY || acc == syscall.O_RDWR
-	if n.dir {
-		if wr {
-			return nil, syscall.EISDIR
+	if n.dir && wr {
+		return nil, syscall.EISDIR
+	}
+	mask := 0
+	if rd {
+		mask |= MayRead
+	}
+	if wr {
+		mask |= MayWrite
+	}
+	if err := n.Access(c, mask); err != nil {
+		if wr && n.t.log != nil {
+			n.t.log(fmt.Sprintf("%s: permission denied; open for writing as %s", n.path, c))
 		}
-		return &Handle{n: n, rd: true}, nil
+		return nil, err
 	}
-	if rd && (n.perm&0444 == 0 || n.read == nil) {
-		return nil, syscall.EACCES
-	}
-	if wr && (n.perm&0222 == 0 || (n.write == nil && n.commit == nil)) {
-		return nil, syscall.EACCES
-	}
-	return &Handle{n: n, rd: rd, wr: wr}, nil
+	return &Handle{n: n, c: c, rd: rd || n.dir, wr: wr}, nil
 }
 
 // Handle is one open file: a read snapshot, or the accumulated writes of a commit file.
 // All methods return syscall.Errno errors.
 type Handle struct {
 	n      *Node
+	c      Caller
 	rd, wr bool
 
 	mu    sync.Mutex
@@ -246,14 +251,14 @@ func (h *Handle) Write(p []byte) (int, error) {
 	defer h.mu.Unlock()
 	if h.n.commit != nil {
 		if len(h.acc)+len(p) > partitions.MaxFileBytes {
-			return 0, h.n.t.fail(h.n.path, errorf(syscall.EFBIG, "more than %d bytes written", partitions.MaxFileBytes))
+			return 0, h.n.t.audit(h.c, h.n.path, p, errorf(syscall.EFBIG, "more than %d bytes written", partitions.MaxFileBytes))
 		}
 		h.acc = append(h.acc, p...)
 		h.dirty = true
 		return len(p), nil
 	}
-	if err := h.n.write(p); err != nil {
-		return 0, h.n.t.fail(h.n.path, err)
+	if errno := h.n.t.audit(h.c, h.n.path, p, h.n.write(p)); errno != 0 {
+		return 0, errno
 	}
 	return len(p), nil
 }
@@ -281,8 +286,8 @@ func (h *Handle) applyLocked() error {
 		return nil
 	}
 	h.dirty = false
-	if err := h.n.commit(h.acc); err != nil {
-		return h.n.t.fail(h.n.path, err)
+	if errno := h.n.t.audit(h.c, h.n.path, h.acc, h.n.commit(h.acc)); errno != 0 {
+		return errno
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,7 +21,7 @@ func read(t *Tree, path string) (string, syscall.Errno) {
 	if err != nil {
 		return "", Errno(err)
 	}
-	h, err := n.Open(syscall.O_RDONLY)
+	h, err := n.Open(Internal, syscall.O_RDONLY)
 	if err != nil {
 		return "", Errno(err)
 	}
@@ -45,7 +46,7 @@ func write(t *Tree, path, data string) syscall.Errno {
 	if err != nil {
 		return Errno(err)
 	}
-	h, err := n.Open(syscall.O_WRONLY | syscall.O_TRUNC)
+	h, err := n.Open(Internal, syscall.O_WRONLY|syscall.O_TRUNC)
 	if err != nil {
 		return Errno(err)
 	}
@@ -380,11 +381,18 @@ func TestWriteLog(t *testing.T) {
 	write(v.tree, "sm/partitions", "Default=0x7fff : ALL=full;\n\nbroken here\n")
 	write(v.tree, "class/net/ib0/umcast", "1")
 	got := v.log.take()
+	// One line per write: file, result, what was written (quoted), who wrote it.
+	const who = `; wrote %s as uid=0 via=internal$`
+	line := func(start, data string) *regexp.Regexp {
+		return regexp.MustCompile(start + fmt.Sprintf(who, regexp.QuoteMeta(strconv.Quote(data))))
+	}
 	want := []*regexp.Regexp{
-		regexp.MustCompile(`^class/net/ib0/create_child: P_Key 0x8001 is already used by ib0`),
-		regexp.MustCompile(`^class/net/ib0/mode: "connected!": write "datagram" or "connected" followed by a newline, as echo does$`),
-		regexp.MustCompile(`^class/net/ib0/mtu: MTU 5 outside 72\.\.\d+ in datagram mode$`),
-		regexp.MustCompile(`^sm/partitions: line 3: .+`),
+		line(`^class/net/ib0/create_child: ok`, "0x8001"),
+		line(`^class/net/ib0/create_child: P_Key 0x8001 is already used by ib0.* \(ENOTUNIQ\)`, "1"),
+		line(`^class/net/ib0/mode: "connected!": write "datagram" or "connected" followed by a newline, as echo does \(EINVAL\)`, "connected!"),
+		line(`^class/net/ib0/mtu: MTU 5 outside 72\.\.\d+ in datagram mode \(EINVAL\)`, "5"),
+		line(`^sm/partitions: line 3: .+ \(EINVAL\)`, "Default=0x7fff : ALL=full;\n\nbroken here\n"),
+		line(`^class/net/ib0/umcast: ok`, "1"),
 	}
 	if len(got) != len(want) {
 		t.Fatalf("log lines %q, want %d", got, len(want))
@@ -404,7 +412,7 @@ func TestPartitionsAccumulate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := n.Open(syscall.O_WRONLY)
+	h, err := n.Open(Internal, syscall.O_WRONLY)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +438,7 @@ func TestPartitionsAccumulate(t *testing.T) {
 		return slices.Contains(p.PKeyTable(), 0x8005)
 	})
 	before := v.hca.SM().Partitions().String()
-	h, _ = n.Open(syscall.O_WRONLY)
+	h, _ = n.Open(Internal, syscall.O_WRONLY)
 	h.Write([]byte("P6=0x8006 : ALL=bogus;\n"))
 	if err := h.Flush(); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("flush of a bad config: %v, want EINVAL", err)
@@ -442,7 +450,7 @@ func TestPartitionsAccumulate(t *testing.T) {
 		t.Errorf("bad config changed the active one:\n%s", after)
 	}
 	// Too much data.
-	h, _ = n.Open(syscall.O_WRONLY)
+	h, _ = n.Open(Internal, syscall.O_WRONLY)
 	if _, err := h.Write(make([]byte, 2<<20)); !errors.Is(err, syscall.EFBIG) {
 		t.Errorf("2 MiB write: %v, want EFBIG", err)
 	}
@@ -494,7 +502,7 @@ func TestStaleHandle(t *testing.T) {
 	v := newEnv(t)
 	write(v.tree, "class/net/ib0/create_child", "0x8001")
 	n, _ := v.tree.Lookup("class/net/ib0.8001/mtu")
-	h, err := n.Open(syscall.O_RDWR)
+	h, err := n.Open(Internal, syscall.O_RDWR)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +521,7 @@ func TestStaleHandle(t *testing.T) {
 func TestSnapshot(t *testing.T) {
 	v := newEnv(t)
 	n, _ := v.tree.Lookup("class/net/ib0/mtu")
-	h, _ := n.Open(syscall.O_RDONLY)
+	h, _ := n.Open(Internal, syscall.O_RDONLY)
 	defer h.Release()
 	buf := make([]byte, 2)
 	k, _ := h.ReadAt(buf, 0)
@@ -551,7 +559,7 @@ func TestOpenModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := n.Open(c.flags)
+		h, err := n.Open(Internal, c.flags)
 		if !errors.Is(err, c.want) && !(err == nil && c.want == nil) {
 			t.Errorf("open %s %#x: %v want %v", c.path, c.flags, err, c.want)
 		}

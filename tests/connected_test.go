@@ -22,6 +22,8 @@ import (
 // source sends IPOIBFS_E2E_BYTES deterministic bytes and prints their SHA-256.
 func helperRole(role, addr string) int {
 	switch role {
+	case "perm":
+		return permRole(addr)
 	case "sink":
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {

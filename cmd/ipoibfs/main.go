@@ -148,6 +148,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	mountDir := fl.String("mount", defaultMount, "mount the control tree here with FUSE (\"\" disables)")
 	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
 	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
+	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
 	if err := fl.Parse(args); err != nil {
@@ -183,6 +184,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := checkDevices(*netns, names); err != nil {
 		return err
+	}
+	var ninepLn *ninepListener
+	if *ninepAddr != "" {
+		l, err := listen9P(*ninepAddr, *ninepAllow)
+		if err != nil {
+			return err
+		}
+		ninepLn = l
+		defer func() {
+			if ninepLn != nil { // not served: startup failed
+				ninepLn.close()
+			}
+		}()
 	}
 	// Signals are caught from the start, so one arriving while the tree is being set
 	// up is handled (after setup) instead of killing the daemon.
@@ -254,12 +268,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		log.Printf("%s: up, hardware address %s", i.Name(), i.HWAddr())
 	}
 	tree := fs.New(eng, fs.Options{SM: hca.SM(), Log: func(l string) { log.Print(l) }})
-	if *ninepAddr != "" {
-		stop, err := serve9P(tree, *ninepAddr, *ninepAllow)
-		if err != nil {
-			return err
-		}
-		defer stop()
+	if ninepLn != nil {
+		defer ninepLn.serve(tree, *trustUname)()
+		ninepLn = nil
 	}
 	mounted := ""
 	if *mountDir != "" {

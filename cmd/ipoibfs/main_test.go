@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -73,5 +77,52 @@ func TestParamFlags(t *testing.T) {
 		if _, _, err := (paramFlags{bad.kv}).build(); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("-param %s: %v, want an error saying %q", bad.kv, err, bad.want)
 		}
+	}
+}
+
+// The 9P address is checked and opened before anything starts: a non-loopback address
+// without -9p-allow, or a unix:PATH that is not a stale socket, fails at once, and a
+// file in the way is never deleted.
+func TestNinepAddressChecks(t *testing.T) {
+	dir := t.TempDir()
+	precious := filepath.Join(dir, "precious")
+	if err := os.WriteFile(precious, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(dir, "live.sock")
+	ln, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	stale := filepath.Join(dir, "stale.sock")
+	sl, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl.(*net.UnixListener).SetUnlinkOnClose(false)
+	sl.Close()
+	for _, tc := range []struct{ addr, want string }{
+		{"192.0.2.1:5640", "is not a loopback address: serving it needs -9p-allow"},
+		{"unix:" + precious, "exists and is not a socket; not removing it"},
+		{"unix:" + live, "is served by a running daemon"},
+		{"nowhere", "want HOST:PORT or unix:PATH"},
+	} {
+		var out, errb bytes.Buffer
+		code := cli([]string{"-9p", tc.addr, "-mount", "", "-netns", "", "-name", "chk"}, strings.NewReader(""), &out, &errb)
+		if code != exitError || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("-9p %s: exit %d, stderr %q; want exit 1 saying %q", tc.addr, code, errb.String(), tc.want)
+		}
+	}
+	if b, err := os.ReadFile(precious); err != nil || string(b) != "keep me" {
+		t.Errorf("the regular file named by -9p unix: was touched: %q, %v", b, err)
+	}
+	nl, err := listen9P("unix:"+stale, "")
+	if err != nil {
+		t.Fatalf("a stale socket was not replaced: %v", err)
+	}
+	nl.close()
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket file left after close: %v", err)
 	}
 }

@@ -29,7 +29,7 @@ func ninepClient(t *testing.T, root *ipfs.Node) *ninep.Client {
 	t.Helper()
 	cc, sc := net.Pipe()
 	done := make(chan struct{})
-	go func() { ninep.ServeConn(sc, root, ninep.Options{}); close(done) }()
+	go func() { ninep.ServeConn(sc, root, ninep.Options{Unidentified: &ipfs.Internal}); close(done) }()
 	c, err := ninep.NewClient(cc)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,8 @@
 // the next lookup with no invalidation calls needed; Setattr accepts everything as a
 // no-op (the truncate of `echo x > file` included); allow_other plus
 // default_permissions, so other users can read 0444 files and the kernel enforces the
-// 0200/0644 modes (files are owned by root).
+// 0200/0644 modes (files are owned by root); the tree applies the same rules again to
+// the caller the kernel names (fs.Node.Access), as it does for 9P.
 //
 // Pitfall for the serving process: never start a child with its working directory (or
 // program) inside the mount, e.g. exec.Cmd.Dir = mountpoint. Go forks with vfork; the
@@ -194,6 +195,17 @@ var (
 	_ gofs.NodeRenamer     = (*node)(nil)
 )
 
+// caller is the process the kernel says made the request. The kernel has already
+// applied the modes (default_permissions); the tree checks them again the same way it
+// does for 9P, and names the caller in its log lines.
+func caller(ctx context.Context) fs.Caller {
+	c, ok := gofuse.FromContext(ctx)
+	if !ok {
+		return fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "fuse"}
+	}
+	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid)}
+}
+
 func errno(err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -296,7 +308,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	h, err := n.m.Open(int(flags))
+	h, err := n.m.Open(caller(ctx), int(flags))
 	if err != nil {
 		return nil, 0, errno(err)
 	}

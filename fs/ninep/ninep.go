@@ -1,15 +1,26 @@
 // Package ninep serves the ipoibfs control tree (package ipoibfs/fs) over 9P2000.L with
 // hugelgupf/p9. It is a thin adapter: walks, listings, reads and writes go to the fs node
-// model, which owns formats, parsing and errnos, so a file gives the same bytes and
-// errno here as over FUSE.
+// model, which owns formats, parsing, errnos and access decisions, so a file gives the
+// same bytes and errno here as over FUSE, for the same user.
 //
-// Per fid: Walk(nil) returns a fresh clone, Open keeps an fs.Handle (iounit 0, so clients
-// use msize-sized I/O), Close (the clunk) releases it. SetAttr is a no-op (the Linux
-// client truncates through Tsetattr size 0). Readdir offsets are entry indexes. Errors
-// are syscall.Errno values, which p9 turns into Rlerror. There is no per-user access
-// check: p9 does not tell the server the attaching user, so every 9P client acts as root
-// (with kernfs's rule that 0444 files cannot be opened for writing and 0200 files not for
-// reading); restrict who may connect with Options.AllowCIDRs.
+// Who a request comes from is established per connection, never from what the client
+// claims (see identify): a unix socket's peer credentials (SO_PEERCRED); for TCP from
+// this host the owner of the client's socket as the kernel reports it (sock_diag); a
+// remote peer (only on networks in Options.AllowCIDRs) acts as nobody, or, with
+// Options.TrustUname, as the user its Tattach names. A connection whose own user is root
+// may attach as other users (the Linux client's access=user), one Tattach each; other
+// connections only as themselves. The patched p9 copy in third_party/p9 passes Tattach's
+// uname and n_uname to the attacher (see its PATCH.md).
+//
+// Per fid: Walk(nil) returns a fresh clone carrying its attach's user, Open keeps an
+// fs.Handle (iounit 0, so clients use msize-sized I/O), Close (the clunk) releases it.
+// SetAttr is a no-op (the Linux client truncates through Tsetattr size 0). Readdir
+// offsets are entry indexes. Errors are syscall.Errno values, which p9 turns into
+// Rlerror.
+//
+// Bounds, so that a hostile client cannot grow the daemon: at most Options.MaxConns
+// connections (more are closed and logged), Options.MaxFids live fids per connection
+// (ENFILE beyond), and a connection must attach within Options.AttachTimeout.
 //
 // Locking: a fid's file has one mutex for its handle; the handle serialises its own
 // reads and writes. Serve's listener keeps a set of live connections under its mutex so
@@ -23,12 +34,21 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
 	"ipoibfs/fs"
+)
+
+// Defaults of the per-connection bounds.
+const (
+	DefaultMaxConns      = 256
+	DefaultMaxFids       = 4096
+	DefaultAttachTimeout = 30 * time.Second
 )
 
 // Options configure Serve.
@@ -37,48 +57,129 @@ type Options struct {
 	// Connections from elsewhere are closed at once and logged. Peers without an IP
 	// address (unix sockets) are always allowed.
 	AllowCIDRs []netip.Prefix
+	// TrustUname believes the user named in Tattach (uname / n_uname) for connections
+	// from other hosts, as NFS sec=sys does; without it they are read-only as nobody.
+	// Local connections are never identified by what they claim.
+	TrustUname bool
 	// TauthCompat answers Tauth with Rlerror ENOENT ("no authentication required"), as
 	// diod does when auth is off, instead of p9's ENOSYS, so diod's tools (diodcat,
 	// diodls, mount.diod) can attach.
 	TauthCompat bool
-	// Log receives one line per refused connection (nil discards).
+	// MaxConns, MaxFids and AttachTimeout bound what clients may hold (0: defaults).
+	MaxConns      int
+	MaxFids       int
+	AttachTimeout time.Duration
+	// Unidentified is who a connection acts as when its peer has no credentials to
+	// read (net.Pipe in tests); nil means nobody.
+	Unidentified *fs.Caller
+	// Log receives one line per refused connection or attach (nil discards).
 	Log func(string)
 }
 
-// NewAttacher returns a p9.Attacher whose every attach is the tree at root.
-func NewAttacher(root *fs.Node) p9.Attacher { return attacher{root} }
+func (o *Options) defaults() {
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxFids <= 0 {
+		o.MaxFids = DefaultMaxFids
+	}
+	if o.AttachTimeout <= 0 {
+		o.AttachTimeout = DefaultAttachTimeout
+	}
+}
 
-type attacher struct{ root *fs.Node }
+func (o *Options) logf(format string, a ...any) {
+	if o.Log != nil {
+		o.Log(fmt.Sprintf(format, a...))
+	}
+}
 
-func (a attacher) Attach() (p9.File, error) { return &file{n: a.root}, nil }
+// attacher serves the attaches of one connection.
+type attacher struct {
+	root     *fs.Node
+	id       connIdentity
+	o        *Options
+	fids     *atomic.Int64
+	attached chan struct{}
+	once     sync.Once
+}
+
+var _ p9.UserAttacher = (*attacher)(nil)
+
+func (a *attacher) Attach() (p9.File, error) { return a.AttachUser("", p9.NoUID) }
+
+func (a *attacher) AttachUser(uname string, uid p9.UID) (p9.File, error) {
+	who, err := a.id.attachAs(uname, uid)
+	if err != nil {
+		a.o.logf("9p: refused attach as %q (uid %d) from %s: a connection of uid %d may attach only as itself",
+			uname, uid, a.id.who.Peer, a.id.who.UID)
+		return nil, err
+	}
+	a.once.Do(func() { close(a.attached) })
+	return newFile(a, a.root, who)
+}
 
 // Serve serves the tree on ln until ctx is cancelled, then closes ln and every
 // connection and returns nil. Other errors from ln are returned.
 func Serve(ctx context.Context, ln net.Listener, root *fs.Node, o Options) error {
-	fl := &listener{Listener: ln, o: o, conns: map[net.Conn]struct{}{}}
-	srv := p9.NewServer(NewAttacher(root))
+	o.defaults()
+	diag := newSockDiag()
+	defer diag.close()
+	fl := &listener{Listener: ln, o: &o, conns: map[net.Conn]struct{}{}}
 	stop := context.AfterFunc(ctx, fl.closeAll)
 	defer stop()
-	err := srv.ServeContext(ctx, fl)
-	if ctx.Err() != nil {
-		return nil
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := fl.accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		id := identify(c.raw, diag, o.TrustUname, o.Unidentified)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serveConn(c, root, id, &o)
+		}()
 	}
-	return err
 }
 
 // ServeConn serves one already-accepted connection (net.Pipe in tests, an inherited
-// socket) until it closes. Options.AllowCIDRs is not consulted.
+// socket) until it closes. Options.AllowCIDRs and MaxConns are not consulted.
 func ServeConn(c net.Conn, root *fs.Node, o Options) error {
+	o.defaults()
+	diag := newSockDiag()
+	defer diag.close()
+	id := identify(c, diag, o.TrustUname, o.Unidentified)
 	if o.TauthCompat {
 		c = newAuthShim(c)
 	}
-	return p9.NewServer(NewAttacher(root)).Handle(c, c)
+	return serveConn(c, root, id, &o)
+}
+
+func serveConn(c net.Conn, root *fs.Node, id connIdentity, o *Options) error {
+	a := &attacher{root: root, id: id, o: o, fids: new(atomic.Int64), attached: make(chan struct{})}
+	// A connection that never attaches holds a goroutine and buffers for nothing.
+	t := time.AfterFunc(o.AttachTimeout, func() {
+		select {
+		case <-a.attached:
+		default:
+			o.logf("9p: closing connection from %s: no attach within %v", id.who.Peer, o.AttachTimeout)
+			c.Close()
+		}
+	})
+	defer t.Stop()
+	defer c.Close()
+	return p9.NewServer(a).Handle(c, c)
 }
 
 // listener filters peers and tracks connections.
 type listener struct {
 	net.Listener
-	o Options
+	o *Options
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -107,28 +208,35 @@ func (l *listener) allowed(a net.Addr) (netip.Addr, bool) {
 	return ip, false
 }
 
-func (l *listener) Accept() (net.Conn, error) {
+// accept returns the next allowed connection within the connection bound, wrapped for
+// tracking (and the Tauth shim); raw is the socket itself, for identification.
+func (l *listener) accept() (*trackedConn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
 		if ip, ok := l.allowed(c.RemoteAddr()); !ok {
-			if l.o.Log != nil {
-				l.o.Log(fmt.Sprintf("9p: refused connection from %s: not in the allowed networks %v", ip, l.o.AllowCIDRs))
-			}
+			l.o.logf("9p: refused connection from %s: not in the allowed networks %v", ip, l.o.AllowCIDRs)
 			c.Close()
 			continue
 		}
+		raw := c
 		if l.o.TauthCompat {
 			c = newAuthShim(c)
 		}
-		tc := &trackedConn{Conn: c, l: l}
+		tc := &trackedConn{Conn: c, raw: raw, l: l}
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
 			c.Close()
 			return nil, net.ErrClosed
+		}
+		if len(l.conns) >= l.o.MaxConns {
+			l.mu.Unlock()
+			l.o.logf("9p: refused connection from %s: %d connections already", raw.RemoteAddr(), l.o.MaxConns)
+			c.Close()
+			continue
 		}
 		l.conns[tc] = struct{}{}
 		l.mu.Unlock()
@@ -153,6 +261,7 @@ func (l *listener) closeAll() {
 
 type trackedConn struct {
 	net.Conn
+	raw  net.Conn
 	l    *listener
 	once sync.Once
 }
@@ -168,13 +277,26 @@ func (c *trackedConn) Close() error {
 
 // ---- p9.File ----
 
-// file is one fid: the node it names and, once opened, its handle.
+// file is one fid: the node it names, who acts through it and, once opened, its
+// handle.
 type file struct {
+	a     *attacher
+	who   fs.Caller
 	dirMu sync.Mutex
 	dir   []*fs.Node // the listing in progress (per fid)
 	n     *fs.Node
 	mu    sync.Mutex
 	h     *fs.Handle
+	gone  atomic.Bool // clunked: the fid no longer counts
+}
+
+// newFile makes a fid for n, within the connection's bound on live fids.
+func newFile(a *attacher, n *fs.Node, who fs.Caller) (*file, error) {
+	if a.fids.Add(1) > int64(a.o.MaxFids) {
+		a.fids.Add(-1)
+		return nil, linux.ENFILE
+	}
+	return &file{a: a, who: who, n: n}, nil
 }
 
 var _ p9.File = (*file)(nil)
@@ -203,10 +325,16 @@ func (f *file) handle() (*fs.Handle, error) {
 	return f.h, nil
 }
 
+// Walk needs search permission on every directory it passes, as path lookup does.
 func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 	n := f.n
 	qids := make([]p9.QID, 0, len(names))
 	for _, name := range names {
+		if n.IsDir() {
+			if err := n.Access(f.who, fs.MayExec); err != nil {
+				return nil, nil, toErr(err)
+			}
+		}
 		c, err := n.Lookup(name)
 		if err != nil {
 			return nil, nil, toErr(err)
@@ -214,7 +342,11 @@ func (f *file) Walk(names []string) ([]p9.QID, p9.File, error) {
 		n = c
 		qids = append(qids, qidOf(n))
 	}
-	return qids, &file{n: n}, nil
+	nf, err := newFile(f.a, n, f.who)
+	if err != nil {
+		return nil, nil, err
+	}
+	return qids, nf, nil
 }
 
 func (f *file) WalkGetAttr([]string) ([]p9.QID, p9.File, p9.AttrMask, p9.Attr, error) {
@@ -248,6 +380,9 @@ func (f *file) SetAttr(p9.SetAttrMask, p9.SetAttr) error { return nil }
 // configuration; its error reaches clients that read Rclunk errors (the Go client does,
 // the Linux v9fs client does not).
 func (f *file) Close() error {
+	if !f.gone.Swap(true) {
+		f.a.fids.Add(-1)
+	}
 	f.mu.Lock()
 	h := f.h
 	f.h = nil
@@ -270,7 +405,7 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	default:
 		return p9.QID{}, 0, linux.EINVAL
 	}
-	h, err := f.n.Open(flags)
+	h, err := f.n.Open(f.who, flags)
 	if err != nil {
 		return p9.QID{}, 0, toErr(err)
 	}

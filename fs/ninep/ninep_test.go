@@ -25,6 +25,9 @@ func pipeClient(t *testing.T, root *fs.Node, o Options) *Client {
 	t.Helper()
 	cc, sc := net.Pipe()
 	done := make(chan struct{})
+	if o.Unidentified == nil {
+		o.Unidentified = &fs.Internal // a pipe has no peer credentials: act as root
+	}
 	go func() { ServeConn(sc, root, o); close(done) }()
 	c, err := NewClient(cc)
 	if err != nil {
@@ -90,7 +93,7 @@ func TestReadWrite(t *testing.T) {
 func TestFidSemantics(t *testing.T) {
 	v := newEnv(t)
 	cc, sc := net.Pipe()
-	go ServeConn(sc, v.tree.Root(), Options{})
+	go ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal})
 	pc, err := p9.NewClient(cc)
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +193,9 @@ func tversion() []byte {
 func exchange(t *testing.T, root *fs.Node, o Options, reqs ...[]byte) [][]byte {
 	t.Helper()
 	cc, sc := net.Pipe()
+	if o.Unidentified == nil {
+		o.Unidentified = &fs.Internal
+	}
 	go ServeConn(sc, root, o)
 	defer cc.Close()
 	var out [][]byte

@@ -1,0 +1,123 @@
+package fs
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"syscall"
+)
+
+// Caller is who makes a request into the tree, as the front end established it: the
+// FUSE request's uid and gid from the kernel; for 9P the connection's peer credentials,
+// the owner of a loopback socket, or a trusted attach name (fs/ninep). The tree decides
+// access from it in one place (Node.Access) for every front end, and names it in the
+// log line of every write.
+type Caller struct {
+	UID  uint32
+	GIDs []uint32 // primary group first
+	Via  string   // front end: "fuse", "9p"
+	Peer string   // where the request came from: "pid 1234", "127.0.0.1:40000", "unix pid 99"
+}
+
+// Nobody is the unprivileged user (overflowuid) that unauthenticated clients act as.
+const Nobody = 65534
+
+// Internal is the daemon itself (configuration files, tests of the model).
+var Internal = Caller{UID: 0, GIDs: []uint32{0}, Via: "internal"}
+
+func (c Caller) String() string {
+	s := "uid=" + strconv.FormatUint(uint64(c.UID), 10)
+	if c.Via != "" {
+		s += " via=" + c.Via
+	}
+	if c.Peer != "" {
+		s += " peer=" + strconv.Quote(c.Peer)
+	}
+	return s
+}
+
+// Access mask bits, as access(2): read, write, search/execute.
+const (
+	MayRead  = 4
+	MayWrite = 2
+	MayExec  = 1
+)
+
+// Access reports whether c may use n as mask asks. Every node is owned by root:root
+// with the kernel's modes, so this is generic_permission for such a file: uid 0
+// passes (CAP_DAC_OVERRIDE), members of group 0 get the group bits, everyone else
+// the other bits. kernfs's rule comes first and holds for root as well: a file with
+// no read (write) bit, or no show (store) method, cannot be opened for reading
+// (writing). The error is EACCES, as the kernel's.
+func (n *Node) Access(c Caller, mask int) error {
+	if !n.dir {
+		if mask&MayRead != 0 && (n.perm&0444 == 0 || n.read == nil) {
+			return syscall.EACCES
+		}
+		if mask&MayWrite != 0 && (n.perm&0222 == 0 || (n.write == nil && n.commit == nil)) {
+			return syscall.EACCES
+		}
+	}
+	if c.UID == 0 {
+		return nil
+	}
+	bits := n.perm & 07
+	if slices.Contains(c.GIDs, 0) {
+		bits = n.perm >> 3 & 07
+	}
+	if uint32(mask)&^bits != 0 {
+		return syscall.EACCES
+	}
+	return nil
+}
+
+// maxLogged is how much of a write its log line quotes.
+const maxLogged = 64
+
+// audit logs one line for a write that reached the engine (or was refused by it):
+// "path: result; wrote "data" as who". Failures keep the "path: reason" start that
+// operators grep for.
+func (t *Tree) audit(c Caller, path string, data []byte, err error) syscall.Errno {
+	errno, reason := describe(err)
+	if t.log == nil {
+		return errno
+	}
+	if len(data) > maxLogged {
+		data = data[:maxLogged]
+	}
+	result := "ok"
+	if err != nil {
+		result = reason + " (" + errnoName(errno) + ")"
+	}
+	t.log(fmt.Sprintf("%s: %s; wrote %q as %s", path, result, data, c))
+	return errno
+}
+
+// errnoName is the errno's symbolic name where we know it (for the log line).
+func errnoName(e syscall.Errno) string {
+	switch e {
+	case syscall.EINVAL:
+		return "EINVAL"
+	case syscall.EACCES:
+		return "EACCES"
+	case syscall.EPERM:
+		return "EPERM"
+	case syscall.ENODEV:
+		return "ENODEV"
+	case syscall.ENOTUNIQ:
+		return "ENOTUNIQ"
+	case syscall.EEXIST:
+		return "EEXIST"
+	case syscall.ENOENT:
+		return "ENOENT"
+	case syscall.EOPNOTSUPP:
+		return "EOPNOTSUPP"
+	case syscall.ERANGE:
+		return "ERANGE"
+	case syscall.EFBIG:
+		return "EFBIG"
+	case syscall.EBUSY:
+		return "EBUSY"
+	}
+	return "errno " + strconv.Itoa(int(e))
+}

@@ -1,0 +1,193 @@
+package ninep
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/user"
+	"strconv"
+	"sync"
+
+	"github.com/hugelgupf/p9/linux"
+	"github.com/hugelgupf/p9/p9"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"ipoibfs/fs"
+)
+
+// connIdentity is what a connection's peer is known to be, before any attach.
+type connIdentity struct {
+	// who is the connection's own user: from the kernel for a unix socket or a
+	// loopback TCP socket; nobody when it cannot be known.
+	who fs.Caller
+	// fromKernel: who was reported by the kernel (SO_PEERCRED, sock_diag), so a root
+	// connection may attach as other users.
+	fromKernel bool
+	// trustNames: a remote peer on an allowed network whose attach names are believed
+	// (-9p-trust-uname, the NFS sec=sys model).
+	trustNames bool
+}
+
+// identify establishes a connection's identity. Never from what the client claims,
+// except for remote peers with trustUname.
+func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) connIdentity {
+	peer := c.RemoteAddr().String()
+	nobody := fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p", Peer: peer}
+	switch a := c.RemoteAddr().(type) {
+	case *net.UnixAddr:
+		cred, err := peerCred(c)
+		if err != nil {
+			return connIdentity{who: nobody}
+		}
+		return connIdentity{who: fs.Caller{UID: cred.Uid, GIDs: []uint32{cred.Gid}, Via: "9p",
+			Peer: "unix pid " + strconv.Itoa(int(cred.Pid))}, fromKernel: true}
+	case *net.TCPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		if ip.Unmap().IsLoopback() {
+			uid, err := diag.owner(c.RemoteAddr(), c.LocalAddr())
+			if err != nil {
+				return connIdentity{who: nobody}
+			}
+			return connIdentity{who: fs.Caller{UID: uid, GIDs: []uint32{primaryGID(uid)}, Via: "9p", Peer: peer}, fromKernel: true}
+		}
+		return connIdentity{who: nobody, trustNames: trustUname}
+	}
+	if unknown != nil { // net.Pipe in tests
+		w := *unknown
+		w.Via = "9p"
+		return connIdentity{who: w, fromKernel: true}
+	}
+	return connIdentity{who: nobody}
+}
+
+// peerCred returns the credentials the kernel recorded for a unix socket's peer.
+func peerCred(c net.Conn) (*unix.Ucred, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil, errors.New("not a unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// sockDiag asks the kernel (NETLINK_INET_DIAG, what ss -e uses) who owns a TCP socket
+// on this host. Its netlink socket is opened where the listener is, once.
+type sockDiag struct {
+	mu sync.Mutex
+	h  *netlink.Handle
+}
+
+func newSockDiag() *sockDiag {
+	h, err := netlink.NewHandle(unix.NETLINK_INET_DIAG)
+	if err != nil {
+		return &sockDiag{}
+	}
+	return &sockDiag{h: h}
+}
+
+// owner returns the uid owning the socket whose local address is local and remote
+// address remote (the client's end of a loopback connection).
+func (d *sockDiag) owner(local, remote net.Addr) (uint32, error) {
+	if d == nil || d.h == nil {
+		return 0, errors.New("no sock_diag netlink socket")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var s *netlink.Socket
+	var err error
+	for range 3 { // a dump interrupted by a concurrent change is retried
+		if s, err = d.h.SocketGet(local, remote); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sock_diag %s -> %s: %w", local, remote, err)
+	}
+	return s.UID, nil
+}
+
+func (d *sockDiag) close() {
+	if d != nil && d.h != nil {
+		d.h.Close()
+	}
+}
+
+// primaryGID is the user's primary group from the password database (nobody's when the
+// user is unknown).
+func primaryGID(uid uint32) uint32 {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return fs.Nobody
+	}
+	g, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return fs.Nobody
+	}
+	return uint32(g)
+}
+
+// claimedUID is the user a Tattach names: n_uname when sent, else uname looked up in
+// the password database. ok is false when it names nobody in particular.
+func claimedUID(uname string, uid p9.UID) (uint32, bool, error) {
+	if uid != p9.NoUID {
+		return uint32(uid), true, nil
+	}
+	if uname == "" {
+		return 0, false, nil
+	}
+	if n, err := strconv.ParseUint(uname, 10, 32); err == nil {
+		return uint32(n), true, nil
+	}
+	u, err := user.Lookup(uname)
+	if err != nil {
+		return 0, false, fmt.Errorf("unknown user %q", uname)
+	}
+	n, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return 0, false, fmt.Errorf("user %q has uid %q", uname, u.Uid)
+	}
+	return uint32(n), true, nil
+}
+
+// attachAs decides who one Tattach acts as. A kernel-identified root connection may
+// attach as anyone (the Linux client's access=user: one connection, one attach per
+// local user); any other kernel-identified connection only as itself (EPERM for
+// another user); a remote connection as the named user only with trust, else nobody.
+func (id connIdentity) attachAs(uname string, uid p9.UID) (fs.Caller, error) {
+	claimed, named, err := claimedUID(uname, uid)
+	switch {
+	case id.fromKernel && id.who.UID == 0:
+		if err != nil {
+			return fs.Caller{}, linux.EPERM
+		}
+		if !named {
+			return id.who, nil
+		}
+		c := id.who
+		c.UID, c.GIDs = claimed, []uint32{primaryGID(claimed)}
+		return c, nil
+	case id.fromKernel:
+		if named && claimed != id.who.UID {
+			return fs.Caller{}, linux.EPERM
+		}
+		return id.who, nil
+	case id.trustNames && named && err == nil:
+		c := id.who
+		c.UID, c.GIDs = claimed, []uint32{primaryGID(claimed)}
+		return c, nil
+	default:
+		return id.who, nil // nobody: read-only
+	}
+}

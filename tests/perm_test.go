@@ -1,0 +1,218 @@
+package tests
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"ipoibfs/fs/ninep"
+)
+
+// permGarbage is what the table writes: no parser accepts it, so a write that gets past
+// the permission check fails in the engine (EINVAL and the like) and changes nothing.
+const permGarbage = "\x01not a value\n"
+
+// permRole runs as one user (the test starts it with that user's credentials): for
+// every path on stdin it opens the file for writing, writes permGarbage and closes it,
+// then opens it for reading, through target ("fuse:MNT" or "9p:ADDR"), and prints
+// "path write-errno read-errno".
+func permRole(target string) int {
+	kind, where, _ := strings.Cut(target, ":")
+	var c *ninep.Client
+	if kind == "9p" {
+		network, addr := "tcp", where
+		if p, ok := strings.CutPrefix(where, "unix:"); ok {
+			network, addr = "unix", p
+		}
+		conn, err := net.Dial(network, addr)
+		if err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		if c, err = ninep.NewClient(conn); err != nil {
+			fmt.Println("ERR", err)
+			return 1
+		}
+		defer c.Close()
+	}
+	errnoOf := func(err error) int {
+		var e syscall.Errno
+		if err == nil {
+			return 0
+		}
+		if errors.As(err, &e) {
+			return int(e)
+		}
+		return -1
+	}
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		path := sc.Text()
+		var werr, rerr error
+		if c != nil {
+			werr = c.WriteFile(path, []byte(permGarbage))
+			_, rerr = c.ReadFile(path)
+		} else {
+			full := filepath.Join(where, path)
+			f, err := os.OpenFile(full, os.O_WRONLY, 0)
+			if err == nil {
+				_, err = f.Write([]byte(permGarbage))
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+			}
+			werr = err
+			_, rerr = os.ReadFile(full)
+		}
+		fmt.Printf("%s %d %d\n", path, errnoOf(werr), errnoOf(rerr))
+	}
+	return 0
+}
+
+// permExe is a copy of the test binary that other users may run.
+func permExe(t *testing.T) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := treeMountDir(t) // parents traversable by all
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(filepath.Dir(dir), "perm.test")
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
+// The permission table: for every file of the tree, a write (and a read) as root, as an
+// ordinary user and as nobody, over FUSE, 9P on TCP from this host and 9P on a unix
+// socket, gives the same errno on every front end for the same user, and the errno
+// matches the file's mode: non-root users never write, nobody is refused reading only
+// what sysfs refuses everyone.
+func TestPermissionTable(t *testing.T) {
+	treeRequire(t)
+	sock := filepath.Join(filepath.Dir(treeMountDir(t)), "9p.sock")
+	tcp := treeStart(t, "ptcp", "")
+	// A second daemon of the same name (so the same paths) for the unix socket: -9p
+	// takes one address.
+	ud := startDaemon(t, "tree-ptcp", "-mount", "", "-9p", "unix:"+sock, "-netns", treeNetns(t, "pu2"))
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 9P socket at %s; log:\n%s", sock, ud.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var files []string
+	err := filepath.WalkDir(tcp.mnt, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			rel, _ := filepath.Rel(tcp.mnt, p)
+			// pkeys/1..63 repeat pkeys/0; one stands for all.
+			if strings.Contains(rel, "/pkeys/") && !strings.HasSuffix(rel, "/pkeys/0") {
+				return nil
+			}
+			files = append(files, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 60 {
+		t.Fatalf("only %d files in the tree: %v", len(files), files)
+	}
+	// Files under kernel/debug are root's alone, and the walk as root found them.
+	exe := permExe(t)
+	users := []struct {
+		name string
+		cred *syscall.Credential
+	}{
+		{"root", nil},
+		{"uid 1000", &syscall.Credential{Uid: 1000, Gid: 1000}},
+		{"nobody", &syscall.Credential{Uid: 65534, Gid: 65534}},
+	}
+	fronts := []string{"fuse:" + tcp.mnt, "9p:" + tcp.addr, "9p:unix:" + sock}
+	type result struct{ write, read int }
+	for _, u := range users {
+		got := map[string]map[string]result{}
+		for _, front := range fronts {
+			cmd := exec.Command(exe)
+			cmd.Env = append(os.Environ(), "IPOIBFS_E2E_ROLE=perm", "IPOIBFS_E2E_ADDR="+front)
+			cmd.Stdin = strings.NewReader(strings.Join(files, "\n") + "\n")
+			if u.cred != nil {
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.cred}
+			}
+			cmd.Dir = "/"
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("%s via %s: %v\n%s", u.name, front, err, out)
+			}
+			res := map[string]result{}
+			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				var p string
+				var r result
+				if _, err := fmt.Sscanf(l, "%s %d %d", &p, &r.write, &r.read); err != nil {
+					t.Fatalf("%s via %s: bad line %q", u.name, front, l)
+				}
+				res[p] = r
+			}
+			got[front] = res
+		}
+		for _, f := range files {
+			fuse := got[fronts[0]][f]
+			for _, front := range fronts[1:] {
+				if r := got[front][f]; r != fuse {
+					t.Errorf("%s %s: FUSE gives write %v read %v, %s gives write %v read %v",
+						u.name, f, syscall.Errno(fuse.write), syscall.Errno(fuse.read), front, syscall.Errno(r.write), syscall.Errno(r.read))
+				}
+			}
+			st, err := os.Stat(filepath.Join(tcp.mnt, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			perm := st.Mode().Perm()
+			debug := strings.HasPrefix(f, "kernel/debug/")
+			eacces := int(syscall.EACCES)
+			switch {
+			case u.cred == nil && perm&0o200 == 0 && fuse.write != eacces:
+				t.Errorf("root wrote %s (mode %v): %v", f, perm, syscall.Errno(fuse.write))
+			case u.cred == nil && perm&0o200 != 0 && fuse.write == eacces:
+				t.Errorf("root may not write %s (mode %v)", f, perm)
+			case u.cred != nil && fuse.write != eacces:
+				t.Errorf("%s writing %s (mode %v): %v, want EACCES", u.name, f, perm, syscall.Errno(fuse.write))
+			case u.cred != nil && !debug && perm&0o004 != 0 && fuse.read != 0 && fuse.read != int(syscall.EINVAL):
+				t.Errorf("%s reading %s (mode %v): %v", u.name, f, perm, syscall.Errno(fuse.read))
+			case (u.cred != nil && debug || perm&0o444 == 0) && fuse.read != eacces:
+				t.Errorf("%s read %s (mode %v, under kernel/debug %v): %v, want EACCES", u.name, f, perm, debug, syscall.Errno(fuse.read))
+			}
+		}
+	}
+	// No write by anyone changed anything: the garbage was refused everywhere.
+	if got := treeLs(t, tcp.path("class/net")); len(got) != 1 || got[0] != "ib0" {
+		t.Errorf("class/net after the table: %v", got)
+	}
+	if b, _ := os.ReadFile(tcp.path("class/net/ib0/mode")); string(b) != "datagram\n" {
+		t.Errorf("mode after the table: %q", b)
+	}
+}
