@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"ipoibfs/fs/ninep"
+	"ipoibfs/internal/testenv"
+	"ipoibfs/internal/vm"
 )
 
 // permGarbage is what the table writes: no parser accepts it, so a write that gets past
@@ -214,5 +219,52 @@ func TestPermissionTable(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(tcp.path("class/net/ib0/mode")); string(b) != "datagram\n" {
 		t.Errorf("mode after the table: %q", b)
+	}
+}
+
+// The Linux v9fs client in a guest, mounted with access=user: one connection (from the
+// host's QEMU process, so root as the host sees it) and one attach per guest user.
+// Guest root may write mode; guest uid 1000 reads pkey and is refused writing mode (by
+// the guest kernel already, which checks the modes the server reports; the server's own
+// refusal of such a user is what TestPermissionTable shows).
+// With or without -9p-trust-uname the same: the guest arrives over loopback, so the
+// kernel-reported owner (root) decides that its attaches may name users, and a user
+// other than root is read-only either way.
+func TestGuestAccessUser(t *testing.T) {
+	treeRequire(t)
+	if testing.Short() {
+		t.Skip("boots a QEMU guest; skipped with -short")
+	}
+	im, err := vm.Prepare()
+	if errors.Is(err, vm.ErrMissing) {
+		testenv.Missing(t, err.Error())
+	}
+	if err != nil {
+		t.Fatalf("vm.Prepare: %v", err)
+	}
+	guest := *im
+	guest.MountOptions = "access=user"
+	const script = `cat class/net/ib0/pkey
+su user -s /bin/sh -c 'id -u; cat class/net/ib0/pkey; echo connected > class/net/ib0/mode; echo "user: exit $?"'
+echo connected > class/net/ib0/mode; echo "root: exit $?"
+cat class/net/ib0/mode
+`
+	const want = "0xffff\n1000\n0xffff\nsh: can't create class/net/ib0/mode: Permission denied\nuser: exit 1\nroot: exit 0\nconnected\n"
+	for _, trust := range []bool{true, false} {
+		var extra []string
+		tag := "gau0"
+		if trust {
+			extra, tag = []string{"-9p-trust-uname"}, "gau1"
+		}
+		td := treeStart(t, tag, "", extra...)
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		out, code, err := guest.Run(ctx, td.port, script)
+		cancel()
+		if err != nil {
+			t.Fatalf("guest (trust-uname %v): %v", trust, err)
+		}
+		if code != 0 || out != want {
+			t.Errorf("guest with access=user (trust-uname %v): exit %d, transcript (-want +got):\n%s", trust, code, cmp.Diff(want, out))
+		}
 	}
 }

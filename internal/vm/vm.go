@@ -54,6 +54,8 @@ type Image struct {
 	Timeout time.Duration // per Run if ctx has no deadline; default 3 minutes
 	// Append is added to the kernel command line.
 	Append string
+	// MountOptions are added to the guest's 9p mount options (e.g. "access=user").
+	MountOptions string
 
 	busybox string   // path of the cached static busybox
 	applets []string // busybox --list
@@ -249,7 +251,7 @@ while [ "$(cat /sys/class/net/eth0/carrier 2>/dev/null)" != 1 ]; do
 	[ $i -lt 1000 ] || fail "eth0: no carrier after 10 s"
 	sleep 0.01
 done
-mount -t 9p -o trans=tcp,port=@@PORT@@,version=9p2000.L,msize=262144,cache=none 10.0.2.2 /mnt || fail "mount 9p 10.0.2.2:@@PORT@@"
+mount -t 9p -o trans=tcp,port=@@PORT@@,version=9p2000.L,msize=262144,cache=none@@MOUNTOPTS@@ 10.0.2.2 /mnt || fail "mount 9p 10.0.2.2:@@PORT@@"
 dmesg -n 1
 stty -onlcr 2>/dev/null
 echo "@@BEGIN@@"
@@ -372,9 +374,9 @@ func (im *Image) writeInitrd(path string, port int, script, begin, end, failm st
 	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "mnt", "tmp", "lib", "lib/modules"} {
 		w.Dir(d, 0o755)
 	}
-	// So that ls -l and id show names for uid and gid 0.
-	w.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/:/bin/sh\n"))
-	w.File("etc/group", 0o644, []byte("root:x:0:\n"))
+	// So that ls -l and id show names, and scripts can `su user -c ...` (uid 1000).
+	w.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/:/bin/sh\nuser:x:1000:1000:user:/tmp:/bin/sh\n"))
+	w.File("etc/group", 0o644, []byte("root:x:0:\nuser:x:1000:\n"))
 	w.CharDev("dev/console", 0o600, 5, 1)
 	w.CharDev("dev/null", 0o666, 1, 3)
 	bb, err := os.ReadFile(im.busybox)
@@ -397,6 +399,7 @@ func (im *Image) writeInitrd(path string, port int, script, begin, end, failm st
 	init := strings.NewReplacer(
 		"@@MODULES@@", strings.Join(im.modules, " "),
 		"@@PORT@@", strconv.Itoa(port),
+		"@@MOUNTOPTS@@", mountOpts(im.MountOptions),
 		"@@BEGIN@@", begin,
 		"@@END@@", end,
 		"@@FAIL@@", failm,
@@ -407,6 +410,13 @@ func (im *Image) writeInitrd(path string, port int, script, begin, end, failm st
 		return err
 	}
 	return f.Close()
+}
+
+func mountOpts(extra string) string {
+	if extra == "" {
+		return ""
+	}
+	return "," + extra
 }
 
 // WriteError is the line busybox ash prints to stderr when the write(2) of its echo

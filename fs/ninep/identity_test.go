@@ -1,0 +1,178 @@
+package ninep
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hugelgupf/p9/linux"
+	"github.com/hugelgupf/p9/p9"
+
+	"ipoibfs/fs"
+)
+
+// Who an attach acts as, for each kind of connection and claim.
+func TestAttachAs(t *testing.T) {
+	root := connIdentity{who: fs.Caller{UID: 0, Via: "9p", Peer: "unix pid 1"}, fromKernel: true}
+	user := connIdentity{who: fs.Caller{UID: 1000, Via: "9p", Peer: "127.0.0.1:5000"}, fromKernel: true}
+	remote := connIdentity{who: fs.Caller{UID: fs.Nobody, Via: "9p", Peer: "192.0.2.7:700"}}
+	trusted := remote
+	trusted.trustNames = true
+	for _, c := range []struct {
+		what  string
+		id    connIdentity
+		uname string
+		uid   p9.UID
+		want  uint32
+		err   error
+	}{
+		{"root connection, no claim", root, "", p9.NoUID, 0, nil},
+		{"root connection attaching as 1000 (access=user)", root, "", 1000, 1000, nil},
+		{"root connection attaching by name", root, "root", p9.NoUID, 0, nil},
+		{"root connection, numeric uname", root, "1234", p9.NoUID, 1234, nil},
+		{"root connection, unknown user name", root, "no-such-user-xyz", p9.NoUID, 0, linux.EPERM},
+		{"user connection, no claim", user, "", p9.NoUID, 1000, nil},
+		{"user connection claiming itself", user, "", 1000, 1000, nil},
+		{"user connection claiming root", user, "", 0, 0, linux.EPERM},
+		{"user connection claiming root by name", user, "root", p9.NoUID, 0, linux.EPERM},
+		{"remote without trust claiming root", remote, "root", 0, fs.Nobody, nil},
+		{"remote without trust, no claim", remote, "", p9.NoUID, fs.Nobody, nil},
+		{"remote with trust claiming 1000", trusted, "", 1000, 1000, nil},
+		{"remote with trust claiming root", trusted, "root", 0, 0, nil},
+		{"remote with trust, no claim", trusted, "", p9.NoUID, fs.Nobody, nil},
+		{"remote with trust, unknown name", trusted, "no-such-user-xyz", p9.NoUID, fs.Nobody, nil},
+	} {
+		got, err := c.id.attachAs(c.uname, c.uid)
+		if !errors.Is(err, c.err) || (err == nil && got.UID != c.want) {
+			t.Errorf("%s: uid %d, %v; want uid %d, %v", c.what, got.UID, err, c.want, c.err)
+		}
+	}
+}
+
+// A unix socket's peer is who the kernel says; a root connection attaching as another
+// user gets that user's rights, and a write as that user is refused.
+func TestUnixPeerAndAttachAs(t *testing.T) {
+	v := newEnv(t)
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		done <- ServeConn(c, v.tree.Root(), Options{})
+	}()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p9.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); ln.Close(); <-done }()
+	try := func(root p9.File) error {
+		_, f, err := root.Walk([]string{"class", "net", "ib0", "mtu"})
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, _, err := f.Open(p9.WriteOnly); err != nil {
+			return err
+		}
+		_, err = f.WriteAt([]byte("2044\n"), 0)
+		return err
+	}
+	me, err := c.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := try(me); err != nil {
+			t.Errorf("root over a unix socket writing mtu: %v", err)
+		}
+	}
+	as1000, err := c.AttachAs("/", "", 1000)
+	if os.Geteuid() != 0 {
+		if !errors.Is(err, linux.EPERM) {
+			t.Errorf("a non-root connection attaching as 1000: %v, want EPERM", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("root attaching as 1000: %v", err)
+	}
+	if err := try(as1000); !errors.Is(err, linux.EACCES) {
+		t.Errorf("uid 1000 (attached by root) writing mtu: %v, want EACCES", err)
+	}
+	lines := v.log.Take()
+	found := false
+	for _, l := range lines {
+		if l == `class/net/ib0/mtu: permission denied; open for writing as uid=1000 via=9p peer="unix pid `+strconv.Itoa(os.Getpid())+`"` {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no log line naming uid 1000 and this process: %q", lines)
+	}
+}
+
+// The fids a connection holds are bounded: beyond MaxFids a walk fails with ENFILE,
+// and clunking gives room again.
+func TestFidBound(t *testing.T) {
+	v := newEnv(t)
+	cc, sc := net.Pipe()
+	go ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal, MaxFids: 8})
+	c, err := p9.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	root, err := c.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []p9.File
+	for range 7 { // the attach holds one
+		_, f, err := root.Walk([]string{"class"})
+		if err != nil {
+			t.Fatalf("walk %d: %v", len(held), err)
+		}
+		held = append(held, f)
+	}
+	if _, _, err := root.Walk([]string{"class"}); !errors.Is(err, linux.ENFILE) {
+		t.Fatalf("walk beyond the bound: %v, want ENFILE", err)
+	}
+	held[0].Close()
+	if _, f, err := root.Walk([]string{"class"}); err != nil {
+		t.Errorf("walk after a clunk: %v", err)
+	} else {
+		f.Close()
+	}
+}
+
+// A connection that never attaches is closed after AttachTimeout.
+func TestAttachTimeout(t *testing.T) {
+	v := newEnv(t)
+	cc, sc := net.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- ServeConn(sc, v.tree.Root(), Options{AttachTimeout: 50 * time.Millisecond}) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a connection that never attached is still served")
+	}
+	if _, err := cc.Write([]byte{0}); !errors.Is(err, syscall.EPIPE) && !errors.Is(err, net.ErrClosed) && err == nil {
+		t.Errorf("write to the closed connection: %v", err)
+	}
+}
