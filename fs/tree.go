@@ -472,6 +472,8 @@ func (t *Tree) listSM(dir string) ([]*Node, error) {
 		return sm.SetFaults(f)
 	})
 	return []*Node{
+		// Management messages the SM's port dropped for want of a valid fabric-key MAC.
+		t.file(dir, "auth_failures", 0444, func() (string, error) { return fmt.Sprintf("%d\n", sm.AuthFailures()), nil }, nil),
 		faults,
 		t.file(dir, "groups", 0444, func() (string, error) { return groupsText(sm.DB().Groups()), nil }, nil),
 		t.file(dir, "nodes", 0444, func() (string, error) { return nodesText(sm.Nodes()), nil }, nil),
@@ -483,7 +485,8 @@ func (t *Tree) listSM(dir string) ([]*Node, error) {
 // PortCountersExtended, drivers/infiniband/core/sysfs.c) in its order, each with its
 // value from the port's counters. port_xmit_data and port_rcv_data count 4-octet words,
 // as in the IBA and the kernel. A P_Key violation on receive counts as a receive
-// constraint error; malformed packets and bad ICRCs as receive errors. The physical-
+// constraint error; malformed packets, bad ICRCs and management messages without a
+// valid fabric-key MAC as receive errors. The physical-
 // layer counters exist and stay 0: a software link has no symbols, lanes or VLs.
 var portCounterNames = []struct {
 	name  string
@@ -496,7 +499,7 @@ var portCounterNames = []struct {
 	{"local_link_integrity_errors", nil},
 	{"port_rcv_constraint_errors", func(c verbs.PortCounters) uint64 { return c.BadPKey }},
 	{"port_rcv_data", func(c verbs.PortCounters) uint64 { return c.RcvBytes / 4 }},
-	{"port_rcv_errors", func(c verbs.PortCounters) uint64 { return c.Malformed + c.BadICRC }},
+	{"port_rcv_errors", func(c verbs.PortCounters) uint64 { return c.Malformed + c.BadICRC + c.AuthFailures }},
 	{"port_rcv_packets", func(c verbs.PortCounters) uint64 { return c.RcvPackets }},
 	{"port_rcv_remote_physical_errors", nil},
 	{"port_rcv_switch_relay_errors", nil},

@@ -98,7 +98,7 @@ func TestLayout(t *testing.T) {
 			"rx_fifo_errors", "rx_frame_errors", "rx_length_errors", "rx_missed_errors", "rx_nohandler",
 			"rx_over_errors", "rx_packets", "tx_aborted_errors", "tx_bytes", "tx_carrier_errors", "tx_compressed",
 			"tx_dropped", "tx_errors", "tx_fifo_errors", "tx_heartbeat_errors", "tx_packets", "tx_window_errors"},
-		"sm": {"faults", "groups", "nodes", "partitions"},
+		"sm": {"auth_failures", "faults", "groups", "nodes", "partitions"},
 	} {
 		if diff := cmp.Diff(want, names(t, tr, path)); diff != "" {
 			t.Errorf("ls %q (-want +got):\n%s", path, diff)

@@ -61,6 +61,7 @@ type PortCounters struct {
 	NoQP                    uint64 // destination QP does not exist or is not ready
 	RcvDropped              uint64 // no receive buffer posted (UD RNR drops)
 	XmitDiscards            uint64 // send failed (unknown destination LID, transport error)
+	AuthFailures            uint64 // management messages without a valid fabric-key MAC
 }
 
 // Port is one port of a Device.

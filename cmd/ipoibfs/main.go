@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"ipoibfs/fs"
 	"ipoibfs/ipoib"
@@ -148,6 +149,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	mountDir := fl.String("mount", defaultMount, "mount the control tree here with FUSE (\"\" disables)")
 	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
 	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
+	fabricKey := fl.String("fabric-key", "", "authenticate fabric management messages with the key in `file` (0600, at least 16 random bytes; the same on every node)")
 	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
@@ -203,6 +205,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	cfg := soft.Config{Name: *name, Ports: *ports}
+	if *fabricKey != "" {
+		key, err := loadFabricKey(*fabricKey)
+		if err != nil {
+			return err
+		}
+		cfg.FabricKey = key
+	}
 	var parts *partitions.Config
 	if *partFile != "" {
 		p, err := loadPartitions(*partFile)
@@ -284,8 +293,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 	sdNotify("READY=1\nSTATUS=" + readyStatus(eng, mounted, *ninepAddr))
 	defer sdNotify("STOPPING=1")
 
+	if cfg.FabricKey == nil {
+		log.Printf("fabric unauthenticated: management messages are not signed (see -fabric-key)")
+	}
+	// A port that never becomes ACTIVE says why, every few seconds.
+	inactive := time.NewTicker(5 * time.Second)
+	defer inactive.Stop()
 	for {
 		select {
+		case <-inactive.C:
+			if *fabric != "" {
+				reportInactive(hca, *fabric, cfg.FabricKey != nil)
+			}
 		case ev := <-events:
 			p, _ := hca.Port(ev.Port)
 			a := p.Attr()

@@ -30,6 +30,9 @@ type Config struct {
 	// Partitions (nil = the OpenSM default).
 	HostSM     bool
 	Partitions *partitions.Config
+	// FabricKey, when set (MinFabricKeyLen bytes or more), authenticates every QP0
+	// control message and QP1 MAD (see fabrickey.go); the whole fabric must share it.
+	FabricKey []byte
 }
 
 // HCA is a software host channel adapter implementing verbs.Device.
@@ -72,6 +75,9 @@ func New(cfg Config) (*HCA, error) {
 	}
 	if cfg.Network == nil {
 		return nil, fmt.Errorf("soft hca %s: no network", cfg.Name)
+	}
+	if cfg.FabricKey != nil && len(cfg.FabricKey) < MinFabricKeyLen {
+		return nil, fmt.Errorf("soft hca %s: fabric key of %d bytes, want at least %d", cfg.Name, len(cfg.FabricKey), MinFabricKeyLen)
 	}
 	if cfg.MaxMTU == 0 {
 		cfg.MaxMTU = verbs.MTU4096

@@ -38,9 +38,13 @@ type Port struct {
 
 	gsi gsiAgent
 
+	// auth signs and checks management messages when the fabric has a key (nil: none).
+	auth *fabricAuth
+
 	cnt struct {
 		xmitPkts, rcvPkts, xmitBytes, rcvBytes                        atomic.Uint64
 		badPKey, badQKey, malformed, badICRC, noQP, rcvDrop, xmitDisc atomic.Uint64
+		authFail                                                      atomic.Uint64
 	}
 }
 
@@ -55,6 +59,9 @@ func newPort(h *HCA, num int, ep Endpoint) *Port {
 		LinkLayer: "InfiniBand", Rate: rateFor(h.cfg.Width, h.cfg.LaneMbps)}
 	p.gsi.port = p
 	p.gsi.pending = map[uint32]chan []byte{}
+	if h.cfg.FabricKey != nil {
+		p.auth = newFabricAuth(h.cfg.FabricKey, p.guid, nil)
+	}
 	return p
 }
 
@@ -137,7 +144,8 @@ func (p *Port) Counters() verbs.PortCounters {
 	return verbs.PortCounters{XmitPackets: c.xmitPkts.Load(), RcvPackets: c.rcvPkts.Load(),
 		XmitBytes: c.xmitBytes.Load(), RcvBytes: c.rcvBytes.Load(), BadPKey: c.badPKey.Load(),
 		BadQKey: c.badQKey.Load(), Malformed: c.malformed.Load(), BadICRC: c.badICRC.Load(),
-		NoQP: c.noQP.Load(), RcvDropped: c.rcvDrop.Load(), XmitDiscards: c.xmitDisc.Load()}
+		NoQP: c.noQP.Load(), RcvDropped: c.rcvDrop.Load(), XmitDiscards: c.xmitDisc.Load(),
+		AuthFailures: c.authFail.Load()}
 }
 
 // MAD returns the port's QP1 agent.
@@ -171,16 +179,30 @@ func (p *Port) sendHello() {
 		sm.handleCtl(p.ep.Addr(), body) // the SM is on this very port
 		return
 	}
-	p.sendCtl(p.hca.cfg.SM, body)
+	p.sendCtl(p.hca.cfg.SM, 0, body) // 0: whichever port hosts the SM
 }
 
-// sendCtl sends a QP0 control message to an endpoint.
-func (p *Port) sendCtl(dst netip.AddrPort, body []byte) {
+// sendCtl sends a QP0 control message to the port dstGUID at an endpoint, signed when
+// the fabric has a key.
+func (p *Port) sendCtl(dst netip.AddrPort, dstGUID verbs.GUID, body []byte) {
+	if p.auth != nil {
+		body = p.auth.seal(body, 0, dstGUID)
+	}
 	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey), DestQP: 0},
 		DETH: wire.DETH{QKey: 0, SrcQP: 0}, Payload: body}
 	b := pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})
 	_ = p.ep.Send([]Datagram{{dst, b}})
 }
+
+// ctlForUs accepts QP0 messages addressed to this port, and to "the SM" (GUID 0) when
+// this port hosts it.
+func (p *Port) ctlForUs(g verbs.GUID) bool {
+	return g == p.guid || (g == 0 && p.sm.Load() != nil)
+}
+
+// AuthFailures counts the management messages this port dropped for want of a valid
+// fabric-key MAC (always 0 without a key).
+func (p *Port) AuthFailures() uint64 { return p.cnt.authFail.Load() }
 
 func (p *Port) handleCtl(src netip.AddrPort, mad []byte) {
 	attr, body, err := parseCtl(mad)
@@ -306,7 +328,15 @@ func (p *Port) receive(batch []Datagram) {
 				p.cnt.badICRC.Add(1)
 				continue
 			}
-			p.handleCtl(d.Addr, pkt.Payload)
+			mad := pkt.Payload
+			if p.auth != nil {
+				var err error
+				if mad, err = p.auth.open(mad, 0, p.ctlForUs); err != nil {
+					p.cnt.authFail.Add(1)
+					continue
+				}
+			}
+			p.handleCtl(d.Addr, mad)
 		case verbs.MulticastQPN:
 			p.receiveMulticast(d, &pkt)
 		default:
@@ -355,7 +385,15 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN) {
 			p.cnt.badQKey.Add(1)
 			return
 		}
-		p.gsi.receive(src, verbs.QPN(pkt.DETH.SrcQP), pkt.Payload)
+		mad := pkt.Payload
+		if p.auth != nil {
+			var err error
+			if mad, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid }); err != nil {
+				p.cnt.authFail.Add(1)
+				return
+			}
+		}
+		p.gsi.receive(src, verbs.QPN(pkt.DETH.SrcQP), mad)
 		return
 	}
 	q := p.hca.qp(dqp)
@@ -478,6 +516,9 @@ func (g *gsiAgent) send(dlid verbs.LID, dqp verbs.QPN, mad []byte) error {
 	if !ok {
 		p.cnt.xmitDisc.Add(1)
 		return fmt.Errorf("%w: no route to LID %#x", verbs.ErrPortDown, dlid)
+	}
+	if p.auth != nil && dqp == verbs.GSIQPN {
+		mad = p.auth.seal(mad, 1, guidOf(dgid))
 	}
 	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey), DestQP: uint32(dqp)},
 		DETH: wire.DETH{QKey: verbs.GSIQKey, SrcQP: uint32(verbs.GSIQPN)}, Payload: mad}

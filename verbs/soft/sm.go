@@ -292,16 +292,20 @@ func (sm *SM) sendConfig(sp *smPort, reregister bool) {
 		SMGID: verbs.MakeGID(verbs.DefaultGIDPrefix, sm.port.guid), GIDPrefix: verbs.DefaultGIDPrefix,
 		PKeys: slices.Clone(sp.pkeys)}
 	sm.mu.Unlock()
-	sm.sendCtl(sp.addr, c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
+	sm.sendCtl(sp.addr, sp.guid, c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
 }
 
-func (sm *SM) sendCtl(dst netip.AddrPort, body []byte) {
+func (sm *SM) sendCtl(dst netip.AddrPort, dstGUID verbs.GUID, body []byte) {
 	if dst == sm.port.ep.Addr() {
 		sm.port.handleCtl(dst, body)
 		return
 	}
-	sm.port.sendCtl(dst, body)
+	sm.port.sendCtl(dst, dstGUID, body)
 }
+
+// AuthFailures counts the management messages the subnet manager's port dropped for
+// want of a valid fabric-key MAC.
+func (sm *SM) AuthFailures() uint64 { return sm.port.AuthFailures() }
 
 func (sm *SM) routesMsg() []byte {
 	sm.mu.Lock()
@@ -327,19 +331,23 @@ func (sm *SM) routesMsg() []byte {
 	return r.append(putCtlHeader(nil, ctlAttrRoutes, 0))
 }
 
-func (sm *SM) sendRoutes(sp *smPort) { sm.sendCtl(sp.addr, sm.routesMsg()) }
+func (sm *SM) sendRoutes(sp *smPort) { sm.sendCtl(sp.addr, sp.guid, sm.routesMsg()) }
 
 // publish sends the forwarding tables to every port.
 func (sm *SM) publish() {
 	msg := sm.routesMsg()
 	sm.mu.Lock()
-	addrs := make([]netip.AddrPort, 0, len(sm.ports))
-	for a := range sm.ports {
-		addrs = append(addrs, a)
+	type dest struct {
+		addr netip.AddrPort
+		guid verbs.GUID
+	}
+	dests := make([]dest, 0, len(sm.ports))
+	for a, sp := range sm.ports {
+		dests = append(dests, dest{a, sp.guid})
 	}
 	sm.mu.Unlock()
-	for _, a := range addrs {
-		sm.sendCtl(a, msg)
+	for _, d := range dests {
+		sm.sendCtl(d.addr, d.guid, msg)
 	}
 }
 

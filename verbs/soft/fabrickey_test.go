@@ -1,0 +1,260 @@
+package soft
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
+	"ipoibfs/verbs/sa"
+	"ipoibfs/verbs/wire"
+)
+
+var (
+	testKey  = bytes.Repeat([]byte("k3y!"), 8)
+	otherKey = bytes.Repeat([]byte("n0pe"), 8)
+)
+
+func anyDest(verbs.GUID) bool { return true }
+
+// Every way a message can be wrong is refused with its reason; a good one is accepted
+// once.
+func TestFabricAuthSealOpen(t *testing.T) {
+	sender := newFabricAuth(testKey, 0xa, nil)
+	recv := newFabricAuth(testKey, 0xb, nil)
+	mad := bytes.Repeat([]byte{0x42}, 256)
+	msg := sender.seal(mad, 1, 0xb)
+	if len(msg) != len(mad)+authTrailerLen {
+		t.Fatalf("sealed length %d", len(msg))
+	}
+	forB := func(g verbs.GUID) bool { return g == 0xb }
+	// Everything before acceptance, so the replay window is still empty for them.
+	altered := func(k int) []byte { b := bytes.Clone(msg); b[k] ^= 1; return b }
+	for _, c := range []struct {
+		what string
+		b    []byte
+		qp   uint8
+		want error
+	}{
+		{"a MAD byte altered", altered(10), 1, errAuthMAC},
+		{"the sender GUID altered", altered(len(mad)), 1, errAuthMAC},
+		{"the sequence altered", altered(len(mad) + 20), 1, errAuthMAC},
+		{"the MAC altered", altered(len(msg) - 1), 1, errAuthMAC},
+		{"truncated by one byte", msg[:len(msg)-1], 1, errAuthMAC},
+		{"stripped (a bare 256-byte MAD)", mad, 1, errAuthMAC},
+		{"shorter than a trailer", msg[:authTrailerLen-1], 1, errAuthShort},
+		{"sent on QP1, replayed on QP0", msg, 0, errAuthMAC},
+	} {
+		if _, err := recv.open(c.b, c.qp, forB); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.what, err, c.want)
+		}
+	}
+	if _, err := newFabricAuth(otherKey, 0xb, nil).open(msg, 1, forB); !errors.Is(err, errAuthMAC) {
+		t.Errorf("other key: %v", err)
+	}
+	if _, err := recv.open(msg, 1, func(g verbs.GUID) bool { return g == 0xc }); !errors.Is(err, errAuthDest) {
+		t.Errorf("addressed to another port: %v", err)
+	}
+	got, err := recv.open(msg, 1, forB)
+	if err != nil || !bytes.Equal(got, mad) {
+		t.Fatalf("good message: %v", err)
+	}
+	if _, err := recv.open(msg, 1, forB); !errors.Is(err, errAuthReplay) {
+		t.Errorf("replay: %v, want %v", err, errAuthReplay)
+	}
+}
+
+// The replay window accepts reordering within 64 messages, each message once, and
+// nothing older.
+func TestFabricAuthReplayWindow(t *testing.T) {
+	sender := newFabricAuth(testKey, 0xa, nil)
+	recv := newFabricAuth(testKey, 0xb, nil)
+	var msgs [][]byte
+	for k := range 100 {
+		msgs = append(msgs, sender.seal([]byte{byte(k)}, 0, 0xb))
+	}
+	open := func(k int) error { _, err := recv.open(msgs[k], 0, anyDest); return err }
+	if err := open(80); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []int{79, 50, 17} { // within 64 below the top, out of order
+		if err := open(k); err != nil {
+			t.Errorf("message %d within the window: %v", k, err)
+		}
+		if err := open(k); !errors.Is(err, errAuthReplay) {
+			t.Errorf("message %d again: %v", k, err)
+		}
+	}
+	if err := open(16); !errors.Is(err, errAuthReplay) {
+		t.Errorf("message 16, 64 below the top: %v", err)
+	}
+	if err := open(99); err != nil {
+		t.Errorf("newest message: %v", err)
+	}
+	if err := open(30); !errors.Is(err, errAuthReplay) {
+		t.Errorf("message 30 after the window moved past it: %v", err)
+	}
+	if err := open(40); err != nil { // 59 below the top: still inside, never seen
+		t.Errorf("message 40, inside the moved window: %v", err)
+	}
+}
+
+// A sender a receiver has never heard of is believed only within the clock window: an
+// old captured message replayed to a restarted receiver is refused.
+func TestFabricAuthFirstContactFreshness(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	old := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Hour) })
+	recv := newFabricAuth(testKey, 0xb, clock)
+	if _, err := recv.open(old.seal([]byte("x"), 0, 0xb), 0, anyDest); !errors.Is(err, errAuthStale) {
+		t.Errorf("an hour-old first message: %v, want %v", err, errAuthStale)
+	}
+	fresh := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Minute) })
+	if _, err := recv.open(fresh.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil {
+		t.Errorf("a minute-old first message: %v", err)
+	}
+}
+
+func FuzzFabricAuthOpen(f *testing.F) {
+	s := newFabricAuth(testKey, 0xa, nil)
+	f.Add(s.seal([]byte("seed"), 1, 0xb))
+	f.Add([]byte{})
+	f.Add(bytes.Repeat([]byte{0}, authTrailerLen))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := newFabricAuth(testKey, 0xb, nil)
+		mad, err := r.open(b, 1, anyDest)
+		if err == nil && (len(mad) != len(b)-authTrailerLen || !bytes.Equal(mad, b[:len(mad)])) {
+			t.Fatalf("accepted %x as %x", b, mad)
+		}
+	})
+}
+
+// keyedFabric starts an SM and nodes sharing key; extra nodes join with their own keys.
+func keyedFabric(t *testing.T, key []byte, names []string, strangers map[string][]byte) (*HCA, []*HCA, []*HCA) {
+	t.Helper()
+	n := NewMemNetwork()
+	smh, err := New(Config{Name: "sm", Network: n, HostSM: true, Heartbeat: testHB, FabricKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	start := func(name string, k []byte) *HCA {
+		h, err := New(Config{Name: name, Network: n, SM: smh.Endpoint(1), Heartbeat: testHB, FabricKey: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		return h
+	}
+	var nodes, others []*HCA
+	for _, name := range names {
+		nodes = append(nodes, start(name, key))
+	}
+	for name, k := range strangers {
+		others = append(others, start(name, k))
+	}
+	for _, h := range append([]*HCA{smh}, nodes...) {
+		waitFor(t, h.Name()+" ACTIVE", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
+	}
+	return smh, nodes, others
+}
+
+// Two nodes with the fabric's key come up and exchange datagrams and SA queries; a node
+// with another key, and one with none, never become ACTIVE, and the subnet manager
+// counts what it dropped from them.
+func TestFabricKeyAdmitsOnlyKeyHolders(t *testing.T) {
+	smh, nodes, strangers := keyedFabric(t, testKey, []string{"a", "b"}, map[string][]byte{"wrongkey": otherKey, "nokey": nil})
+	a, b := newUD(t, nodes[0], 0, 0x0b1b), newUD(t, nodes[1], 0, 0x0b1b)
+	a.send(t, b.lid(), b.qp.Num(), 0x0b1b, []byte("hello"))
+	if _, ok := b.recv(t, 2*time.Second); !ok {
+		t.Fatal("no datagram between key holders")
+	}
+	pa := nodes[0].SoftPort(1)
+	ga, _ := pa.GID(0)
+	gb, _ := nodes[1].SoftPort(1).GID(0)
+	if _, err := (&sa.Client{Port: pa}).PathRecord(context.Background(), ga, gb, 0xffff, 0); err != nil {
+		t.Fatalf("SA path query between key holders: %v", err)
+	}
+	waitFor(t, "the SM to count rejected hellos", func() bool { return smh.SM().AuthFailures() >= 6 })
+	for _, h := range strangers {
+		if s := h.SoftPort(1).Attr().State; s == verbs.PortActive {
+			t.Errorf("%s became ACTIVE without the fabric's key", h.Name())
+		}
+	}
+	if c := pa.Counters(); c.AuthFailures != 0 {
+		t.Errorf("a key holder rejected %d messages", c.AuthFailures)
+	}
+}
+
+// Forged management messages that claim a member's address (as a spoofed UDP source
+// would) are dropped and counted, and change nothing: an SA delete of a's broadcast
+// membership, and a control message reconfiguring b.
+func TestFabricKeyForgedMessagesChangeNothing(t *testing.T) {
+	smh, nodes, _ := keyedFabric(t, testKey, []string{"a", "b"}, nil)
+	ctx := context.Background()
+	bcast := mustGID(t, "ff12:401b:ffff::ffff:ffff")
+	pa, pb := nodes[0].SoftPort(1), nodes[1].SoftPort(1)
+	ga, _ := pa.GID(0)
+	if _, err := (&sa.Client{Port: pa}).Join(ctx, mad.MCMemberRecord{MGID: bcast, PortGID: ga, PKey: 0xffff, JoinState: mad.JoinFull}, mad.IPoIBBroadcastJoinMask); err != nil {
+		t.Fatal(err)
+	}
+	members := func() int {
+		for _, g := range smh.SM().DB().Groups() {
+			if g.MGID == bcast {
+				return len(g.Members)
+			}
+		}
+		return 0
+	}
+	if members() != 1 {
+		t.Fatalf("broadcast group members %d after a's join", members())
+	}
+	smPort := smh.SoftPort(1)
+	smGID, _ := smPort.GID(0)
+	leave := mad.NewSARequest(mad.MethodDelete, mad.AttrMCMemberRecord, 77, mad.LeaveMask)
+	rec := mad.MCMemberRecord{MGID: bcast, PortGID: ga, JoinState: mad.JoinFull}
+	rec.Marshal(leave.Data[:])
+	bare := leave.Bytes()
+	forger := newFabricAuth(otherKey, pa.guid, nil)
+	smBefore := smh.SM().AuthFailures()
+	for _, payload := range [][]byte{bare, forger.seal(bare, 1, smPort.guid)} {
+		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: 0xffff, DestQP: uint32(verbs.GSIQPN)},
+			DETH: wire.DETH{QKey: verbs.GSIQKey, SrcQP: uint32(verbs.GSIQPN)}, Payload: payload}
+		smPort.receive([]Datagram{{Addr: pa.ep.Addr(), Data: pkt.AppendTo(nil, ga, smGID)}})
+	}
+	// A forged configuration for b: down, LID 0x99.
+	cfg := ctlConfig{LID: 0x99, SMLID: 0x99, State: verbs.PortDown, ActiveMTU: verbs.MTU256, PKeys: []verbs.PKey{0x8123}}
+	body := cfg.append(putCtlHeader(nil, ctlAttrConfig, 0))
+	bBefore := pb.AuthFailures()
+	lid := pb.Attr().LID
+	for _, payload := range [][]byte{body, forger.seal(body, 0, pb.guid)} {
+		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey)}, Payload: payload}
+		pb.receive([]Datagram{{Addr: smh.Endpoint(1), Data: pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})}})
+	}
+	if got := smh.SM().AuthFailures() - smBefore; got != 2 {
+		t.Errorf("SM counted %d forged SA deletes, want 2", got)
+	}
+	if got := pb.AuthFailures() - bBefore; got != 2 {
+		t.Errorf("b counted %d forged control messages, want 2", got)
+	}
+	if members() != 1 {
+		t.Errorf("a's membership was deleted by a forged leave")
+	}
+	if a := pb.Attr(); a.State != verbs.PortActive || a.LID != lid {
+		t.Errorf("b reconfigured by a forged message: %+v", a)
+	}
+	if c := pb.Counters(); c.AuthFailures != pb.AuthFailures() {
+		t.Errorf("port counters %d, AuthFailures %d", c.AuthFailures, pb.AuthFailures())
+	}
+}
+
+// A key shorter than MinFabricKeyLen is refused.
+func TestFabricKeyTooShort(t *testing.T) {
+	_, err := New(Config{Name: "x", Network: NewMemNetwork(), HostSM: true, FabricKey: []byte("short")})
+	if err == nil {
+		t.Fatal("a 5-byte key was accepted")
+	}
+}
