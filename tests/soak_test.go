@@ -139,6 +139,11 @@ func hostile9P(addr, kind string) {
 		for k := range 6000 {
 			send(p9walk(uint16(k%60000+2), 1, uint32(k+2), "class"))
 		}
+	case "no reader": // pipelines requests and never reads a reply
+		send(p9version(65536), p9attach(1, 1))
+		for k := range 10000 {
+			send(p9walk(uint16(k%60000+2), 1, uint32(k+100000), "class"))
+		}
 	case "slow sender":
 		m := p9version(65536)
 		for _, b := range m {
@@ -295,7 +300,7 @@ done`, mA)
 	var wg sync.WaitGroup
 	// 9P abuse, each kind several times, plus more idle connections than the bound.
 	kinds := []string{"tiny size", "size beyond the message", "huge size", "garbage", "huge msize",
-		"deep walk", "fid games", "huge read", "thousands of fids", "slow sender"}
+		"deep walk", "fid games", "huge read", "thousands of fids", "no reader", "slow sender"}
 	for round := range 3 {
 		for _, k := range kinds {
 			wg.Add(1)

@@ -2,6 +2,7 @@ package ninep
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -174,5 +175,46 @@ func TestAttachTimeout(t *testing.T) {
 	}
 	if _, err := cc.Write([]byte{0}); !errors.Is(err, syscall.EPIPE) && !errors.Is(err, net.ErrClosed) && err == nil {
 		t.Errorf("write to the closed connection: %v", err)
+	}
+}
+
+// A connection has at most MaxOutstanding requests in flight: the shim stops reading
+// requests until replies are written.
+func TestOutstandingBound(t *testing.T) {
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	s := newShim(sc, false, 4)
+	go func() {
+		for k := range 10 {
+			_, _ = cc.Write(frame(110, uint16(k), 1, 2, 3))
+		}
+	}()
+	got := make(chan int, 16)
+	go func() {
+		buf := make([]byte, 10)
+		for k := 1; ; k++ {
+			if _, err := io.ReadFull(s, buf); err != nil {
+				return
+			}
+			got <- k
+		}
+	}()
+	for k := 1; k <= 4; k++ {
+		if n := <-got; n != k {
+			t.Fatalf("request %d read as %d", k, n)
+		}
+	}
+	select {
+	case n := <-got:
+		t.Fatalf("request %d read with 4 replies owed", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// One reply paid: exactly one more request is read.
+	go func() { buf := make([]byte, 64); _, _ = cc.Read(buf) }()
+	if _, err := s.Write(frame(111, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; n != 5 {
+		t.Fatalf("after one reply, request %d read", n)
 	}
 }

@@ -20,7 +20,8 @@
 //
 // Bounds, so that a hostile client cannot grow the daemon: at most Options.MaxConns
 // connections (more are closed and logged), Options.MaxFids live fids per connection
-// (ENFILE beyond), and a connection must attach within Options.AttachTimeout.
+// (ENFILE beyond), Options.MaxOutstanding requests in flight per connection (further
+// requests wait unread), and a connection must attach within Options.AttachTimeout.
 //
 // Locking: a fid's file has one mutex for its handle; the handle serialises its own
 // reads and writes. Serve's listener keeps a set of live connections under its mutex so
@@ -65,10 +66,12 @@ type Options struct {
 	// diod does when auth is off, instead of p9's ENOSYS, so diod's tools (diodcat,
 	// diodls, mount.diod) can attach.
 	TauthCompat bool
-	// MaxConns, MaxFids and AttachTimeout bound what clients may hold (0: defaults).
-	MaxConns      int
-	MaxFids       int
-	AttachTimeout time.Duration
+	// MaxConns, MaxFids, MaxOutstanding (requests in flight per connection) and
+	// AttachTimeout bound what clients may hold (0: defaults).
+	MaxConns       int
+	MaxFids        int
+	MaxOutstanding int
+	AttachTimeout  time.Duration
 	// Unidentified is who a connection acts as when its peer has no credentials to
 	// read (net.Pipe in tests); nil means nobody.
 	Unidentified *fs.Caller
@@ -82,6 +85,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxFids <= 0 {
 		o.MaxFids = DefaultMaxFids
+	}
+	if o.MaxOutstanding <= 0 {
+		o.MaxOutstanding = DefaultMaxOutstanding
 	}
 	if o.AttachTimeout <= 0 {
 		o.AttachTimeout = DefaultAttachTimeout
@@ -154,10 +160,7 @@ func ServeConn(c net.Conn, root *fs.Node, o Options) error {
 	diag := newSockDiag()
 	defer diag.close()
 	id := identify(c, diag, o.TrustUname, o.Unidentified)
-	if o.TauthCompat {
-		c = newAuthShim(c)
-	}
-	return serveConn(c, root, id, &o)
+	return serveConn(newShim(c, o.TauthCompat, o.MaxOutstanding), root, id, &o)
 }
 
 func serveConn(c net.Conn, root *fs.Node, id connIdentity, o *Options) error {
@@ -222,9 +225,7 @@ func (l *listener) accept() (*trackedConn, error) {
 			continue
 		}
 		raw := c
-		if l.o.TauthCompat {
-			c = newAuthShim(c)
-		}
+		c = newShim(c, l.o.TauthCompat, l.o.MaxOutstanding)
 		tc := &trackedConn{Conn: c, raw: raw, l: l}
 		l.mu.Lock()
 		if l.closed {

@@ -51,12 +51,19 @@ func rlerror(tag [2]byte, ecode uint32) []byte {
 }
 
 // authShim wraps a client connection in front of the p9 server. Reading, it passes
-// every request through except Tauth, which it answers itself with Rlerror(ENOENT) —
-// diod's "authentication not required". Writing, it reassembles the server's
-// several-writes-per-message output into whole frames, so an injected reply never lands
-// inside another message.
+// every request through, except Tauth when answerTauth is set, which it answers itself
+// with Rlerror(ENOENT) — diod's "authentication not required". Writing, it reassembles
+// the server's several-writes-per-message output into whole frames, so an injected
+// reply never lands inside another message. It also bounds the requests in flight: p9
+// handles each request in its own goroutine, so without a bound a client that
+// pipelines requests without reading replies would grow the daemon; a new request is
+// read only while fewer than cap(slots) replies are owed.
 type authShim struct {
 	net.Conn
+	answerTauth bool
+	slots       chan struct{}
+	closed      chan struct{} // closed by Close: a read waiting for a slot gives up
+	closeOnce   sync.Once
 
 	rmu  sync.Mutex
 	rbuf []byte // rest of the current request frame for the server
@@ -65,7 +72,20 @@ type authShim struct {
 	wbuf []byte // server output not yet a whole frame
 }
 
-func newAuthShim(c net.Conn) *authShim { return &authShim{Conn: c} }
+// DefaultMaxOutstanding bounds the requests of one connection in flight.
+const DefaultMaxOutstanding = 64
+
+func newAuthShim(c net.Conn) *authShim { return newShim(c, true, DefaultMaxOutstanding) }
+
+func newShim(c net.Conn, answerTauth bool, maxOutstanding int) *authShim {
+	return &authShim{Conn: c, answerTauth: answerTauth, slots: make(chan struct{}, maxOutstanding), closed: make(chan struct{})}
+}
+
+// Close closes the connection and releases a read waiting for a reply slot.
+func (s *authShim) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return s.Conn.Close()
+}
 
 func (s *authShim) Read(p []byte) (int, error) {
 	s.rmu.Lock()
@@ -75,11 +95,16 @@ func (s *authShim) Read(p []byte) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		if f[4] == msgTauth {
+		if f[4] == msgTauth && s.answerTauth {
 			if err := s.writeFrame(rlerror([2]byte{f[5], f[6]}, enoent)); err != nil {
 				return 0, err
 			}
 			continue
+		}
+		select { // one reply owed; waits while the bound is reached
+		case s.slots <- struct{}{}:
+		case <-s.closed:
+			return 0, net.ErrClosed
 		}
 		s.rbuf = f
 	}
@@ -114,6 +139,10 @@ func (s *authShim) Write(p []byte) (int, error) {
 			return 0, err
 		}
 		s.wbuf = s.wbuf[n:]
+		select {
+		case <-s.slots: // a reply paid
+		default:
+		}
 	}
 	if len(s.wbuf) == 0 {
 		s.wbuf = nil
