@@ -88,6 +88,12 @@ func FuzzWrite(f *testing.F) {
 			f.Add(uint8(idx+k), []byte(s))
 		}
 	}
+	f.Cleanup(func() {
+		for k := len(fuzzCleanups) - 1; k >= 0; k-- {
+			fuzzCleanups[k]()
+		}
+		fuzzCleanups, fuzzEnv, fuzzOnce = nil, nil, sync.Once{}
+	})
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		fuzzOnce.Do(func() { fuzzEnv = newEnv(&onceTB{TB: t}) })
 		v := fuzzEnv
@@ -220,9 +226,13 @@ func mergeKeys(a, b map[string]string) map[string]string {
 
 // onceTB lets the fuzz target build one shared engine: cleanups run at process exit
 // (never, which is fine for a fuzz worker).
+// onceTB keeps the shared fuzz environment's cleanups for the end of the fuzz target
+// (fuzzCleanups), instead of the end of the first input's run.
 type onceTB struct{ testing.TB }
 
-func (o *onceTB) Cleanup(func()) {}
+var fuzzCleanups []func()
+
+func (o *onceTB) Cleanup(f func()) { fuzzCleanups = append(fuzzCleanups, f) }
 
 // FuzzScanInt checks %i parsing against strconv on the inputs where C and Go agree.
 func FuzzScanInt(f *testing.F) {

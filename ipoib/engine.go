@@ -67,6 +67,7 @@ type Engine struct {
 	subs   map[chan string]struct{}
 
 	stopEv func()
+	evDone chan struct{} // closed when eventLoop has returned
 	done   chan struct{}
 }
 
@@ -84,7 +85,8 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 	e := &Engine{dev: dev, params: o.Params, log: o.Logger, start: time.Now(),
 		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{})}
 	events, stop := dev.Subscribe(64)
-	e.stopEv = stop
+	e.stopEv, e.evDone = stop, make(chan struct{})
+	go e.eventLoop(events)
 	e.cms = map[int]*cm.Manager{}
 	if cmSupported(dev) {
 		for n := 1; n <= dev.NumPorts(); n++ {
@@ -105,7 +107,6 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 		}
 		e.ifs[name] = i
 	}
-	go e.eventLoop(events)
 	return e, nil
 }
 
@@ -173,6 +174,7 @@ func (e *Engine) Close() {
 	e.mu.Unlock()
 	if e.stopEv != nil {
 		e.stopEv()
+		<-e.evDone // the loop ends with the closed subscription
 	}
 	// Children first, as ipoib_remove_one does.
 	sort.Slice(ifs, func(a, b int) bool { return ifs[a].parent != nil && ifs[b].parent == nil })
@@ -188,6 +190,7 @@ func (e *Engine) Close() {
 // (rejoin groups), PORT_ERR/PORT_ACTIVE/LID_CHANGE/SM_CHANGE normally (paths too),
 // PKEY_CHANGE heavily (re-find the P_Key and restart the QP).
 func (e *Engine) eventLoop(ch <-chan verbs.Event) {
+	defer close(e.evDone)
 	for ev := range ch {
 		var level flushLevel
 		switch ev.Type {

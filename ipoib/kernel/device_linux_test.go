@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"go.uber.org/goleak"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -45,7 +46,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "" && os.Geteuid() == 0 {
 		removeStaleNamespaces()
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // removeStaleNamespaces deletes test namespaces left by runs that were killed.

@@ -149,18 +149,27 @@ func (h *HCA) Port(num int) (verbs.Port, error) {
 }
 
 // Subscribe returns a channel of asynchronous events.
+// Subscribe's channel is closed by its cancel function or by Close, whichever comes
+// first, so a subscriber ranging over it ends.
 func (h *HCA) Subscribe(buf int) (<-chan verbs.Event, func()) {
 	ch := make(chan verbs.Event, max(buf, 1))
 	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		close(ch)
+		return ch, func() {}
+	}
 	h.subs[ch] = struct{}{}
 	h.mu.Unlock()
-	var once sync.Once
 	return ch, func() {
-		once.Do(func() {
-			h.mu.Lock()
+		// Under the write lock: event() sends under the read lock, so no send can
+		// race the close.
+		h.mu.Lock()
+		if _, ok := h.subs[ch]; ok {
 			delete(h.subs, ch)
-			h.mu.Unlock()
-		})
+			close(ch)
+		}
+		h.mu.Unlock()
 	}
 }
 
@@ -203,6 +212,10 @@ func (h *HCA) Close() error {
 		return nil
 	}
 	h.closed = true
+	for ch := range h.subs {
+		delete(h.subs, ch)
+		close(ch)
+	}
 	qps := make([]*QP, 0, len(h.qps))
 	for _, q := range h.qps {
 		qps = append(qps, q)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"go.uber.org/goleak"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,7 +20,7 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv("IPOIBFS_SOFT_CHILD_SM"); addr != "" {
 		os.Exit(childNode(addr))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // childNode joins the UDP fabric at smAddr, prints "READY <lid> <qpn>", echoes every UD

@@ -456,3 +456,38 @@ func TestGarbageIsCountedAndDropped(t *testing.T) {
 		t.Fatal("port state changed by garbage")
 	}
 }
+
+// A subscription's channel is closed by its cancel function and by Close, so a
+// subscriber ranging over it ends (the engine's event loop leaked otherwise).
+func TestSubscriptionChannelsClose(t *testing.T) {
+	h, err := New(Config{Name: "s", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := func(ch <-chan verbs.Event) bool {
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					return true
+				}
+			case <-time.After(5 * time.Second):
+				return false
+			}
+		}
+	}
+	a, cancelA := h.Subscribe(4)
+	b, _ := h.Subscribe(4)
+	cancelA()
+	cancelA() // twice is harmless
+	if !closed(a) {
+		t.Error("cancel did not close the channel")
+	}
+	h.Close()
+	if !closed(b) {
+		t.Error("Close did not close a live subscription")
+	}
+	if c, _ := h.Subscribe(4); !closed(c) {
+		t.Error("a subscription after Close is open")
+	}
+}
