@@ -475,10 +475,13 @@ func (c *CQ) push(wc verbs.WC) {
 	}
 	c.ring[(c.head+c.n)%len(c.ring)] = wc
 	c.n++
+	// The signal waits for count completions or usecs after the first pending one,
+	// whichever comes first (verbs.CQ): with usecs 0 that is at once, whatever count
+	// says, as drivers treat rx-usecs 0 (a lone completion is never stranded).
 	switch {
-	case c.count == 0 && c.usecs == 0, c.count != 0 && c.n >= int(c.count):
+	case c.usecs == 0, c.count != 0 && c.n >= int(c.count):
 		c.signal()
-	case c.usecs != 0 && c.timer == nil:
+	case c.timer == nil:
 		c.timer = time.AfterFunc(time.Duration(c.usecs)*time.Microsecond, func() {
 			c.mu.Lock()
 			c.timer = nil

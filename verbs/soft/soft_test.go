@@ -491,3 +491,54 @@ func TestSubscriptionChannelsClose(t *testing.T) {
 		t.Error("a subscription after Close is open")
 	}
 }
+
+// CQ moderation signals every completion eventually, for every combination of
+// rx-frames and rx-usecs: at once without a delay (0/0, frames only), at the count
+// when it comes first, after the delay otherwise.
+func TestCQModerationAlwaysSignals(t *testing.T) {
+	ready := func(c *CQ) bool {
+		select {
+		case <-c.Notify():
+			return true
+		default:
+			return false
+		}
+	}
+	eventually := func(c *CQ) bool {
+		select {
+		case <-c.Notify():
+			return true
+		case <-time.After(5 * time.Second):
+			return false
+		}
+	}
+	for _, m := range []struct{ frames, usecs uint16 }{{0, 0}, {16, 0}, {0, 50}, {16, 50}, {4, 65535}} {
+		c := newCQ(64)
+		if err := c.SetModeration(m.frames, m.usecs); err != nil {
+			t.Fatal(err)
+		}
+		c.push(verbs.WC{WRID: 1})
+		if m.usecs == 0 && !ready(c) {
+			t.Errorf("frames %d usecs %d: a lone completion is not signalled at once", m.frames, m.usecs)
+		}
+		if m.usecs != 0 && !eventually(c) {
+			t.Errorf("frames %d usecs %d: a lone completion is never signalled", m.frames, m.usecs)
+		}
+		if n := c.Poll(make([]verbs.WC, 8)); n != 1 {
+			t.Errorf("frames %d usecs %d: polled %d", m.frames, m.usecs, n)
+		}
+		if m.frames > 1 && m.usecs != 0 {
+			// The count, reached before the delay, signals at the last push.
+			for k := range int(m.frames) {
+				c.push(verbs.WC{WRID: uint64(k)})
+			}
+			if m.usecs == 65535 && !ready(c) {
+				t.Errorf("frames %d usecs %d: %d completions not signalled at the count", m.frames, m.usecs, m.frames)
+			}
+			if m.usecs != 65535 && !eventually(c) {
+				t.Errorf("frames %d usecs %d: completions never signalled", m.frames, m.usecs)
+			}
+		}
+		c.Close()
+	}
+}
