@@ -174,13 +174,27 @@ func (i *Interface) cmRxDestroy(r *cmRx) {
 	r.qp.Close()
 }
 
+// cmTxDestroy ends a transmit connection already removed from i.tx. The connect
+// goroutine may still be running, so the QP and connection are taken under the lock
+// and whichever side takes them closes them.
 func (i *Interface) cmTxDestroy(t *cmTx) {
-	if t.conn != nil {
-		go t.conn.Disconnect()
+	i.mu.Lock()
+	conn, qp := t.conn, t.takeQPLocked()
+	t.conn = nil
+	i.mu.Unlock()
+	if conn != nil {
+		go conn.Disconnect()
 	}
-	if t.qp != nil {
-		t.qp.Close()
+	if qp != nil {
+		qp.Close()
 	}
+}
+
+// takeQPLocked hands the connection's QP to the caller, who closes it.
+func (t *cmTx) takeQPLocked() verbs.QP {
+	qp := t.qp
+	t.qp = nil
+	return qp
 }
 
 // cmRouteLocked returns the connection to send a unicast frame to hw over, starting
@@ -229,10 +243,10 @@ func (i *Interface) cmConnect(t *cmTx) {
 		} else if i.tx[t.hw] == t {
 			delete(i.tx, t.hw) // the next packet tries again
 		}
+		qp := t.takeQPLocked()
 		i.mu.Unlock()
-		if t.qp != nil {
-			t.qp.Close()
-			t.qp = nil
+		if qp != nil {
+			qp.Close()
 		}
 		// Frames queued for the connection go over UD when they fit.
 		i.resend(t.hw, fitting(q, i.mcastMTUSnapshot()))
@@ -253,7 +267,14 @@ func (i *Interface) cmConnect(t *cmTx) {
 		fail(err, false)
 		return
 	}
+	i.mu.Lock()
+	if i.tx[t.hw] != t { // the mode switched or the interface closed meanwhile
+		i.mu.Unlock()
+		qp.Close()
+		return
+	}
 	t.qp = qp
+	i.mu.Unlock()
 	c, err := i.cmMgr.Connect(ctx, cm.ConnectParams{ServiceID: cmServiceBase | uint64(t.hw.QPN()), QP: qp,
 		DLID: pr.DLID, DGID: t.hw.GID(), SL: pr.SL, PKey: pkey, PathMTU: pr.MTU,
 		PrivateData: i.cmPrivateData(), RetryCount: 7, RNRRetry: 7, AckTimeout: 14, MaxCMRetries: 15})
@@ -273,9 +294,12 @@ func (i *Interface) cmConnect(t *cmTx) {
 	}
 	i.mu.Lock()
 	if i.tx[t.hw] != t {
+		q := t.takeQPLocked()
 		i.mu.Unlock()
 		c.Disconnect()
-		qp.Close()
+		if q != nil {
+			q.Close()
+		}
 		return
 	}
 	t.conn, t.up, t.mtu = c, true, mtu
@@ -290,8 +314,11 @@ func (i *Interface) cmConnect(t *cmTx) {
 		if i.tx[t.hw] == t {
 			delete(i.tx, t.hw)
 		}
+		q := t.takeQPLocked()
 		i.mu.Unlock()
-		qp.Close()
+		if q != nil {
+			q.Close()
+		}
 	}()
 }
 
@@ -326,7 +353,14 @@ func (i *Interface) cmPost(t *cmTx, frames [][]byte) {
 }
 
 func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
-	n, err := t.qp.PostSend(wrs)
+	i.mu.Lock()
+	qp := t.qp
+	i.mu.Unlock()
+	if qp == nil { // torn down since it was routed
+		i.stats.txDropped.Add(uint64(len(wrs)))
+		return
+	}
+	n, err := qp.PostSend(wrs)
 	if err != nil {
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
@@ -342,9 +376,10 @@ func (i *Interface) cmTxFailed(t *cmTx) {
 	if i.tx[t.hw] == t {
 		delete(i.tx, t.hw)
 	}
+	conn := t.conn
 	i.mu.Unlock()
-	if t.conn != nil {
-		go t.conn.Disconnect()
+	if conn != nil {
+		go conn.Disconnect()
 	}
 }
 

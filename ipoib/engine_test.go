@@ -811,3 +811,33 @@ func TestFlushesKeepSAMembership(t *testing.T) {
 		}
 	}
 }
+
+// Switching the mode while connections are being set up: the connect goroutine and the
+// mode switch both handle the connection's QP (a data race before; -race reports it),
+// and afterwards traffic still flows.
+func TestModeSwitchDuringConnect(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	if err := b.ib0.SetMode(Connected); err != nil {
+		t.Fatal(err)
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1) // neighbours resolved over UD
+	for round := range 60 {
+		if err := a.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+		a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(1000+round), 100)}) // starts a connect
+		// Spread the switch over the connect's phases (path query, QP, REQ/REP/RTU);
+		// this sleep only varies the interleaving, nothing waits on it.
+		time.Sleep(time.Duration(round%30) * 40 * time.Microsecond)
+		if err := a.ib0.SetMode(Datagram); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.ib0.SetMode(Connected); err != nil {
+		t.Fatal(err)
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2)
+}
