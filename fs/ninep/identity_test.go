@@ -184,6 +184,7 @@ func TestOutstandingBound(t *testing.T) {
 	cc, sc := net.Pipe()
 	defer cc.Close()
 	s := newShim(sc, false, 4)
+	defer s.Close() // releases the reader waiting for a slot
 	go func() {
 		for k := range 10 {
 			_, _ = cc.Write(frame(110, uint16(k), 1, 2, 3))
