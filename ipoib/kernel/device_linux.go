@@ -8,11 +8,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -53,10 +51,17 @@ type Device struct {
 	offMu    sync.Mutex
 	offloads Offloads
 
+	setMu sync.Mutex // SetMTU and SetUp against linkState's comparison
+	up    bool       // IFF_UP as last set or reported (under setMu)
+
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
 	done     chan struct{}
 	watchers sync.WaitGroup
+	mon      *monitor
+
+	wmuW    sync.Mutex
+	watches []*watcher // replaced, never modified in place
 
 	wmu   sync.Mutex
 	wbufs [][]byte // write slots, cap vnetHdrLen+maxPacket each (GRO grows packets in place)
@@ -150,6 +155,9 @@ func Open(cfg Config) (_ *Device, err error) {
 	d.uso = d.ioctlOffload(tunCsum|tunTSO|tunUSO) == nil
 	if err := d.applyOffloads(cfg.Offloads); err != nil {
 		return nil, fail("%w", err)
+	}
+	if err := register(d); err != nil {
+		return nil, fail("netlink monitor: %w", err)
 	}
 	return d, nil
 }
@@ -368,6 +376,8 @@ func (d *Device) ioctlOffload(flags int) error {
 // SetMTU changes the MTU of the kernel device (in its namespace).
 func (d *Device) SetMTU(mtu int) error {
 	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
 		if err := d.h.LinkSetMTU(d.link, mtu); err != nil {
 			return d.errorf("set MTU %d: %w", mtu, err)
 		}
@@ -421,6 +431,8 @@ func (d *Device) Offloads() Offloads {
 // SetUp sets or clears IFF_UP on the kernel device.
 func (d *Device) SetUp(up bool) error {
 	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
 		var err error
 		if up {
 			err = d.h.LinkSetUp(d.link)
@@ -430,6 +442,7 @@ func (d *Device) SetUp(up bool) error {
 		if err != nil {
 			return d.errorf("set up=%v: %w", up, err)
 		}
+		d.up = up
 		return nil
 	})
 }
@@ -478,112 +491,6 @@ func (d *Device) Addrs() ([]netip.Prefix, error) {
 	return out, err
 }
 
-// WatchAddrs calls fn with the full address list of the device, first with the current
-// list and then whenever it changes (netlink subscription in the device's namespace),
-// until the device is closed. Calls of one watch are sequential; no call happens after
-// Close returns. fn must not call Close.
-func (d *Device) WatchAddrs(fn func([]netip.Prefix)) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.closed {
-		return
-	}
-	d.watchers.Add(1)
-	go d.watch(fn)
-}
-
-func (d *Device) watch(fn func([]netip.Prefix)) {
-	defer d.watchers.Done()
-	var last []netip.Prefix
-	reported := false
-	report := func() {
-		list, err := d.Addrs()
-		if err != nil {
-			return
-		}
-		if reported && slices.Equal(list, last) {
-			return
-		}
-		select {
-		case <-d.done:
-			return
-		default:
-		}
-		last, reported = list, true
-		fn(slices.Clone(list))
-	}
-	for {
-		ch := make(chan netlink.AddrUpdate, 64)
-		stop := make(chan struct{})
-		// Subscribe from a throwaway thread in the device's namespace, so the socket
-		// lives there without netlink switching (and restoring) one of our threads.
-		err := inNetNS(d.ns, func() error {
-			return netlink.AddrSubscribeWithOptions(ch, stop, netlink.AddrSubscribeOptions{
-				ErrorCallback: func(error) {}, // a broken subscription closes ch; we resubscribe
-			})
-		})
-		if err == nil {
-			report() // after subscribing, so no change falls between list and events
-			if d.follow(ch, report) {
-				close(stop)
-				for range ch { // let the subscription goroutine finish
-				}
-				return
-			}
-		}
-		close(stop)
-		if err == nil {
-			for range ch {
-			}
-		}
-		select {
-		case <-d.done:
-			return
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-// follow reports address changes of the device until the device closes (true) or the
-// subscription ends (false).
-func (d *Device) follow(ch <-chan netlink.AddrUpdate, report func()) bool {
-	// A periodic re-read backs the subscription up: an event missed for any reason
-	// (a busy namespace, a dropped notification) would otherwise leave the engine
-	// ignoring ARP and ND for an address until the next change. report() only calls
-	// back when the list changed.
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-d.done:
-			return true
-		case <-tick.C:
-			report()
-			continue
-		case u, ok := <-ch:
-			if !ok {
-				return false
-			}
-			if u.LinkIndex != d.index {
-				continue
-			}
-			// Coalesce a burst (e.g. a flush) into one report.
-			for drained := false; !drained; {
-				select {
-				case _, ok := <-ch:
-					if !ok {
-						report()
-						return false
-					}
-				default:
-					drained = true
-				}
-			}
-			report()
-		}
-	}
-}
-
 // Close removes the device from the kernel (closing the TUN deletes it), stops address
 // watches and unblocks pending Read/Write calls, which then report os.ErrClosed.
 // Closing twice is a no-op.
@@ -597,6 +504,9 @@ func (d *Device) Close() error {
 	close(d.done)
 	d.mu.Unlock()
 
+	if d.mon != nil {
+		d.mon.unregister(d) // before the device goes: its removal is ours, not "Gone"
+	}
 	err := d.tun.Close()
 	d.watchers.Wait()
 	// The kernel unregisters a non-persistent TUN when its last fd closes; delete it

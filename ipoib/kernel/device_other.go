@@ -61,3 +61,15 @@ func (d *Device) Close() error { return nil }
 
 // SetLinkLocal is not supported.
 func (d *Device) SetLinkLocal(addr netip.Addr) error { return d.unsupported() }
+
+// Watch does nothing.
+func (d *Device) Watch(ev Events) {}
+
+// RefreshGroups does nothing.
+func (d *Device) RefreshGroups() {}
+
+// Groups is not supported.
+func (d *Device) Groups() ([]netip.Addr, error) { return nil, d.unsupported() }
+
+// EnsureLinkLocal is not supported.
+func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported() }

@@ -156,3 +156,23 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 	p := netip.PrefixFrom(a, ones)
 	return p, p.IsValid()
 }
+
+// Link is a device's link state as the kernel reports it.
+type Link struct {
+	Name   string
+	MTU    int
+	Up     bool   // IFF_UP: administratively up
+	Flags  uint32 // the raw net_device flags
+	TxQLen int
+	// MTUChanged and UpChanged say that the value differs from the one this package
+	// last set or reported: someone else (ip link, ifconfig) changed it.
+	MTUChanged, UpChanged bool
+}
+
+// Events are the functions Device.Watch calls; nil ones are not called.
+type Events struct {
+	Link   func(Link)           // link attributes changed
+	Addrs  func([]netip.Prefix) // the address list changed
+	Groups func([]netip.Addr)   // the multicast list changed
+	Gone   func()               // the device was deleted by someone else; the last call
+}

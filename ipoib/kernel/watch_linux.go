@@ -1,0 +1,274 @@
+//go:build linux
+
+package kernel
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// What changed on a device, as the namespace monitor saw it.
+const (
+	dirtyLink = 1 << iota
+	dirtyAddrs
+	dirtyGroups
+	dirtyGone
+)
+
+// watcher is one Watch call: its events, what is pending, and what it last reported.
+type watcher struct {
+	ev    Events
+	dirty atomic.Uint32
+	kick  chan struct{}
+}
+
+// mark records changes for every watcher of d and wakes them.
+func (d *Device) mark(bits uint32) {
+	d.wmuW.Lock()
+	ws := d.watches
+	d.wmuW.Unlock()
+	for _, w := range ws {
+		w.dirty.Or(bits)
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// RefreshGroups re-reads the device's multicast list soon. The kernel gives no netlink
+// event for every join and leave, but it sends an IGMP or MLD report for each, so the
+// caller calls this when it sees one go out of the device.
+func (d *Device) RefreshGroups() { d.mark(dirtyGroups) }
+
+// Watch reports the device's changes to ev's functions, first its current state and
+// then each change, until Close. Calls of one Watch are sequential and only report
+// values that differ from the last ones reported. The functions must not call Close.
+func (d *Device) Watch(ev Events) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return
+	}
+	w := &watcher{ev: ev, kick: make(chan struct{}, 1)}
+	d.wmuW.Lock()
+	d.watches = append(slices.Clone(d.watches), w)
+	d.wmuW.Unlock()
+	d.watchers.Add(1)
+	go d.runWatch(w)
+	d.mark(dirtyLink | dirtyAddrs | dirtyGroups)
+}
+
+// WatchAddrs calls fn with the full address list of the device, first with the current
+// list and then whenever it changes, until the device is closed. Calls of one watch are
+// sequential; no call happens after Close returns. fn must not call Close.
+func (d *Device) WatchAddrs(fn func([]netip.Prefix)) { d.Watch(Events{Addrs: fn}) }
+
+func (d *Device) runWatch(w *watcher) {
+	defer d.watchers.Done()
+	var (
+		link   Link
+		addrs  []netip.Prefix
+		groups []netip.Addr
+		seen   uint32 // which of the three have been reported once
+	)
+	for {
+		select {
+		case <-d.done:
+			return
+		case <-w.kick:
+		}
+		bits := w.dirty.Swap(0)
+		closing := func() bool {
+			select {
+			case <-d.done:
+				return true
+			default:
+				return false
+			}
+		}
+		if bits&dirtyGone != 0 {
+			if !closing() && w.ev.Gone != nil {
+				w.ev.Gone()
+			}
+			return
+		}
+		if bits&dirtyLink != 0 && w.ev.Link != nil {
+			if l, err := d.linkState(); err == nil && (seen&dirtyLink == 0 || l != link) && !closing() {
+				link, seen = l, seen|dirtyLink
+				w.ev.Link(l)
+			}
+		}
+		if bits&dirtyAddrs != 0 && w.ev.Addrs != nil {
+			if l, err := d.Addrs(); err == nil && (seen&dirtyAddrs == 0 || !slices.Equal(l, addrs)) && !closing() {
+				addrs, seen = l, seen|dirtyAddrs
+				w.ev.Addrs(slices.Clone(l))
+			}
+		}
+		if bits&dirtyGroups != 0 && w.ev.Groups != nil {
+			if l, err := d.Groups(); err == nil && (seen&dirtyGroups == 0 || !slices.Equal(l, groups)) && !closing() {
+				groups, seen = l, seen|dirtyGroups
+				w.ev.Groups(slices.Clone(l))
+			}
+		}
+	}
+}
+
+// linkState reads the device's link attributes. MTUChanged and UpChanged compare with
+// what this package last set or reported, under the same lock as SetMTU and SetUp, so
+// the package's own changes are never reported as someone else's.
+func (d *Device) linkState() (Link, error) {
+	var l Link
+	err := d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
+		nl, err := d.h.LinkByIndex(d.index)
+		if err != nil {
+			return d.errorf("read link: %w", err)
+		}
+		a := nl.Attrs()
+		l = Link{Name: a.Name, MTU: a.MTU, Up: a.RawFlags&unix.IFF_UP != 0, Flags: a.RawFlags, TxQLen: a.TxQLen}
+		l.MTUChanged = int64(a.MTU) != d.mtu.Load()
+		l.UpChanged = l.Up != d.up
+		d.mtu.Store(int64(a.MTU))
+		d.up = l.Up
+		return nil
+	})
+	return l, err
+}
+
+// Groups returns the device's multicast list as the kernel's IGMP and MLD code hold it
+// (/proc/net/igmp and /proc/net/igmp6 of its namespace): the groups applications and
+// the stack joined on it, all-hosts and solicited-node groups included. IPv4 first.
+func (d *Device) Groups() ([]netip.Addr, error) {
+	var out []netip.Addr
+	err := d.control(func() error {
+		return inNetNS(d.ns, func() error {
+			// thread-self: the namespace of this thread, which inNetNS entered.
+			v4, err := os.ReadFile("/proc/thread-self/net/igmp")
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return d.errorf("multicast list: %w", err)
+			}
+			v6, err := os.ReadFile("/proc/thread-self/net/igmp6")
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return d.errorf("multicast list: %w", err)
+			}
+			out = append(parseIGMP(v4, d.index), parseIGMP6(v6, d.index)...)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// parseIGMP reads /proc/net/igmp: a line per device ("Idx Device : Count Querier")
+// followed by a tab-indented line per group, the group in hex as the kernel's native
+// byte order shows a big-endian address.
+func parseIGMP(b []byte, index int) []netip.Addr {
+	var out []netip.Addr
+	mine := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if !strings.HasPrefix(line, "\t") {
+			idx, err := strconv.Atoi(f[0])
+			mine = err == nil && idx == index
+			continue
+		}
+		if !mine {
+			continue
+		}
+		v, err := strconv.ParseUint(f[0], 16, 32)
+		if err != nil {
+			continue
+		}
+		var a [4]byte
+		binary.NativeEndian.PutUint32(a[:], uint32(v))
+		if g := netip.AddrFrom4(a); g.IsMulticast() {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// parseIGMP6 reads /proc/net/igmp6: "index name group(32 hex) users flags timer".
+func parseIGMP6(b []byte, index int) []netip.Addr {
+	var out []netip.Addr
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || len(f[2]) != 32 {
+			continue
+		}
+		if idx, err := strconv.Atoi(f[0]); err != nil || idx != index {
+			continue
+		}
+		raw, err := hex.DecodeString(f[2])
+		if err != nil {
+			continue
+		}
+		if g := netip.AddrFrom16([16]byte(raw)); g.IsMulticast() {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// EnsureLinkLocal keeps addr the device's IPv6 link-local address. The kernel forgets
+// it when the device goes down, and when the MTU dips below 1280 it drops the device's
+// whole IPv6 state, whose replacement generates a random link-local address again. When
+// addr is missing, the generation mode is set to none again, link-local addresses the
+// kernel made meanwhile are removed and addr is added. Nothing is done while IPv6 is off
+// on the device (MTU below 1280) or addr is present.
+func (d *Device) EnsureLinkLocal(addr netip.Addr) error {
+	return d.control(func() error {
+		if d.mtu.Load() < 1280 {
+			return nil
+		}
+		addrs, err := d.h.AddrList(d.link, netlink.FAMILY_V6)
+		if err != nil {
+			return d.errorf("list addresses: %w", err)
+		}
+		var others []netlink.Addr
+		for _, a := range addrs {
+			p, ok := prefixOf(a.IPNet)
+			if !ok {
+				continue
+			}
+			if p.Addr() == addr {
+				return nil
+			}
+			if p.Addr().IsLinkLocalUnicast() {
+				others = append(others, a)
+			}
+		}
+		const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE
+		if err := d.h.LinkSetIP6AddrGenMode(d.link, addrGenModeNone); err != nil {
+			return d.errorf("set IPv6 address generation mode none: %w", err)
+		}
+		for _, a := range others {
+			_ = d.h.AddrDel(d.link, &a)
+		}
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := d.h.AddrAdd(d.link, a); err != nil && !errors.Is(err, unix.EEXIST) {
+			return d.errorf("add link-local %s: %w", addr, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,221 @@
+//go:build linux
+
+package kernel
+
+import (
+	"net/netip"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// events collects what Watch reports.
+type events struct {
+	links  chan Link
+	groups chan []netip.Addr
+	addrs  chan []netip.Prefix
+	gone   chan struct{}
+}
+
+func watch(d *Device) *events {
+	e := &events{links: make(chan Link, 64), groups: make(chan []netip.Addr, 64), addrs: make(chan []netip.Prefix, 64), gone: make(chan struct{}, 1)}
+	d.Watch(Events{
+		Link:   func(l Link) { e.links <- l },
+		Groups: func(g []netip.Addr) { e.groups <- g },
+		Addrs:  func(a []netip.Prefix) { e.addrs <- a },
+		Gone:   func() { e.gone <- struct{}{} },
+	})
+	return e
+}
+
+// await receives from ch until ok holds or 10 s pass.
+func await[T any](t *testing.T, ch chan T, what string, ok func(T) bool) T {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case v := <-ch:
+			if ok(v) {
+				return v
+			}
+		case <-timeout:
+			t.Fatalf("no event with %s", what)
+		}
+	}
+}
+
+func TestWatchLink(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "w")
+	d := open(t, Config{Name: uniq("w"), MTU: 2044, NetNS: ns})
+	e := watch(d)
+	await(t, e.links, "the initial state", func(l Link) bool { return l.MTU == 2044 && !l.Up && l.Name == d.Name() })
+
+	// Our own changes are reported as ours.
+	if err := d.SetMTU(1500); err != nil {
+		t.Fatal(err)
+	}
+	l := await(t, e.links, "MTU 1500", func(l Link) bool { return l.MTU == 1500 })
+	if l.MTUChanged {
+		t.Errorf("SetMTU(1500) reported as someone else's change: %+v", l)
+	}
+	// Someone else's are not.
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "mtu", "4000")
+	l = await(t, e.links, "MTU 4000", func(l Link) bool { return l.MTU == 4000 })
+	if !l.MTUChanged {
+		t.Errorf("ip link set mtu 4000 not reported as an outside change: %+v", l)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "up")
+	l = await(t, e.links, "up", func(l Link) bool { return l.Up })
+	if !l.UpChanged || l.Flags&1 == 0 {
+		t.Errorf("ip link set up: %+v", l)
+	}
+	if err := d.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if l := await(t, e.links, "down", func(l Link) bool { return !l.Up }); l.UpChanged {
+		t.Errorf("SetUp(false) reported as someone else's change: %+v", l)
+	}
+
+	// The multicast list is the kernel's: all-hosts groups once up.
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	d.RefreshGroups()
+	all4, all6 := netip.MustParseAddr("224.0.0.1"), netip.MustParseAddr("ff02::1")
+	await(t, e.groups, "224.0.0.1 and ff02::1", func(g []netip.Addr) bool {
+		return slices.Contains(g, all4) && slices.Contains(g, all6)
+	})
+
+	// Deleted from outside: Gone.
+	ipMust(t, "-n", ns, "link", "del", d.Name())
+	select {
+	case <-e.gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("ip link del not reported")
+	}
+}
+
+// An application's IP_ADD_MEMBERSHIP shows in the multicast list.
+func TestWatchGroupsJoin(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "g")
+	d := open(t, Config{Name: uniq("g"), MTU: 2044, NetNS: ns})
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	ipMust(t, "-n", ns, "addr", "add", "10.79.0.1/24", "dev", d.Name())
+	e := watch(d)
+	g := netip.MustParseAddr("239.1.2.3")
+	// A socket in the namespace joins the group; closing it leaves.
+	fd := joinIn(t, ns, g, netip.MustParseAddr("10.79.0.1"))
+	d.RefreshGroups() // the bridge calls this when it sees the IGMP report
+	await(t, e.groups, g.String(), func(l []netip.Addr) bool { return slices.Contains(l, g) })
+	unix.Close(fd)
+	d.RefreshGroups()
+	await(t, e.groups, "no "+g.String(), func(l []netip.Addr) bool { return !slices.Contains(l, g) })
+}
+
+// After an MTU dip below 1280 the kernel rebuilds the device's IPv6 state with a random
+// link-local address; EnsureLinkLocal puts the given one back and removes the other.
+func TestEnsureLinkLocal(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "l")
+	d := open(t, Config{Name: uniq("l"), MTU: 2044, NetNS: ns})
+	ll := netip.MustParseAddr("fe80::2:c903:0:1234")
+	if err := d.SetLinkLocal(ll); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	for _, mtu := range []int{1000, 2044} {
+		if err := d.SetMTU(mtu); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.EnsureLinkLocal(ll); err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := d.Addrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lls []netip.Addr
+	for _, p := range addrs {
+		if p.Addr().IsLinkLocalUnicast() {
+			lls = append(lls, p.Addr())
+		}
+	}
+	if !slices.Equal(lls, []netip.Addr{ll}) {
+		t.Errorf("link-local addresses after an MTU dip: %v, want only %v", lls, ll)
+	}
+}
+
+func ipMust(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := ipCmd(t, args...); err != nil {
+		t.Fatalf("ip %v: %v: %s", args, err, out)
+	}
+}
+
+// joinIn opens a UDP socket in namespace ns joined to group on the interface with
+// address local. The socket is made by a thread that entered ns and is then discarded.
+func joinIn(t *testing.T, ns string, group, local netip.Addr) int {
+	t.Helper()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := netns.Set(h); err != nil {
+			ch <- result{-1, err}
+			return
+		}
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			ch <- result{-1, err}
+			return
+		}
+		mreq := &unix.IPMreq{Multiaddr: group.As4(), Interface: local.As4()}
+		if err := unix.SetsockoptIPMreq(fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
+			unix.Close(fd)
+			ch <- result{-1, err}
+			return
+		}
+		ch <- result{fd, nil}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("join %s in %s: %v", group, ns, r.err)
+	}
+	return r.fd
+}
+
+func TestParseIGMP(t *testing.T) {
+	igmp := "Idx\tDevice    : Count Querier\tGroup    Users Timer\tReporter\n" +
+		"1\tlo        :     1      V3\n\t\t\t\t010000E0     1 0:00000000\t\t0\n" +
+		"7\tib0       :     2      V3\n\t\t\t\t030201EF     1 0:00000000\t\t0\n\t\t\t\t010000E0     1 0:00000000\t\t0\n"
+	got := parseIGMP([]byte(igmp), 7)
+	want := []netip.Addr{netip.MustParseAddr("239.1.2.3"), netip.MustParseAddr("224.0.0.1")}
+	if !slices.Equal(got, want) {
+		t.Errorf("parseIGMP = %v, want %v", got, want)
+	}
+	igmp6 := "1    lo              ff020000000000000000000000000001     1 0000000C 0\n" +
+		"7    ib0             ff0200000000000000000001ff001234     1 00000004 0\n"
+	got = parseIGMP6([]byte(igmp6), 7)
+	if want := []netip.Addr{netip.MustParseAddr("ff02::1:ff00:1234")}; !slices.Equal(got, want) {
+		t.Errorf("parseIGMP6 = %v, want %v", got, want)
+	}
+}
