@@ -44,6 +44,13 @@ type Host interface {
 	SetOffloads(f Features)
 }
 
+// AdminHost is a Host whose device has an administrative state of its own (a kernel
+// network device): the engine sets it when the interface goes up or down by itself,
+// such as a child following its parent.
+type AdminHost interface {
+	SetAdminUp(up bool)
+}
+
 // Options configure an engine.
 type Options struct {
 	Params *Params

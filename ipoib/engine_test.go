@@ -26,6 +26,7 @@ type fakeHost struct {
 	mtu     int
 	carrier bool
 	feat    Features
+	up      bool
 }
 
 func (h *fakeHost) Deliver(pkts [][]byte) {
@@ -38,6 +39,23 @@ func (h *fakeHost) Deliver(pkts [][]byte) {
 func (h *fakeHost) SetMTU(m int)           { h.mu.Lock(); h.mtu = m; h.mu.Unlock() }
 func (h *fakeHost) SetCarrier(on bool)     { h.mu.Lock(); h.carrier = on; h.mu.Unlock() }
 func (h *fakeHost) SetOffloads(f Features) { h.mu.Lock(); h.feat = f; h.mu.Unlock() }
+func (h *fakeHost) SetAdminUp(up bool)     { h.mu.Lock(); h.up = up; h.mu.Unlock() }
+
+// hostState is what the engine last told a fakeHost.
+type hostState struct {
+	mtu     int
+	carrier bool
+	feat    Features
+	up      bool
+}
+
+// state reads what the engine told the host, under the host's lock: the engine calls
+// the host after releasing its own lock, so these are not the engine's fields.
+func (h *fakeHost) state() hostState {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return hostState{h.mtu, h.carrier, h.feat, h.up}
+}
 
 // take returns and forgets the packets matching f.
 func (h *fakeHost) take(f func([]byte) bool) [][]byte {
@@ -102,7 +120,7 @@ func testFabric(t *testing.T, conf string, names ...string) (*soft.HCA, []*node)
 		nodes = append(nodes, &node{h, e, ib0, host})
 	}
 	for _, n := range nodes {
-		waitFor(t, n.ib0.name+" carrier", n.ib0.Carrier)
+		waitFor(t, n.ib0.name+" carrier", func() bool { return n.ib0.Carrier() && n.host.state().carrier })
 	}
 	return smh, nodes
 }
@@ -132,6 +150,22 @@ func icmp4(src, dst string, typ byte, seq uint16, size int) []byte {
 	p[20] = typ
 	binary.BigEndian.PutUint16(p[26:], seq)
 	binary.BigEndian.PutUint16(p[22:], csum(p[20:]))
+	return p
+}
+
+// udp4 builds a UDP datagram (checksum 0: none, as IPv4 allows).
+func udp4(src, dst string, port uint16, payload []byte) []byte {
+	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
+	p := make([]byte, 28+len(payload))
+	p[0], p[8], p[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	copy(p[12:], s[:])
+	copy(p[16:], d[:])
+	binary.BigEndian.PutUint16(p[10:], csum(p[:20]))
+	binary.BigEndian.PutUint16(p[20:], port)
+	binary.BigEndian.PutUint16(p[22:], port)
+	binary.BigEndian.PutUint16(p[24:], uint16(8+len(payload)))
+	copy(p[28:], payload)
 	return p
 }
 
@@ -187,8 +221,8 @@ func ping(t *testing.T, a, b *Interface, hb *fakeHost, src, dst string, seq uint
 func TestCarrierMTUAndBroadcastGroup(t *testing.T) {
 	_, nodes := testFabric(t, "", "a")
 	i := nodes[0].ib0
-	if i.MTU() != 2044 || nodes[0].host.mtu != 2044 || !nodes[0].host.carrier {
-		t.Fatalf("MTU %d, host MTU %d, carrier %v; want 2044 on a 2K broadcast group", i.MTU(), nodes[0].host.mtu, nodes[0].host.carrier)
+	if i.MTU() != 2044 || nodes[0].host.state().mtu != 2044 || !nodes[0].host.state().carrier {
+		t.Fatalf("MTU %d, host MTU %d, carrier %v; want 2044 on a 2K broadcast group", i.MTU(), nodes[0].host.state().mtu, nodes[0].host.state().carrier)
 	}
 	if got := i.PKey(); got != 0xffff {
 		t.Fatalf("pkey %v", got)
@@ -376,17 +410,17 @@ func TestMTURulesAndMode(t *testing.T) {
 	if err := i.SetMTU(4092); err != nil || i.MTU() != 2044 {
 		t.Fatalf("SetMTU(4092): %v, effective %d (want 2044: admin above the group MTU)", err, i.MTU())
 	}
-	if err := i.SetMTU(1500); err != nil || i.MTU() != 1500 || nodes[0].host.mtu != 1500 {
-		t.Fatalf("SetMTU(1500): %v, %d, host %d", err, i.MTU(), nodes[0].host.mtu)
+	if err := i.SetMTU(1500); err != nil || i.MTU() != 1500 || nodes[0].host.state().mtu != 1500 {
+		t.Fatalf("SetMTU(1500): %v, %d, host %d", err, i.MTU(), nodes[0].host.state().mtu)
 	}
 	// Connected mode: MTU 65520 overwrites the admin MTU, checksum and large send off.
 	if err := i.SetMode(Connected); err != nil {
 		t.Fatalf("connected: %v", err)
 	}
-	if i.MTU() != 65520 || nodes[0].host.mtu != 65520 || i.Mode() != Connected {
-		t.Fatalf("connected: MTU %d host %d mode %v", i.MTU(), nodes[0].host.mtu, i.Mode())
+	if i.MTU() != 65520 || nodes[0].host.state().mtu != 65520 || i.Mode() != Connected {
+		t.Fatalf("connected: MTU %d host %d mode %v", i.MTU(), nodes[0].host.state().mtu, i.Mode())
 	}
-	if f := nodes[0].host.feat; f.Checksum || f.TSO || !i.RequestedFeatures().TSO {
+	if f := nodes[0].host.state().feat; f.Checksum || f.TSO || !i.RequestedFeatures().TSO {
 		t.Fatalf("connected-mode features %+v (requested %+v)", f, i.RequestedFeatures())
 	}
 	for _, bad := range []int{65521, 67} {
@@ -401,8 +435,8 @@ func TestMTURulesAndMode(t *testing.T) {
 	if err := i.SetMode(Datagram); err != nil {
 		t.Fatalf("datagram: %v", err)
 	}
-	if i.MTU() != 2044 || !nodes[0].host.feat.TSO {
-		t.Fatalf("datagram again: MTU %d features %+v", i.MTU(), nodes[0].host.feat)
+	if i.MTU() != 2044 || !nodes[0].host.state().feat.TSO {
+		t.Fatalf("datagram again: MTU %d features %+v", i.MTU(), nodes[0].host.state().feat)
 	}
 	if err := i.SetCoalesce(Coalesce{RxUsecs: 0x10000}); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("coalesce: %v", err)
@@ -411,7 +445,7 @@ func TestMTURulesAndMode(t *testing.T) {
 		t.Fatalf("coalesce: %v", err)
 	}
 	i.SetFeatures(Features{Checksum: false, TSO: true, GRO: true})
-	if f := nodes[0].host.feat; f.TSO || f.Checksum || !f.GRO {
+	if f := nodes[0].host.state().feat; f.TSO || f.Checksum || !f.GRO {
 		t.Fatalf("host features %+v (TSO needs checksum)", f)
 	}
 }
@@ -840,4 +874,69 @@ func TestModeSwitchDuringConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2)
+}
+
+// The kernel's multicast list is the source of the groups: a group in it is joined as a
+// full member (traffic to it arrives), and leaving the list leaves the group at the SA.
+func TestHostGroupsJoinedAndLeft(t *testing.T) {
+	smh, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	g := netip.MustParseAddr("239.1.2.3")
+	mgid := mgidForIP(g, b.ib0.Broadcast())
+	member := func() bool {
+		grp, ok := smh.SM().DB().Group(mgid)
+		if !ok {
+			return false
+		}
+		for _, m := range grp.Members {
+			if m.GID == b.ib0.HWAddr().GID() && m.JoinState&1 != 0 {
+				return true
+			}
+		}
+		return false
+	}
+	b.ib0.SetHostGroups([]netip.Addr{netip.MustParseAddr("224.0.0.1"), g})
+	waitFor(t, "b a full member of "+g.String(), member)
+	if !strings.Contains(b.ib0.MCGText(), mgid.KernelString()) {
+		t.Fatalf("ib0_mcg does not list %s:\n%s", mgid.KernelString(), b.ib0.MCGText())
+	}
+	// a sends a datagram to the group; b's host receives it.
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	pkt := udp4("10.0.0.1", g.String(), 5000, []byte("hello group"))
+	isIt := func(p []byte) bool { return bytes.Equal(p, pkt) }
+	waitFor(t, "the datagram at b", func() bool {
+		a.ib0.Transmit([][]byte{pkt})
+		time.Sleep(10 * time.Millisecond)
+		return len(b.host.take(isIt)) > 0
+	})
+	// The kernel left the group: so does the engine.
+	b.ib0.SetHostGroups([]netip.Addr{netip.MustParseAddr("224.0.0.1")})
+	waitFor(t, "b no longer a member of "+g.String(), func() bool { return !member() })
+	if strings.Contains(b.ib0.MCGText(), mgid.KernelString()) {
+		t.Errorf("ib0_mcg still lists %s after the leave", mgid.KernelString())
+	}
+}
+
+// A child follows its parent down and up, and the host device is told.
+func TestChildFollowsParentUpDown(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	a := nodes[0]
+	c, err := a.ib0.CreateChild(0x8001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := &fakeHost{}
+	c.AttachHost(ch)
+	if err := a.ib0.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if c.IsUp() || ch.state().up {
+		t.Errorf("after the parent went down: child up %v, its device up %v", c.IsUp(), ch.state().up)
+	}
+	if err := a.ib0.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if !c.IsUp() || !ch.state().up {
+		t.Errorf("after the parent came up: child up %v, its device up %v", c.IsUp(), ch.state().up)
+	}
 }

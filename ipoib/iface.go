@@ -68,6 +68,10 @@ type Interface struct {
 	children  []*Interface
 	host      Host
 	hostAddrs []netip.Prefix
+	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
+	// reports one, the groups are derived from the addresses.
+	hostGroups    []netip.Addr
+	hostGroupsSet bool
 	closed    bool
 
 	qp        verbs.QP
@@ -273,6 +277,17 @@ func (i *Interface) SetHostAddrs(p []netip.Prefix) {
 	i.wake()
 }
 
+// SetHostGroups tells the engine the kernel device's multicast list: every group in it
+// is joined on the fabric as a full member, and groups that leave the list are left, as
+// the driver's multicast restart does with the netdev's list.
+func (i *Interface) SetHostGroups(g []netip.Addr) {
+	i.mu.Lock()
+	i.hostGroups = slices.Clone(g)
+	i.hostGroupsSet = true
+	i.mu.Unlock()
+	i.wake()
+}
+
 // ownAddrs returns the kernel's addresses plus the GUID-derived IPv6 link-local one.
 func (i *Interface) ownAddrsLocked() []netip.Addr {
 	out := addrsOf(i.hostAddrs)
@@ -297,12 +312,16 @@ func (i *Interface) SetUp(up bool) error {
 	changed := i.up != up
 	i.up = up
 	kids := slices.Clone(i.children)
+	h := i.host
 	parentUp := i.parent == nil || i.parent.IsUp()
 	i.mu.Unlock()
 	if up && !parentUp {
 		i.e.tracef(1, "parent device %s is not up, so child device may be not functioning.", i.parent.name)
 	}
 	if changed {
+		if ah, ok := h.(AdminHost); ok {
+			ah.SetAdminUp(up)
+		}
 		if up {
 			i.open()
 		} else {

@@ -3,6 +3,7 @@ package ipoib
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +34,14 @@ func (i *Interface) bcastGroupLocked() *mcastGroup { return i.mcast[i.bcast.GID(
 // (what the kernel's netdev multicast list holds for an interface with those addresses).
 func (i *Interface) wantedGroupsLocked() []verbs.GID {
 	var out []verbs.GID
+	if i.hostGroupsSet {
+		for _, a := range i.hostGroups {
+			if a.IsMulticast() {
+				out = append(out, mgidForIP(a, i.bcast))
+			}
+		}
+		return out
+	}
 	hasV4 := false
 	for _, a := range i.ownAddrsLocked() {
 		if a.Is4() {
@@ -81,10 +90,26 @@ func (i *Interface) mcastRound() time.Duration {
 		}
 		return next
 	}
-	for _, g := range i.wantedGroupsLocked() {
-		if _, ok := i.mcast[g]; !ok {
-			i.mcast[g] = &mcastGroup{mgid: g, created: now}
+	wanted := i.wantedGroupsLocked()
+	for _, g := range wanted {
+		if old, ok := i.mcast[g]; !ok || old.sendOnly && !old.joining {
+			// A send-only membership becomes a full one, as the driver's restart
+			// task does when the group enters the netdev's list.
+			ng := &mcastGroup{mgid: g, created: now}
+			if ok {
+				ng.queue, old.queue = old.queue, nil
+				i.dropGroupLocked(old)
+			}
+			i.mcast[g] = ng
 		}
+	}
+	// Full memberships the kernel no longer lists are left (ipoib_mcast_restart_task).
+	for mgid, g := range i.mcast {
+		if g.sendOnly || g.joining || mgid == i.bcast.GID() || slices.Contains(wanted, mgid) {
+			continue
+		}
+		i.e.mtracef(1, "%s: deleting multicast group %s", i.name, mgid.KernelString())
+		i.dropGroupLocked(g)
 	}
 	for _, g := range i.mcast {
 		if due(g) {
@@ -212,6 +237,22 @@ func (i *Interface) leaveAll() {
 			wg.Add(1)
 			go func() { defer wg.Done(); i.leave(g.mgid, state) }()
 		}
+	}
+}
+
+// dropGroupLocked forgets a group: the QP is detached and the SA told we leave, in
+// the background.
+func (i *Interface) dropGroupLocked(g *mcastGroup) {
+	delete(i.mcast, g.mgid)
+	if g.attached {
+		_ = i.qp.DetachMcast(g.mgid, g.rec.MLID)
+	}
+	if g.ah != nil {
+		state := uint8(mad.JoinFull)
+		if g.sendOnly {
+			state = mad.JoinSendOnlyFull
+		}
+		i.leaveGroup(g.mgid, state)
 	}
 }
 
