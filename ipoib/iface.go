@@ -72,7 +72,7 @@ type Interface struct {
 	// reports one, the groups are derived from the addresses.
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
-	closed    bool
+	closed        bool
 
 	qp        verbs.QP
 	scq, rcq  verbs.CQ
