@@ -335,8 +335,11 @@ func TestChildrenRulesAndPartitions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if k.Name() != "ib0.8001" || k.PKey() != 0x8001 || k.Parent() != n.ib0 || !k.IsUp() {
-			t.Fatalf("child %s pkey %v parent %v up %v", k.Name(), k.PKey(), k.Parent(), k.IsUp())
+		if k.Name() != "ib0.8001" || k.PKey() != 0x8001 || k.Parent() != n.ib0 || k.IsUp() {
+			t.Fatalf("child %s pkey %v parent %s up %v; want ib0.8001 0x8001 ib0, created down", k.Name(), k.PKey(), k.Parent().Name(), k.IsUp())
+		}
+		if err := k.SetUp(true); err != nil {
+			t.Fatal(err)
 		}
 		kids[n] = k
 	}
@@ -375,6 +378,7 @@ func TestChildrenRulesAndPartitions(t *testing.T) {
 	// Limited members of 0x0003 (a and b) cannot reach each other.
 	la, _ := a.ib0.CreateChild(3)
 	lb, _ := b.ib0.CreateChild(3)
+	_, _ = la.SetUp(true), lb.SetUp(true)
 	waitFor(t, "limited children carrier", func() bool { return la.Carrier() && lb.Carrier() })
 	hl := &fakeHost{}
 	lb.AttachHost(hl)

@@ -40,6 +40,15 @@ func (i *Interface) wantedGroupsLocked() []verbs.GID {
 				out = append(out, mgidForIP(a, i.bcast))
 			}
 		}
+		// The kernel device is a TUN, which is IFF_NOARP, and the kernel joins no
+		// solicited-node groups on such devices; an IPoIB netdev has them in its list.
+		for _, a := range i.ownAddrsLocked() {
+			if a.Is6() {
+				if g := mgidForIP(solicitedNode(a), i.bcast); !slices.Contains(out, g) {
+					out = append(out, g)
+				}
+			}
+		}
 		return out
 	}
 	hasV4 := false

@@ -27,9 +27,10 @@ func ChildName(parent string, pkey verbs.PKey) string {
 }
 
 // CreateChild creates a P_Key child of a parent interface (create_child). The child
-// has its own UD QP, starts in datagram mode with umcast off, and is brought up with its
-// parent; without its P_Key in the port table it stays up without carrier until the
-// subnet manager adds the key.
+// has its own UD QP, starts in datagram mode with umcast off, and is created down, as
+// the driver registers it: SetUp (ip link set up) or its parent coming up opens it.
+// Without its P_Key in the port table an up child has no carrier until the subnet
+// manager adds the key.
 func (i *Interface) CreateChild(v int64) (*Interface, error) {
 	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
 		return nil, &Error{Op: "create_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
@@ -47,9 +48,6 @@ func (i *Interface) CreateChild(v int64) (*Interface, error) {
 	e.mu.Unlock()
 	if err != nil {
 		return nil, err
-	}
-	if i.IsUp() {
-		_ = c.SetUp(true)
 	}
 	return c, nil
 }

@@ -71,6 +71,7 @@ func TestChildPartitionsMembership(t *testing.T) {
 			t.Fatalf("%s: ib0.8001 pkey %q", n, got)
 		}
 		waitTUN(t, ns[n], "ib0.8001")
+		mustRun(t, "ip", "-n", ns[n], "link", "set", "ib0.8001", "up") // created down, as by the driver
 		mustRun(t, "ip", "-n", ns[n], "addr", "add", fmt.Sprintf("10.81.0.%d/24", k+1), "dev", "ib0.8001")
 	}
 	waitLink(t, ns["pa"], "ib0.8001")
@@ -93,6 +94,7 @@ func TestChildPartitionsMembership(t *testing.T) {
 	for k, n := range []string{"pa", "pb"} {
 		sh(t, "echo 3 > "+mnt[n]+"/class/net/ib0/create_child")
 		waitTUN(t, ns[n], "ib0.8003")
+		mustRun(t, "ip", "-n", ns[n], "link", "set", "ib0.8003", "up")
 		waitLink(t, ns[n], "ib0.8003")
 		mustRun(t, "ip", "-n", ns[n], "addr", "add", fmt.Sprintf("10.83.0.%d/24", k+1), "dev", "ib0.8003")
 	}

@@ -333,9 +333,10 @@ ib0
 exit 0
 `
 
-// treeMCGLines matches ib0_mcg's GID lines: the IPv4 broadcast group first, then the
+// treeMCGLines matches ib0_mcg's GID lines: the IPv4 all-hosts group (the kernel's
+// list has it from the moment the device is up) and broadcast group first, then the
 // IPv6 groups (all-nodes, solicited-node) of the P_Key 0xffff.
-var treeMCGLines = regexp.MustCompile(`^GID: ff12:401b:ffff:0:0:0:ffff:ffff\n(GID: ff12:601b:ffff:[0-9a-f:]+\n){2,}$`)
+var treeMCGLines = regexp.MustCompile(`^GID: ff12:401b:ffff:0:0:0:0:1\nGID: ff12:401b:ffff:0:0:0:ffff:ffff\n(GID: ff12:601b:ffff:[0-9a-f:]+\n){2,}$`)
 
 // treeCheckDoc compares a transcript with treeDocWant.
 func treeCheckDoc(t *testing.T, where, got string) {

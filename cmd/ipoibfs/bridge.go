@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"log"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
+	"syscall"
 
 	"ipoibfs/ipoib"
 	"ipoibfs/ipoib/kernel"
@@ -16,29 +19,84 @@ import (
 type bridge struct {
 	i    *ipoib.Interface
 	dev  *kernel.Device
+	bs   *bridges
 	done chan struct{}
 }
 
-func openBridge(i *ipoib.Interface, netns string) (*bridge, error) {
+func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
 	f := i.Features()
 	dev, err := kernel.Open(kernel.Config{Name: i.Name(), MTU: i.MTU(), NetNS: netns,
 		Offloads: kernel.Offloads{Checksum: f.Checksum, TSO: f.TSO, GRO: f.GRO}})
 	if err != nil {
 		return nil, err
 	}
-	b := &bridge{i: i, dev: dev, done: make(chan struct{})}
+	b := &bridge{i: i, dev: dev, bs: bs, done: make(chan struct{})}
 	// The kernel must not invent a random link-local address: IPoIB's comes from the GUID.
 	if err := dev.SetLinkLocal(i.LinkLocal()); err != nil {
 		log.Printf("%s: %v", i.Name(), err)
 	}
 	i.AttachHost(b)
-	if err := dev.SetUp(true); err != nil {
+	// The device follows the interface: a child is created down, as the driver
+	// registers it, and comes up with `ip link set up` or with its parent.
+	if err := dev.SetUp(i.IsUp()); err != nil {
 		dev.Close()
 		return nil, err
 	}
-	dev.WatchAddrs(i.SetHostAddrs)
+	// From here the interface follows the device: what ip link, ifconfig and the
+	// stack do to it reaches the engine as the driver would see it.
+	dev.Watch(kernel.Events{Link: b.onLink, Addrs: b.onAddrs, Groups: i.SetHostGroups, Gone: b.onGone})
 	go b.txLoop()
 	return b, nil
+}
+
+// onLink applies a change someone made to the device (ip link set ...) to the
+// interface, with the driver's rules: an MTU goes through the same checks as a write
+// of mtu, and a refused one is put back on the device at once (the driver's ndo
+// would have returned EINVAL); down and up stop and open the interface.
+func (b *bridge) onLink(l kernel.Link) {
+	name := b.i.Name()
+	if l.Name != name {
+		log.Printf("%s: renamed to %s outside ipoibfs; the tree keeps the name %s (renaming IPoIB interfaces is not supported yet)", name, l.Name, name)
+	}
+	if l.MTUChanged {
+		if err := b.i.SetMTU(l.MTU); err != nil {
+			log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, b.i.MTU(), err)
+		}
+		if mtu := b.i.MTU(); mtu != l.MTU {
+			b.SetMTU(mtu) // the effective MTU (datagram: at most the group's)
+		}
+	}
+	if l.UpChanged {
+		if err := b.i.SetUp(l.Up); err != nil {
+			log.Printf("%s: set %s: %v", name, map[bool]string{true: "up", false: "down"}[l.Up], err)
+		}
+	}
+	if l.Up && (l.MTUChanged || l.UpChanged) {
+		b.ensureLinkLocal()
+	}
+}
+
+// onAddrs passes the device's addresses to the engine and keeps the GUID-derived
+// link-local among them.
+func (b *bridge) onAddrs(p []netip.Prefix) {
+	b.i.SetHostAddrs(p)
+	ll := b.i.LinkLocal()
+	if !slices.ContainsFunc(p, func(p netip.Prefix) bool { return p.Addr() == ll }) {
+		b.ensureLinkLocal()
+	}
+}
+
+func (b *bridge) ensureLinkLocal() {
+	// ENODEV: the device was just deleted; onGone deals with that.
+	if err := b.dev.EnsureLinkLocal(b.i.LinkLocal()); err != nil && !errors.Is(err, syscall.ENODEV) {
+		log.Printf("%s: %v", b.i.Name(), err)
+	}
+}
+
+// onGone handles `ip link del`: a child's device takes the child with it; a port's
+// interface cannot be deleted, so its device is made again.
+func (b *bridge) onGone() {
+	go b.bs.gone(b) // not on the watch goroutine: closing the device waits for it
 }
 
 func (b *bridge) txLoop() {
@@ -59,8 +117,13 @@ func (b *bridge) txLoop() {
 			log.Printf("%s: read from the kernel: %v", b.i.Name(), err)
 			continue
 		}
+		groups := false
 		for k := 0; k < c; k++ {
 			pkts[k] = bufs[k][:sizes[k]]
+			groups = groups || isGroupReport(pkts[k])
+		}
+		if groups {
+			b.dev.RefreshGroups()
 		}
 		b.i.Transmit(pkts[:c])
 	}
@@ -70,6 +133,19 @@ func (b *bridge) close() {
 	b.i.AttachHost(nil)
 	b.dev.Close()
 	<-b.done
+}
+
+// isGroupReport tells IGMP and MLD messages (MLD always follows a hop-by-hop header
+// with the router alert): the kernel sends one for each join and leave, and netlink
+// has no event for those on every kernel.
+func isGroupReport(p []byte) bool {
+	switch {
+	case len(p) >= 20 && p[0]>>4 == 4:
+		return p[9] == 2 // IGMP
+	case len(p) >= 40 && p[0]>>4 == 6:
+		return p[6] == 0 // hop-by-hop options
+	}
+	return false
 }
 
 // Host methods: errors are logged, the data path goes on.
@@ -88,6 +164,13 @@ func (b *bridge) SetMTU(mtu int) {
 
 func (b *bridge) SetCarrier(on bool) {
 	if err := b.dev.SetCarrier(on); err != nil {
+		log.Printf("%s: %v", b.i.Name(), err)
+	}
+}
+
+// SetAdminUp follows the interface's own up/down (a child following its parent).
+func (b *bridge) SetAdminUp(up bool) {
+	if err := b.dev.SetUp(up); err != nil {
 		log.Printf("%s: %v", b.i.Name(), err)
 	}
 }
@@ -131,7 +214,7 @@ func (bs *bridges) sync() {
 		if bs.m[i.Name()] != nil || bs.off {
 			continue
 		}
-		b, err := openBridge(i, bs.netns)
+		b, err := openBridge(bs, i, bs.netns)
 		if err != nil {
 			if errors.Is(err, kernel.ErrUnavailable) {
 				log.Printf("kernel bridge off, the engine runs without TUN devices: %v", err)
@@ -149,6 +232,26 @@ func (bs *bridges) sync() {
 			delete(bs.m, name)
 		}
 	}
+}
+
+// gone handles a device deleted outside ipoibfs.
+func (bs *bridges) gone(b *bridge) {
+	name := b.i.Name()
+	if p := b.i.Parent(); p != nil {
+		log.Printf("%s: device deleted with ip link; deleting the child", name)
+		if err := p.DeleteChild(int64(b.i.PKey())); err != nil {
+			log.Printf("%s: %v", name, err)
+		}
+		return // the engine's notification closes the bridge
+	}
+	log.Printf("%s: device deleted with ip link; a port's interface cannot be deleted, making the device again", name)
+	bs.mu.Lock()
+	if bs.m[name] == b {
+		b.close()
+		delete(bs.m, name)
+	}
+	bs.mu.Unlock()
+	bs.sync()
 }
 
 func (bs *bridges) close() {

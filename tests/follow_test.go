@@ -1,0 +1,303 @@
+package tests
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The engine follows its kernel devices as the driver does: ip link set mtu/down/up/del
+// on a parent and a child, with the tree, ib0_mcg, the link-local address and carrier
+// checked after each.
+func TestFollowLinkChanges(t *testing.T) {
+	td := treeStart(t, "fl", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	read := func(p string) string {
+		b, err := os.ReadFile(td.path(p))
+		if err != nil {
+			t.Fatalf("read %s: %v", p, err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s\nip link: %s\nlog:\n%s", what, ipOut(t, ns, "link", "show"), td.log)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	devMTU := func(dev string) string {
+		_, rest, _ := strings.Cut(ipOut(t, ns, "link", "show", dev), " mtu ")
+		mtu, _, _ := strings.Cut(rest, " ")
+		return mtu
+	}
+	ll := linkLocal(t, ns, "ib0")
+	lls := func() []string {
+		var out []string
+		for _, f := range strings.Fields(ipOut(t, ns, "-6", "addr", "show", "dev", "ib0", "scope", "link")) {
+			if strings.HasPrefix(f, "fe80::") {
+				out = append(out, strings.Split(f, "/")[0])
+			}
+		}
+		return out
+	}
+	onlyGUIDLinkLocal := func() bool { l := lls(); return len(l) == 1 && l[0] == ll }
+	sn := solicitedMGID(t, ll)
+	if !strings.Contains(read("kernel/debug/ipoib/ib0_mcg"), "GID: ff12:401b:ffff:0:0:0:0:1\n") {
+		t.Errorf("a fresh ib0 has not joined the IPv4 all-hosts group:\n%s", read("kernel/debug/ipoib/ib0_mcg"))
+	}
+
+	// MTU: a value the driver refuses (above the port's 4092 in datagram mode) is put
+	// back at once; an allowed one is adopted; an MTU dip below 1280 and back leaves the
+	// GUID-derived link-local and its solicited-node group, nothing random.
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "mtu", "9000")
+	until("the refused MTU 9000 put back to 2044", func() bool { return devMTU("ib0") == "2044" })
+	if got := read("class/net/ib0/mtu"); got != "2044" {
+		t.Errorf("tree mtu after a refused ip link set mtu 9000: %s", got)
+	}
+	if !strings.Contains(td.log.String(), "MTU 9000 set on the device refused") {
+		t.Errorf("the log does not say the MTU was refused:\n%s", td.log)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "mtu", "1500")
+	until("tree mtu 1500", func() bool { return read("class/net/ib0/mtu") == "1500" })
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "mtu", "1000")
+	until("tree mtu 1000", func() bool { return read("class/net/ib0/mtu") == "1000" })
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "mtu", "2044")
+	until("tree mtu 2044", func() bool { return read("class/net/ib0/mtu") == "2044" })
+	until("only the GUID link-local "+ll+" after the MTU dip", onlyGUIDLinkLocal)
+	until("the solicited-node group of "+ll, func() bool { return strings.Contains(read("kernel/debug/ipoib/ib0_mcg"), sn) })
+
+	// A child is created down, as the driver registers it, and comes up with ip link.
+	if err := os.WriteFile(td.path("class/net/ib0/create_child"), []byte("0x8001\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitTUN(t, ns, "ib0.8001")
+	if out := ipOut(t, ns, "link", "show", "ib0.8001"); strings.Contains(out, "<UP") || strings.Contains(out, ",UP") {
+		t.Errorf("a new child's device is up: %s", out)
+	}
+	if got := read("class/net/ib0.8001/operstate"); got != "down" {
+		t.Errorf("a new child's operstate: %s, want down", got)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
+	until("ib0.8001 up in the tree", func() bool { return read("class/net/ib0.8001/operstate") != "down" })
+
+	// Down: groups left, carrier off, the child follows; up: all back, same link-local.
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "down")
+	until("ib0 down in the tree", func() bool { return read("class/net/ib0/operstate") == "down" })
+	until("ib0.8001 down with its parent", func() bool { return read("class/net/ib0.8001/operstate") == "down" })
+	until("ib0's groups left", func() bool { return !strings.Contains(read("kernel/debug/ipoib/ib0_mcg"), "GID:") })
+	if out := ipOut(t, ns, "link", "show", "ib0.8001"); strings.Contains(out, "<UP") || strings.Contains(out, ",UP") {
+		t.Errorf("ib0.8001's device still up after ib0 went down: %s", out)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "up")
+	waitLink(t, ns, "ib0")
+	until("ib0 up in the tree", func() bool { return read("class/net/ib0/operstate") == "up" && read("class/net/ib0/carrier") == "1" })
+	until("ib0.8001 up with its parent", func() bool { return read("class/net/ib0.8001/operstate") != "down" })
+	until("the GUID link-local back after up", onlyGUIDLinkLocal)
+	until("the groups rejoined", func() bool {
+		m := read("kernel/debug/ipoib/ib0_mcg")
+		return strings.Contains(m, "ff12:401b:ffff:0:0:0:ffff:ffff") && strings.Contains(m, sn)
+	})
+
+	// ip link del of a child deletes the child; of ib0, the device is made again.
+	mustRun(t, "ip", "-n", ns, "link", "del", "ib0.8001")
+	until("ib0.8001 gone from the tree", func() bool {
+		_, err := os.Stat(td.path("class/net/ib0.8001"))
+		return os.IsNotExist(err)
+	})
+	mustRun(t, "ip", "-n", ns, "link", "del", "ib0")
+	waitLink(t, ns, "ib0")
+	until("ib0 in the tree and up after its device was made again", func() bool { return read("class/net/ib0/operstate") == "up" })
+	until("the GUID link-local on the new device", onlyGUIDLinkLocal)
+}
+
+// A multicast receiver on node B gets IPv4 and IPv6 datagrams sent to its groups from
+// node A; B's ib0_mcg lists the groups while joined and not after the sockets close.
+func TestFollowMulticastGroups(t *testing.T) {
+	requireE2E(t)
+	mntB := treeMountDir(t)
+	treeNoMountAt(t, mntB)
+	nsA, nsB := netns(t, "ma"), netns(t, "mb")
+	startDaemon(t, "ma", "-sm", "127.0.1.41:4791", "-netns", nsA)
+	startDaemon(t, "mb", "-fabric", "127.0.1.41:4791", "-listen", "127.0.1.42:4791", "-netns", nsB, "-mount", mntB)
+	waitLink(t, nsA, "ib0")
+	waitLink(t, nsB, "ib0")
+	mustRun(t, "ip", "-n", nsA, "addr", "add", "10.64.0.1/24", "dev", "ib0")
+	mustRun(t, "ip", "-n", nsB, "addr", "add", "10.64.0.2/24", "dev", "ib0")
+	mcg := func() string { b, _ := os.ReadFile(mntB + "/kernel/debug/ipoib/ib0_mcg"); return string(b) }
+
+	for _, tc := range []struct {
+		group, mgid, src string
+	}{
+		{"239.1.2.3", "ff12:401b:ffff:0:0:0:f01:203", "10.64.0.1"},
+		{"ff05::1:3", "ff12:601b:ffff:0:0:0:1:3", ""},
+	} {
+		g := netip.MustParseAddr(tc.group)
+		rx := inNetns(t, nsB, func() (int, error) { return mcastReceiver(g, 5000) })
+		waitUntil(t, tc.group+" in b's ib0_mcg", func() bool { return strings.Contains(mcg(), "GID: "+tc.mgid+"\n") })
+		tx := inNetns(t, nsA, func() (int, error) { return mcastSender(g) })
+		got := false
+		buf := make([]byte, 64)
+		for try := 0; try < 50 && !got; try++ {
+			var dst unix.Sockaddr = &unix.SockaddrInet6{Port: 5000, Addr: g.As16()}
+			if g.Is4() {
+				dst = &unix.SockaddrInet4{Port: 5000, Addr: g.As4()}
+			}
+			if err := unix.Sendto(tx, []byte("to "+tc.group), 0, dst); err != nil {
+				t.Fatalf("send to %s: %v", tc.group, err)
+			}
+			// The first datagrams may wait for a's send-only join.
+			_ = unix.SetsockoptTimeval(rx, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200000})
+			if n, _, err := unix.Recvfrom(rx, buf, 0); err == nil && string(buf[:n]) == "to "+tc.group {
+				got = true
+			}
+		}
+		if !got {
+			t.Errorf("b never received a datagram sent to %s", tc.group)
+		}
+		unix.Close(tx)
+		unix.Close(rx) // the kernel leaves the group and reports it
+		waitUntil(t, tc.group+" gone from b's ib0_mcg", func() bool { return !strings.Contains(mcg(), "GID: "+tc.mgid+"\n") })
+	}
+}
+
+// mcastReceiver is a UDP socket bound to port and joined to group on ib0.
+func mcastReceiver(group netip.Addr, port int) (int, error) {
+	ifi, err := ifIndex("ib0")
+	if err != nil {
+		return -1, err
+	}
+	if group.Is4() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port}); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		mreq := &unix.IPMreqn{Multiaddr: group.As4(), Ifindex: int32(ifi)}
+		if err := unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		return fd, nil
+	}
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet6{Port: port}); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	mreq := &unix.IPv6Mreq{Multiaddr: group.As16(), Interface: uint32(ifi)}
+	if err := unix.SetsockoptIPv6Mreq(fd, unix.IPPROTO_IPV6, unix.IPV6_JOIN_GROUP, mreq); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// mcastSender is a UDP socket that sends multicast out of ib0.
+func mcastSender(group netip.Addr) (int, error) {
+	ifi, err := ifIndex("ib0")
+	if err != nil {
+		return -1, err
+	}
+	if group.Is4() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		return fd, unix.SetsockoptIPMreqn(fd, unix.IPPROTO_IP, unix.IP_MULTICAST_IF, &unix.IPMreqn{Ifindex: int32(ifi)})
+	}
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	return fd, unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_IF, ifi)
+}
+
+// ifIndex reads an interface's index in the calling thread's namespace.
+func ifIndex(name string) (int, error) {
+	b, err := os.ReadFile("/proc/thread-self/net/dev_snmp6/" + name)
+	if err != nil {
+		return -1, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "ifIndex" {
+			var n int
+			for _, c := range f[1] {
+				n = n*10 + int(c-'0')
+			}
+			return n, nil
+		}
+	}
+	return -1, os.ErrNotExist
+}
+
+// inNetns runs fn on a thread that entered the named namespace; sockets it opens
+// stay in that namespace. The thread is discarded afterwards.
+func inNetns(t *testing.T, name string, fn func() (int, error)) int {
+	t.Helper()
+	h, err := vnetns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := vnetns.Set(h); err != nil {
+			ch <- result{-1, err}
+			return
+		}
+		fd, err := fn()
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("in netns %s: %v", name, r.err)
+	}
+	return r.fd
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func ipOut(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	out, _ := run(t, 10*time.Second, "ip", append([]string{"-n", ns}, args...)...)
+	return out
+}
+
+// solicitedMGID is the ib0_mcg GID line of a link-local address's solicited-node group
+// on the default P_Key.
+func solicitedMGID(t *testing.T, ll string) string {
+	a := netip.MustParseAddr(ll).As16()
+	return fmt.Sprintf("GID: ff12:601b:ffff:0:0:1:ff%02x:%x\n", a[13], uint16(a[14])<<8|uint16(a[15]))
+}
