@@ -1,6 +1,7 @@
 package ipoib
 
 import (
+	"errors"
 	"fmt"
 	"log"
 	"net/netip"
@@ -59,6 +60,15 @@ type Options struct {
 	NameTemplate string
 }
 
+// Devices makes and removes the kernel device of each interface in step with the
+// engine, as the driver registers a netdev inside create_child: Create runs before
+// CreateChild returns (its error undoes the child and is the write's error) and Delete
+// before DeleteChild returns.
+type Devices interface {
+	Create(i *Interface) error
+	Delete(i *Interface)
+}
+
 // Engine runs IPoIB on every port of one HCA.
 type Engine struct {
 	dev    verbs.Device
@@ -68,10 +78,11 @@ type Engine struct {
 
 	cms map[int]*cm.Manager // per port, when the HCA supports RC (connected mode)
 
-	mu     sync.Mutex
-	ifs    map[string]*Interface
-	closed bool
-	subs   map[chan string]struct{}
+	mu      sync.Mutex
+	ifs     map[string]*Interface
+	closed  bool
+	subs    map[chan string]struct{}
+	devices Devices
 
 	stopEv func()
 	evDone chan struct{} // closed when eventLoop has returned
@@ -122,6 +133,27 @@ func (e *Engine) Device() verbs.Device { return e.dev }
 
 // Params returns the module parameters.
 func (e *Engine) Params() *Params { return e.params }
+
+// SetDevices installs the device maker and makes the devices of the interfaces that
+// exist (the parents); an error there is returned and the caller decides.
+func (e *Engine) SetDevices(d Devices) error {
+	e.mu.Lock()
+	e.devices = d
+	e.mu.Unlock()
+	var errs []error
+	for _, i := range e.Interfaces() {
+		if err := d.Create(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Engine) devicesSnapshot() Devices {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.devices
+}
 
 // Interfaces returns all interfaces sorted by name.
 func (e *Engine) Interfaces() []*Interface {

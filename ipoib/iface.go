@@ -70,6 +70,7 @@ type Interface struct {
 	hostAddrs []netip.Prefix
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
+	childOps      sync.Mutex // serialises CreateChild and DeleteChild of a parent
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	closed        bool

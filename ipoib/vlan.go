@@ -1,6 +1,7 @@
 package ipoib
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"syscall"
@@ -42,6 +43,10 @@ func (i *Interface) CreateChild(v int64) (*Interface, error) {
 	if !ok {
 		return fail(syscall.EINVAL, "P_Key %#x is invalid (0, 0x8000 and values above 0xffff are)", v)
 	}
+	// One create or delete at a time per parent, device included (the driver holds
+	// the RTNL lock): a child being deleted keeps its device name until it is gone.
+	i.childOps.Lock()
+	defer i.childOps.Unlock()
 	e := i.e
 	e.mu.Lock()
 	c, err := i.createChildLocked(pkey)
@@ -49,7 +54,30 @@ func (i *Interface) CreateChild(v int64) (*Interface, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d := e.devicesSnapshot(); d != nil {
+		if err := d.Create(c); err != nil {
+			i.removeChild(c)
+			errno := syscall.EIO
+			errors.As(err, &errno)
+			return fail(errno, "%v", err)
+		}
+	}
 	return c, nil
+}
+
+// removeChild undoes a child whose device could not be made.
+func (i *Interface) removeChild(c *Interface) {
+	e := i.e
+	e.mu.Lock()
+	i.mu.Lock()
+	i.children = slices.DeleteFunc(i.children, func(k *Interface) bool { return k == c })
+	i.mu.Unlock()
+	if e.ifs[c.name] == c {
+		delete(e.ifs, c.name)
+	}
+	e.notifyLocked(c.name)
+	e.mu.Unlock()
+	c.close()
 }
 
 func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
@@ -99,6 +127,8 @@ func (i *Interface) DeleteChild(v int64) error {
 	if v < 0 || v > 0xffff {
 		return fail(syscall.EINVAL, "P_Key %#x is out of range", v)
 	}
+	i.childOps.Lock()
+	defer i.childOps.Unlock()
 	e := i.e
 	e.mu.Lock()
 	i.mu.Lock()
@@ -113,7 +143,11 @@ func (i *Interface) DeleteChild(v int64) error {
 	i.mu.Unlock()
 	delete(e.ifs, c.name)
 	e.notifyLocked(c.name)
+	d := e.devices
 	e.mu.Unlock()
+	if d != nil {
+		d.Delete(c) // the device is gone when delete_child returns
+	}
 	c.close()
 	return nil
 }

@@ -301,3 +301,43 @@ func solicitedMGID(t *testing.T, ll string) string {
 	a := netip.MustParseAddr(ll).As16()
 	return fmt.Sprintf("GID: ff12:601b:ffff:0:0:1:ff%02x:%x\n", a[13], uint16(a[14])<<8|uint16(a[15]))
 }
+
+// create_child makes the child's device before it returns and delete_child removes it
+// before it returns; a device name taken in the namespace fails the write with EEXIST
+// and leaves nothing behind (the other device included).
+func TestFollowChildDeviceInStep(t *testing.T) {
+	td := treeStart(t, "fs", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	exists := func(dev string) bool {
+		_, err := run(t, 10*time.Second, "ip", "-n", ns, "link", "show", dev)
+		return err == nil
+	}
+	// Someone else's device of that name: a persistent TUN made with ip tuntap.
+	mustRun(t, "ip", "-n", ns, "tuntap", "add", "dev", "ib0.8002", "mode", "tun")
+	err := os.WriteFile(td.path("class/net/ib0/create_child"), []byte("0x8002\n"), 0)
+	if treeErrno(err) != unix.EEXIST {
+		t.Errorf("create_child with the device name taken: %v, want EEXIST", err)
+	}
+	if _, err := os.Stat(td.path("class/net/ib0.8002")); !os.IsNotExist(err) {
+		t.Errorf("class/net/ib0.8002 after the failed create: %v", err)
+	}
+	if out := ipOut(t, ns, "-d", "link", "show", "ib0.8002"); !strings.Contains(out, "persist on") {
+		t.Errorf("the other device was touched: %s", out)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "del", "ib0.8002")
+	for round := range 5 {
+		if err := os.WriteFile(td.path("class/net/ib0/create_child"), []byte("0x8002\n"), 0); err != nil {
+			t.Fatalf("round %d: create_child: %v", round, err)
+		}
+		if !exists("ib0.8002") {
+			t.Fatalf("round %d: no ib0.8002 device when create_child returned", round)
+		}
+		if err := os.WriteFile(td.path("class/net/ib0/delete_child"), []byte("0x8002\n"), 0); err != nil {
+			t.Fatalf("round %d: delete_child: %v", round, err)
+		}
+		if exists("ib0.8002") {
+			t.Fatalf("round %d: ib0.8002 device still there when delete_child returned", round)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"log"
 	"net/netip"
 	"os"
@@ -181,56 +182,56 @@ func (b *bridge) SetOffloads(f ipoib.Features) {
 	}
 }
 
-// bridges keeps one bridge per engine interface, following interfaces as they are
-// created and deleted. When the kernel bridge is unavailable it says why once and the
-// engine runs without it.
+// bridges keeps one bridge per engine interface. The engine calls Create and Delete
+// inside create_child and delete_child, so a child's device exists when the write
+// returns and is gone when delete_child returns. When the kernel bridge is unavailable
+// it says why once and the engine runs without it.
 type bridges struct {
-	e     *ipoib.Engine
 	netns string
 	mu    sync.Mutex
-	m     map[string]*bridge
+	m     map[*ipoib.Interface]*bridge
 	off   bool
 }
 
 func startBridges(e *ipoib.Engine, netns string) *bridges {
-	bs := &bridges{e: e, netns: netns, m: map[string]*bridge{}}
-	ch, _ := e.Watch()
-	bs.sync()
-	go func() {
-		for range ch {
-			bs.sync()
-		}
-	}()
+	bs := &bridges{netns: netns, m: map[*ipoib.Interface]*bridge{}}
+	if err := e.SetDevices(bs); err != nil {
+		log.Print(err)
+	}
 	return bs
 }
 
-// sync opens bridges for new interfaces and closes those of deleted ones.
-func (bs *bridges) sync() {
+// Create makes the interface's device. A name taken in the namespace is EEXIST for
+// the create_child write; the kernel bridge being unavailable is not an error.
+func (bs *bridges) Create(i *ipoib.Interface) error {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	live := map[string]bool{}
-	for _, i := range bs.e.Interfaces() {
-		live[i.Name()] = true
-		if bs.m[i.Name()] != nil || bs.off {
-			continue
-		}
-		b, err := openBridge(bs, i, bs.netns)
-		if err != nil {
-			if errors.Is(err, kernel.ErrUnavailable) {
-				log.Printf("kernel bridge off, the engine runs without TUN devices: %v", err)
-				bs.off = true
-				continue
-			}
-			log.Printf("%s: %v", i.Name(), err)
-			continue
-		}
-		bs.m[i.Name()] = b
+	if bs.off || bs.m[i] != nil {
+		return nil
 	}
-	for name, b := range bs.m {
-		if !live[name] {
-			b.close()
-			delete(bs.m, name)
-		}
+	b, err := openBridge(bs, i, bs.netns)
+	switch {
+	case errors.Is(err, kernel.ErrUnavailable):
+		log.Printf("kernel bridge off, the engine runs without TUN devices: %v", err)
+		bs.off = true
+		return nil
+	case errors.Is(err, kernel.ErrExists):
+		return fmt.Errorf("%w: %v", syscall.EEXIST, err)
+	case err != nil:
+		return err
+	}
+	bs.m[i] = b
+	return nil
+}
+
+// Delete removes the interface's device.
+func (bs *bridges) Delete(i *ipoib.Interface) {
+	bs.mu.Lock()
+	b := bs.m[i]
+	delete(bs.m, i)
+	bs.mu.Unlock()
+	if b != nil {
+		b.close()
 	}
 }
 
@@ -242,24 +243,28 @@ func (bs *bridges) gone(b *bridge) {
 		if err := p.DeleteChild(int64(b.i.PKey())); err != nil {
 			log.Printf("%s: %v", name, err)
 		}
-		return // the engine's notification closes the bridge
+		return // DeleteChild closes the bridge
 	}
 	log.Printf("%s: device deleted with ip link; a port's interface cannot be deleted, making the device again", name)
 	bs.mu.Lock()
-	if bs.m[name] == b {
-		b.close()
-		delete(bs.m, name)
+	if bs.m[b.i] != b {
+		bs.mu.Unlock()
+		return
 	}
+	delete(bs.m, b.i)
 	bs.mu.Unlock()
-	bs.sync()
+	b.close()
+	if err := bs.Create(b.i); err != nil {
+		log.Printf("%s: %v", name, err)
+	}
 }
 
 func (bs *bridges) close() {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	for name, b := range bs.m {
+	for i, b := range bs.m {
 		b.close()
-		delete(bs.m, name)
+		delete(bs.m, i)
 	}
 	bs.off = true
 }
