@@ -28,6 +28,9 @@ type ifAttr struct {
 	scope scope
 	read  func(i *ipoib.Interface) (string, error)
 	write func(i *ipoib.Interface, b []byte) error
+	// netAdmin: a write needs CAP_NET_ADMIN (EPERM), as net-sysfs's netdev_store and
+	// the driver's create_child/delete_child check before anything else.
+	netAdmin bool
 }
 
 func devPort(i *ipoib.Interface) int {
@@ -50,7 +53,7 @@ var ifAttrs = []ifAttr{
 	{name: "addr_len", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "20\n", nil }},
 	{name: "address", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.HWAddr().String() + "\n", nil }},
 	{name: "broadcast", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.Broadcast().String() + "\n", nil }},
-	{name: "carrier", perm: 0644, read: func(i *ipoib.Interface) (string, error) {
+	{name: "carrier", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) {
 		if !i.IsUp() { // net-sysfs: carrier of a device that is not running is EINVAL
 			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
 		}
@@ -59,7 +62,7 @@ var ifAttrs = []ifAttr{
 		// net-sysfs's carrier_store: IPoIB has no ndo_change_carrier.
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the port and the broadcast group; it cannot be set", i.Name())
 	}},
-	{name: "create_child", perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
+	{name: "create_child", netAdmin: true, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
 		if err != nil {
 			return err
@@ -67,7 +70,7 @@ var ifAttrs = []ifAttr{
 		_, err = i.CreateChild(v)
 		return err
 	}},
-	{name: "delete_child", perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
+	{name: "delete_child", netAdmin: true, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
 		if err != nil {
 			return err
@@ -87,7 +90,7 @@ var ifAttrs = []ifAttr{
 			}
 			return i.SetMode(m)
 		}},
-	{name: "mtu", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.MTU()), nil },
+	{name: "mtu", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.MTU()), nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			v, err := parseMTU(b)
 			if err != nil {

@@ -2,8 +2,10 @@ package fs
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -17,13 +19,18 @@ type Caller struct {
 	GIDs []uint32 // primary group first
 	Via  string   // front end: "fuse", "9p"
 	Peer string   // where the request came from: "pid 1234", "127.0.0.1:40000", "unix pid 99"
+	// NetAdmin: the caller holds CAP_NET_ADMIN, which net-sysfs's stores and the
+	// driver's create_child/delete_child require even of uid 0. From the calling
+	// process's effective capabilities where the front end knows it (FUSE, 9P on a unix
+	// socket); otherwise uid 0 holds it.
+	NetAdmin bool
 }
 
 // Nobody is the unprivileged user (overflowuid) that unauthenticated clients act as.
 const Nobody = 65534
 
 // Internal is the daemon itself (configuration files, tests of the model).
-var Internal = Caller{UID: 0, GIDs: []uint32{0}, Via: "internal"}
+var Internal = Caller{UID: 0, GIDs: []uint32{0}, Via: "internal", NetAdmin: true}
 
 func (c Caller) String() string {
 	s := "uid=" + strconv.FormatUint(uint64(c.UID), 10)
@@ -120,4 +127,23 @@ func errnoName(e syscall.Errno) string {
 		return "EBUSY"
 	}
 	return "errno " + strconv.Itoa(int(e))
+}
+
+// capNetAdmin is CAP_NET_ADMIN's bit in /proc/<pid>/status's CapEff.
+const capNetAdmin = 12
+
+// ProcNetAdmin reports whether process pid holds CAP_NET_ADMIN in its effective set
+// (/proc/<pid>/status). An unreadable status (the process exited) is false.
+func ProcNetAdmin(pid uint32) bool {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<capNetAdmin) != 0
+		}
+	}
+	return false
 }

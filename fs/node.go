@@ -91,7 +91,9 @@ type Node struct {
 	lookup func(dir, name string) (*Node, error) // directories: optional fast path
 	read   func() ([]byte, error)                // files
 	write  func([]byte) error                    // files: one write call
-	commit func([]byte) error                    // files: accumulated writes of a handle
+	// netAdmin: writes need Caller.NetAdmin (EPERM otherwise).
+	netAdmin bool
+	commit   func([]byte) error // files: accumulated writes of a handle
 }
 
 // Name returns the node's name ("" for the root).
@@ -256,6 +258,9 @@ func (h *Handle) Write(p []byte) (int, error) {
 		h.acc = append(h.acc, p...)
 		h.dirty = true
 		return len(p), nil
+	}
+	if h.n.netAdmin && !h.c.NetAdmin {
+		return 0, h.n.t.audit(h.c, h.n.path, p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
 	}
 	if errno := h.n.t.audit(h.c, h.n.path, p, h.n.write(p)); errno != 0 {
 		return 0, errno

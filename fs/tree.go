@@ -222,7 +222,9 @@ func (t *Tree) ifFile(dir, ifname string, a *ifAttr) *Node {
 			return a.write(i, b)
 		}
 	}
-	return t.file(dir, a.name, a.perm, read, write)
+	n := t.file(dir, a.name, a.perm, read, write)
+	n.netAdmin = a.netAdmin
+	return n
 }
 
 // ---- kernel/debug/ipoib ----

@@ -149,20 +149,33 @@ func TestPermissionTable(t *testing.T) {
 	}
 	// Files under kernel/debug are root's alone, and the walk as root found them.
 	exe := permExe(t)
-	users := []struct {
-		name string
-		cred *syscall.Credential
-	}{
-		{"root", nil},
-		{"uid 1000", &syscall.Credential{Uid: 1000, Gid: 1000}},
-		{"nobody", &syscall.Credential{Uid: 65534, Gid: 65534}},
-	}
-	fronts := []string{"fuse:" + tcp.mnt, "9p:" + tcp.addr, "9p:unix:" + sock}
 	type result struct{ write, read int }
+	testenv.Tool(t, "setpriv")
+	users := []struct {
+		name  string
+		cred  *syscall.Credential
+		noCap bool // root without CAP_NET_ADMIN (setpriv drops it from the bounding set)
+	}{
+		{"root", nil, false},
+		{"root without CAP_NET_ADMIN", nil, true},
+		{"uid 1000", &syscall.Credential{Uid: 1000, Gid: 1000}, false},
+		{"nobody", &syscall.Credential{Uid: 65534, Gid: 65534}, false},
+	}
+	// net-sysfs's stores and the driver's create_child/delete_child need CAP_NET_ADMIN.
+	netAdminFile := func(f string) bool {
+		base := filepath.Base(f)
+		return strings.HasPrefix(f, "class/net/") && filepath.Dir(f) == "class/net/"+strings.Split(f, "/")[2] &&
+			(base == "mtu" || base == "carrier" || base == "create_child" || base == "delete_child")
+	}
+	var rootRes map[string]result
+	fronts := []string{"fuse:" + tcp.mnt, "9p:" + tcp.addr, "9p:unix:" + sock}
 	for _, u := range users {
 		got := map[string]map[string]result{}
 		for _, front := range fronts {
 			cmd := exec.Command(exe)
+			if u.noCap {
+				cmd = exec.Command("setpriv", "--bounding-set=-net_admin", "--", exe)
+			}
 			cmd.Env = append(os.Environ(), "IPOIBFS_E2E_ROLE=perm", "IPOIBFS_E2E_ADDR="+front)
 			cmd.Stdin = strings.NewReader(strings.Join(files, "\n") + "\n")
 			if u.cred != nil {
@@ -184,6 +197,9 @@ func TestPermissionTable(t *testing.T) {
 			}
 			got[front] = res
 		}
+		if u.cred == nil && !u.noCap {
+			rootRes = got[fronts[0]]
+		}
 		for _, f := range files {
 			fuse := got[fronts[0]][f]
 			for _, front := range fronts[1:] {
@@ -191,6 +207,17 @@ func TestPermissionTable(t *testing.T) {
 					t.Errorf("%s %s: FUSE gives write %v read %v, %s gives write %v read %v",
 						u.name, f, syscall.Errno(fuse.write), syscall.Errno(fuse.read), front, syscall.Errno(r.write), syscall.Errno(r.read))
 				}
+			}
+			if u.noCap {
+				want := rootRes[f]
+				if netAdminFile(f) {
+					want.write = int(syscall.EPERM)
+				}
+				if fuse != want {
+					t.Errorf("%s %s: write %v read %v, want write %v read %v", u.name, f,
+						syscall.Errno(fuse.write), syscall.Errno(fuse.read), syscall.Errno(want.write), syscall.Errno(want.read))
+				}
+				continue
 			}
 			st, err := os.Stat(filepath.Join(tcp.mnt, f))
 			if err != nil {

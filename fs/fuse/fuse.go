@@ -203,7 +203,7 @@ func caller(ctx context.Context) fs.Caller {
 	if !ok {
 		return fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "fuse"}
 	}
-	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid)}
+	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid), NetAdmin: fs.ProcNetAdmin(c.Pid)}
 }
 
 func errno(err error) syscall.Errno {

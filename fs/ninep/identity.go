@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/user"
 	"strconv"
 	"sync"
@@ -42,15 +43,17 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 			return connIdentity{who: nobody}
 		}
 		return connIdentity{who: fs.Caller{UID: cred.Uid, GIDs: []uint32{cred.Gid}, Via: "9p",
-			Peer: "unix pid " + strconv.Itoa(int(cred.Pid))}, fromKernel: true}
+			Peer: "unix pid " + strconv.Itoa(int(cred.Pid)), NetAdmin: fs.ProcNetAdmin(uint32(cred.Pid))}, fromKernel: true}
 	case *net.TCPAddr:
 		ip, _ := netip.AddrFromSlice(a.IP)
 		if ip.Unmap().IsLoopback() {
-			uid, err := diag.owner(c.RemoteAddr(), c.LocalAddr())
+			uid, inode, err := diag.ownerInode(c.RemoteAddr(), c.LocalAddr())
 			if err != nil {
 				return connIdentity{who: nobody}
 			}
-			return connIdentity{who: fs.Caller{UID: uid, GIDs: []uint32{primaryGID(uid)}, Via: "9p", Peer: peer}, fromKernel: true}
+			// Only root's sockets are looked up: nobody else writes the tree at all.
+			netAdmin := uid == 0 && socketNetAdmin(inode)
+			return connIdentity{who: fs.Caller{UID: uid, GIDs: []uint32{primaryGID(uid)}, Via: "9p", Peer: peer, NetAdmin: netAdmin}, fromKernel: true}
 		}
 		return connIdentity{who: nobody, trustNames: trustUname}
 	}
@@ -100,8 +103,14 @@ func newSockDiag() *sockDiag {
 // owner returns the uid owning the socket whose local address is local and remote
 // address remote (the client's end of a loopback connection).
 func (d *sockDiag) owner(local, remote net.Addr) (uint32, error) {
+	uid, _, err := d.ownerInode(local, remote)
+	return uid, err
+}
+
+// ownerInode is owner plus the socket's inode, which names the processes holding it.
+func (d *sockDiag) ownerInode(local, remote net.Addr) (uint32, uint32, error) {
 	if d == nil || d.h == nil {
-		return 0, errors.New("no sock_diag netlink socket")
+		return 0, 0, errors.New("no sock_diag netlink socket")
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -113,9 +122,37 @@ func (d *sockDiag) owner(local, remote net.Addr) (uint32, error) {
 		}
 	}
 	if err != nil {
-		return 0, fmt.Errorf("sock_diag %s -> %s: %w", local, remote, err)
+		return 0, 0, fmt.Errorf("sock_diag %s -> %s: %w", local, remote, err)
 	}
-	return s.UID, nil
+	return s.UID, s.INode, nil
+}
+
+// socketNetAdmin reports whether a process holding the socket with this inode has
+// CAP_NET_ADMIN, as ss -p finds a socket's processes: through /proc/<pid>/fd. A socket
+// whose process is not found (another PID namespace) has none: fail closed.
+func socketNetAdmin(inode uint32) bool {
+	want := "socket:[" + strconv.FormatUint(uint64(inode), 10) + "]"
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, p := range procs {
+		pid, err := strconv.ParseUint(p.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		dir := "/proc/" + p.Name() + "/fd/"
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if l, err := os.Readlink(dir + fd.Name()); err == nil && l == want {
+				return fs.ProcNetAdmin(uint32(pid))
+			}
+		}
+	}
+	return false
 }
 
 func (d *sockDiag) close() {
@@ -177,6 +214,7 @@ func (id connIdentity) attachAs(uname string, uid p9.UID) (fs.Caller, error) {
 		}
 		c := id.who
 		c.UID, c.GIDs = claimed, []uint32{primaryGID(claimed)}
+		c.NetAdmin = c.NetAdmin && claimed == 0 // root's connection acting for another user has none
 		return c, nil
 	case id.fromKernel:
 		if named && claimed != id.who.UID {
@@ -186,6 +224,7 @@ func (id connIdentity) attachAs(uname string, uid p9.UID) (fs.Caller, error) {
 	case id.trustNames && named && err == nil:
 		c := id.who
 		c.UID, c.GIDs = claimed, []uint32{primaryGID(claimed)}
+		c.NetAdmin = claimed == 0 // sec=sys: the trusted name is all there is
 		return c, nil
 	default:
 		return id.who, nil // nobody: read-only
