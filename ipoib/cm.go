@@ -44,7 +44,8 @@ type cmTx struct {
 // cmRx is a passive (receive) connection (struct ipoib_cm_rx).
 type cmRx struct {
 	qp   verbs.QP
-	conn *cm.Conn
+	conn *cm.Conn // under i.mu
+	dead bool     // under i.mu: destroyed (the RTU may still arrive)
 	bufs [][]byte
 	last time.Time
 }
@@ -72,7 +73,11 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 	if i.cmScq, err = dev.CreateCQ(verbs.CQAttr{Entries: 4096}); err != nil {
 		return err
 	}
-	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: 8192}); err != nil {
+	// The receive CQ holds a completion for every buffer that can be posted: a full
+	// receive queue on each of max_nonsrq_conn_qp connections (the driver's
+	// ipoib_transport_dev_init sizes it the same way without SRQ).
+	p := i.e.params
+	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: p.RecvQueueSize*p.MaxNonSRQConnQP + 1}); err != nil {
 		return err
 	}
 	i.cmMgr = mgr
@@ -146,6 +151,11 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 				wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: rx.bufs[k]}
 			}
 			i.mu.Lock()
+			if rx.dead { // the interface closed while the connection was set up
+				i.mu.Unlock()
+				go c.Disconnect()
+				return
+			}
 			rx.conn = c
 			i.mu.Unlock()
 			if _, err := qp.PostRecv(wrs); err != nil {
@@ -167,9 +177,19 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 		}}
 }
 
+// cmRxDestroy ends a passive connection once, whoever gets there first: the
+// connection's end, a failed setup, the reaper or the interface closing.
 func (i *Interface) cmRxDestroy(r *cmRx) {
-	if r.conn != nil {
-		go r.conn.Disconnect()
+	i.mu.Lock()
+	if r.dead {
+		i.mu.Unlock()
+		return
+	}
+	r.dead = true
+	conn := r.conn
+	i.mu.Unlock()
+	if conn != nil {
+		go conn.Disconnect()
 	}
 	r.qp.Close()
 }

@@ -449,7 +449,8 @@ func (q *QP) Close() error {
 // CQ is a soft completion queue with moderation.
 type CQ struct {
 	mu       sync.Mutex
-	ring     []verbs.WC
+	entries  int        // capacity
+	ring     []verbs.WC // grows to entries as completions pile up
 	head, n  int
 	notify   chan struct{}
 	count    uint16
@@ -459,8 +460,22 @@ type CQ struct {
 	closed   bool
 }
 
+// cqInitial is a new CQ's ring: CQs are sized for the worst case (every buffer of
+// every connection completed at once) and thousands of interfaces each have several,
+// so memory is taken as completions actually pile up.
+const cqInitial = 64
+
 func newCQ(entries int) *CQ {
-	return &CQ{ring: make([]verbs.WC, entries), notify: make(chan struct{}, 1)}
+	return &CQ{entries: entries, ring: make([]verbs.WC, min(entries, cqInitial)), notify: make(chan struct{}, 1)}
+}
+
+// growLocked doubles the ring (up to entries), keeping the pending completions in order.
+func (c *CQ) growLocked() {
+	r := make([]verbs.WC, min(2*len(c.ring), c.entries))
+	for k := 0; k < c.n; k++ {
+		r[k] = c.ring[(c.head+k)%len(c.ring)]
+	}
+	c.ring, c.head = r, 0
 }
 
 func (c *CQ) push(wc verbs.WC) {
@@ -468,6 +483,9 @@ func (c *CQ) push(wc verbs.WC) {
 	defer c.mu.Unlock()
 	if c.closed {
 		return
+	}
+	if c.n == len(c.ring) && len(c.ring) < c.entries {
+		c.growLocked()
 	}
 	if c.n == len(c.ring) {
 		c.overruns.Add(1)
