@@ -225,7 +225,7 @@ func (i *Interface) recvLoop() {
 	batches := make(chan *rxBatch, 8)
 	free := make(chan *rxBatch, 10)
 	for range cap(free) {
-		free <- &rxBatch{arena: make([]byte, 0, recvBatch*(i.maxIBMTU))}
+		free <- &rxBatch{} // arenas grow to what batches hold: most interfaces are idle
 	}
 	go i.deliverLoop(batches, free)
 	defer close(batches)
@@ -244,6 +244,9 @@ func (i *Interface) recvLoop() {
 				return
 			}
 			b.arena, b.pkts = b.arena[:0], b.pkts[:0]
+			if need := n * i.maxIBMTU; cap(b.arena) < need {
+				b.arena = make([]byte, 0, need) // appends below never move it
+			}
 			i.mu.Lock()
 			gen := i.qpGen
 			ownQPN := i.hw.QPN()

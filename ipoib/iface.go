@@ -169,8 +169,12 @@ func (i *Interface) createQP() error {
 		return err
 	}
 	i.recvBufs = make([][]byte, q.RecvQueueSize)
+	// One slab for the ring: a large allocation is mapped and unmapped whole, so a
+	// deleted child's ring goes back to the system instead of fragmenting the heap.
+	sz := grhLen + i.maxIBMTU
+	slab := make([]byte, len(i.recvBufs)*sz)
 	for k := range i.recvBufs {
-		i.recvBufs[k] = make([]byte, grhLen+i.maxIBMTU)
+		i.recvBufs[k] = slab[k*sz : (k+1)*sz : (k+1)*sz]
 	}
 	return nil
 }

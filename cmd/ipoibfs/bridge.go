@@ -6,9 +6,11 @@ import (
 	"log"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"ipoibfs/ipoib"
 	"ipoibfs/ipoib/kernel"
@@ -102,14 +104,20 @@ func (b *bridge) onGone() {
 
 func (b *bridge) txLoop() {
 	defer close(b.done)
-	n := b.dev.BatchSize()
-	bufs := make([][]byte, n)
-	for k := range bufs {
-		bufs[k] = make([]byte, 65536)
-	}
-	sizes := make([]int, n)
-	pkts := make([][]byte, n)
+	var bufs [][]byte
+	sizes := make([]int, b.dev.BatchSize())
+	pkts := make([][]byte, b.dev.BatchSize())
 	for {
+		// Buffers for one super-packet's segments at the current MTU, not the
+		// device's whole batch of 64 KiB each: with thousands of children that
+		// was 8 MiB per device.
+		n := 1 // without large send the kernel hands over one packet per read
+		if b.dev.Offloads().TSO {
+			n = b.dev.BatchSize()
+		}
+		if mtu := b.i.MTU(); len(bufs) != n || len(bufs[0]) < mtu {
+			bufs = segmentBuffers(mtu, n)
+		}
 		c, err := b.dev.Read(bufs, sizes)
 		if err != nil {
 			if errors.Is(err, os.ErrClosed) {
@@ -128,6 +136,17 @@ func (b *bridge) txLoop() {
 		}
 		b.i.Transmit(pkts[:c])
 	}
+}
+
+// segmentBuffers returns n buffers of mtu bytes in one allocation: a super-packet's
+// segments never exceed the MTU (n is the device's gso_max_segs with large send on).
+func segmentBuffers(mtu, n int) [][]byte {
+	bufs := make([][]byte, n)
+	mem := make([]byte, n*mtu)
+	for k := range bufs {
+		bufs[k] = mem[k*mtu : (k+1)*mtu : (k+1)*mtu]
+	}
+	return bufs
 }
 
 func (b *bridge) close() {
@@ -191,6 +210,8 @@ type bridges struct {
 	mu    sync.Mutex
 	m     map[*ipoib.Interface]*bridge
 	off   bool
+
+	release *time.Timer // debug.FreeOSMemory after a burst of deletions
 }
 
 func startBridges(e *ipoib.Engine, netns string) *bridges {
@@ -229,6 +250,13 @@ func (bs *bridges) Delete(i *ipoib.Interface) {
 	bs.mu.Lock()
 	b := bs.m[i]
 	delete(bs.m, i)
+	if bs.release == nil {
+		bs.release = time.AfterFunc(time.Hour, debug.FreeOSMemory)
+	}
+	// Once deletions pause, hand the memory of the deleted interfaces back to the
+	// system: the runtime would keep it for reuse, and deleting a thousand children
+	// should leave the daemon the size it was before they were made.
+	bs.release.Reset(2 * time.Second)
 	bs.mu.Unlock()
 	if b != nil {
 		b.close()
@@ -262,6 +290,9 @@ func (bs *bridges) gone(b *bridge) {
 func (bs *bridges) close() {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
+	if bs.release != nil {
+		bs.release.Stop()
+	}
 	for i, b := range bs.m {
 		b.close()
 		delete(bs.m, i)
