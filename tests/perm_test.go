@@ -259,9 +259,7 @@ func TestPermissionTable(t *testing.T) {
 // other than root is read-only either way.
 func TestGuestAccessUser(t *testing.T) {
 	treeRequire(t)
-	if testing.Short() {
-		t.Skip("boots a QEMU guest; skipped with -short")
-	}
+	testenv.Short(t, "boots a QEMU guest")
 	im, err := vm.Prepare()
 	if errors.Is(err, vm.ErrMissing) {
 		testenv.Missing(t, err.Error())

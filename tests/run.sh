@@ -21,7 +21,14 @@ bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$bad" ]; then echo "gofmt needed: $bad"; exit 1; fi
 echo "== go vet"
 go vet ./...
+if [ -n "${CI:-}" ]; then
+	for a in "$@"; do
+		if [ "$a" = "-short" ] || [ "$a" = "-test.short" ]; then echo "CI runs the whole suite: no -short"; exit 1; fi
+	done
+fi
+go build -o /tmp/ipoibfs-testsum ./internal/testsum
 echo "== go test -race"
-go test -race -count=1 -timeout 15m ./... "$@"
+# testsum prints the usual output, counts skipped tests and, under CI, fails on any.
+go test -json -race -count=1 -timeout 15m ./... "$@" | /tmp/ipoibfs-testsum
 echo "== go test -tags ipoib_debug_data (data-path tracing build)"
-go test -race -count=1 -tags ipoib_debug_data -run DataDebug ./ipoib/
+go test -json -race -count=1 -tags ipoib_debug_data -run DataDebug ./ipoib/ | /tmp/ipoibfs-testsum

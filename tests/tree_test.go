@@ -385,9 +385,7 @@ func treeWaitMCG(t *testing.T, td *treeDaemon) {
 // guest: the transcripts must be identical and right.
 func TestTreeDocCommandsFUSEAnd9PGuest(t *testing.T) {
 	treeRequire(t)
-	if testing.Short() {
-		t.Skip("boots a QEMU guest; skipped with -short")
-	}
+	testenv.Short(t, "boots a QEMU guest")
 	im, err := vm.Prepare()
 	if errors.Is(err, vm.ErrMissing) {
 		testenv.Missing(t, err.Error())

@@ -47,3 +47,16 @@ func File(t testing.TB, path string) {
 		Missing(t, path+": "+err.Error())
 	}
 }
+
+// Short skips a long test under -short outside CI. CI never passes -short: there it
+// fails instead, so the suite cannot lose its long tests quietly.
+func Short(t testing.TB, why string) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	if InCI() {
+		t.Fatalf("-short under CI would skip this test (%s); CI runs the whole suite", why)
+	}
+	t.Skipf("%s; skipped with -short", why)
+}

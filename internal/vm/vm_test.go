@@ -29,9 +29,7 @@ var (
 
 func prepared(t *testing.T) *Image {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("boots a QEMU guest (several seconds); skipped with -short")
-	}
+	testenv.Short(t, "boots a QEMU guest (several seconds)")
 	imageOnce.Do(func() { image, imageErr = Prepare() })
 	if errors.Is(imageErr, ErrMissing) {
 		testenv.Missing(t, imageErr.Error())

@@ -465,12 +465,12 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-func TestThroughput(t *testing.T) {
+// Every MTU and offload combination the engine uses carries a TCP stream intact (the
+// transfer checks a SHA-256 of what arrived). Rates belong to bench/netbench, which
+// measures them against veth in the same run.
+func TestTransferConfigurations(t *testing.T) {
 	prereqs(t)
-	if testing.Short() || raceEnabled {
-		t.Skip("throughput table only in a normal run")
-	}
-	size := 256 << 20
+	size := 8 << 20
 	for _, tc := range []struct {
 		mtu int
 		o   Offloads
@@ -484,9 +484,7 @@ func TestThroughput(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("mtu%d_csum%v_tso%v_gro%v", tc.mtu, tc.o.Checksum, tc.o.TSO, tc.o.GRO), func(t *testing.T) {
 			p := newPair(t, tc.mtu, tc.o)
-			transfer(t, p.nsA, p.nsB, "10.77.0.2", 1<<20) // warm up
-			el := transfer(t, p.nsA, p.nsB, "10.77.0.2", size)
-			t.Logf("MTU %d %v: %d MB in %v = %s", tc.mtu, tc.o, size>>20, el.Round(time.Millisecond), mbps(size, el))
+			transfer(t, p.nsA, p.nsB, "10.77.0.2", size)
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"ipoibfs/internal/ibsimsa"
+	"ipoibfs/internal/testenv"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/mad"
 )
@@ -93,9 +94,7 @@ func mcmrOf(t *testing.T, m mad.SAMAD) mad.MCMemberRecord {
 }
 
 func TestOpenSMConformance(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts ibsim and OpenSM")
-	}
+	testenv.Short(t, "starts ibsim and OpenSM")
 	f := ibsimsa.Start(t, "")
 	hca2 := saClient{t: t, r: f.Relay(t, ibsimsa.HostHca2), f: f}
 	hca3 := saClient{t: t, r: f.Relay(t, ibsimsa.HostHca3), f: f}

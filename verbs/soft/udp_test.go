@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"ipoibfs/internal/testenv"
 )
 
 // udpRx collects copies of what an endpoint receives, per source address.
@@ -145,7 +146,7 @@ func udpPair(t *testing.T) (r1, r2 *udpEndpoint, rx map[netip.AddrPort]*udpRx) {
 func requireOffload(t *testing.T, e *udpEndpoint) {
 	t.Helper()
 	if !e.gso || !e.gro {
-		t.Skipf("kernel without UDP GSO/GRO (gso %v, gro %v)", e.gso, e.gro)
+		testenv.Missing(t, fmt.Sprintf("kernel UDP GSO/GRO (gso %v, gro %v)", e.gso, e.gro))
 	}
 }
 
@@ -308,7 +309,7 @@ func TestUDPGSORefused(t *testing.T) {
 	rc, _ := s.conn.SyscallConn()
 	rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1) })
 	if serr != nil {
-		t.Skip("SO_NO_CHECK:", serr)
+		testenv.Missing(t, "SO_NO_CHECK on a UDP socket: "+serr.Error())
 	}
 	r1, r2, rx := udpPair(t)
 	r1.Start(rx[r1.Addr()].handle)

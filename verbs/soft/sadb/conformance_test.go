@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"ipoibfs/internal/ibsimsa"
+	"ipoibfs/internal/testenv"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/mad"
 )
@@ -214,9 +215,7 @@ func TestConformanceOpenSMLimited(t *testing.T) {
 }
 
 func runConformance(t *testing.T, partitions string, ports []Port, groups []GroupParams, steps []confStep) {
-	if testing.Short() {
-		t.Skip("starts ibsim and OpenSM")
-	}
+	testenv.Short(t, "starts ibsim and OpenSM")
 	fab := ibsimsa.Start(t, partitions)
 	relays := map[string]*ibsimsa.Relay{
 		ibsimsa.HostHca2: fab.Relay(t, ibsimsa.HostHca2),
