@@ -157,7 +157,7 @@ func TestConnectedModeEndToEnd(t *testing.T) {
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitListening(t, nsB, 5301)
 	out, err := run(t, 60*time.Second, "ip", "netns", "exec", nsA, iperf, "-c", "10.71.0.2", "-p", "5301", "-t", "2", "-J")
 	_ = srv.Process.Kill()
 	_ = srv.Wait()

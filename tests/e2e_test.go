@@ -128,6 +128,22 @@ func waitLink(t *testing.T, ns, dev string) {
 	}
 }
 
+// waitListening waits until a TCP port listens in namespace ns (ss -ltn), instead of
+// guessing how long a server takes to start.
+func waitListening(t *testing.T, ns string, port int) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		out, _ := run(t, 5*time.Second, "ip", "netns", "exec", ns, "ss", "-Hltn", fmt.Sprintf("sport = :%d", port))
+		if strings.TrimSpace(out) != "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on port %d in %s", port, ns)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func requireE2E(t *testing.T) {
 	testenv.Root(t)
 	testenv.File(t, "/dev/net/tun")
@@ -184,7 +200,7 @@ func TestIperf3TCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	time.Sleep(300 * time.Millisecond)
+	waitListening(t, nsB, 5299)
 	out, err := run(t, 60*time.Second, "ip", "netns", "exec", nsA, iperf, "-c", "10.62.0.2", "-p", "5299", "-t", "3", "-J")
 	if err != nil {
 		t.Fatalf("iperf3: %v\n%s", err, out)

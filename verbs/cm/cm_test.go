@@ -687,8 +687,8 @@ func TestClose(t *testing.T) {
 		_, err := a.m.Connect(context.Background(), p)
 		pending <- err
 	}()
-	for len(f.sent(mad.AttrCMREQ)) < 2 {
-		time.Sleep(time.Millisecond)
+	if s := waitSent(t, f, mad.AttrCMREQ, 2); len(s) < 2 {
+		t.Fatalf("%d REQs sent, want a retransmission before closing", len(s))
 	}
 	a.m.Close()
 	if err := recv(t, pending, "pending Connect"); !errors.Is(err, verbs.ErrClosed) {

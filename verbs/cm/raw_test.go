@@ -235,7 +235,11 @@ func TestActiveByHand(t *testing.T) {
 		t.Errorf("REQ %+v TID %#x", req, reqm.h.TID)
 	}
 	// An MRA (service timeout 2^17 × 4 µs ≈ 0.5 s) holds off retransmissions that
-	// would otherwise come every 10 ms.
+	// would otherwise come every 10 ms: one is seen first, so "none during the MRA"
+	// below cannot hold merely because the manager never retransmits.
+	if s := waitSent(t, f, mad.AttrCMREQ, 2); len(s) < 2 {
+		t.Fatalf("no REQ retransmission before the MRA (%d sent)", len(s))
+	}
 	p.send(t, 1, reqm.h.TID, &mad.CMMRA{LocalCommID: 0, RemoteCommID: req.LocalCommID, MessageMRAed: mad.CMMsgREQ, ServiceTimeout: 17})
 	time.Sleep(30 * time.Millisecond)
 	n := len(f.sent(mad.AttrCMREQ))
