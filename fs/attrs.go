@@ -81,7 +81,20 @@ var ifAttrs = []ifAttr{
 	// (__ipoib_vlan_add) keep the defaults, 0.
 	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
 	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
-	{name: "flags", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Flags()), nil }},
+	// flags is dev->flags (net-sysfs's format_flags), not the ioctl view with RUNNING
+	// and LOWER_UP; a write goes through dev_change_flags, of which IFF_UP is what an
+	// IPoIB interface acts on (up/down as ip link set).
+	{name: "flags", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Flags()), nil },
+		write: func(i *ipoib.Interface, b []byte) error {
+			v, err := kstrtoul(b)
+			if err != nil {
+				return err
+			}
+			if v > 1<<32-1 {
+				return errorf(syscall.EINVAL, "%q is beyond the 32 bits of the flags", clip(b))
+			}
+			return i.SetUp(v&0x1 != 0)
+		}},
 	{name: "mode", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return i.Mode().String() + "\n", nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			m, err := parseMode(b)
@@ -107,7 +120,18 @@ var ifAttrs = []ifAttr{
 		return p.Name() + "\n", nil
 	}},
 	{name: "pkey", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("0x%04x\n", uint16(i.PKey())), nil }},
-	{name: "tx_queue_len", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "1000\n", nil }},
+	{name: "tx_queue_len", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.TxQueueLen()), nil },
+		write: func(i *ipoib.Interface, b []byte) error {
+			v, err := kstrtoul(b)
+			if err != nil {
+				return err
+			}
+			if v > 1<<32-1 { // net-sysfs: a length must fit unsigned int
+				return errorf(syscall.ERANGE, "%q does not fit an unsigned int", clip(b))
+			}
+			i.SetTxQueueLen(uint32(v))
+			return nil
+		}},
 	{name: "type", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "32\n", nil }},
 	{name: "umcast", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return yes01(i.Umcast()), nil },
 		write: func(i *ipoib.Interface, b []byte) error {

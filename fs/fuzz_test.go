@@ -71,6 +71,7 @@ var formats = map[string]*regexp.Regexp{
 	"mcast_debug_level":   regexp.MustCompile(`^"-?\d+\\n" errno 0$`),
 	"data_debug_level":    regexp.MustCompile(`^"-?\d+\\n" errno 0$`),
 	"cm_data_debug_level": regexp.MustCompile(`^"-?\d+\\n" errno 0$`),
+	"tx_queue_len":        regexp.MustCompile(`^"\d+\\n" errno 0$`),
 }
 
 var (
@@ -81,6 +82,9 @@ var (
 // FuzzWrite writes random bytes to every writable file and checks that the tree's state
 // is unchanged after a failed write and changed only where (and how) it may after a
 // successful one.
+// v2up writes 0x1003 (up) to a flags file.
+func v2up(tr *Tree, flags string) syscall.Errno { return write(tr, flags, "0x1003\n") }
+
 func FuzzWrite(f *testing.F) {
 	for k, s := range []string{"0x8001", "1", "datagram", "connected\n", "2044", "rx-usecs 8", "gro off", "0x10", "\x00\xff",
 		"Default=0x7fff, ipoib : ALL=full;\nP1=0x8001 : ALL=full;\n", "-1", "0x8001\n"} {
@@ -174,6 +178,22 @@ func FuzzWrite(f *testing.F) {
 				pk := after["class/net/"+dirs[0]+"/pkey"]
 				if want := fmt.Sprintf("%q errno 0", "0x"+strings.TrimPrefix(dirs[0], "ib0.")+"\n"); pk != want {
 					t.Fatalf("new child %s has pkey %s", dirs[0], pk)
+				}
+			}
+		case "flags":
+			// Up or down as bit 0 says; that moves the interface, its children and
+			// their groups, so only the outcome is checked.
+			v, _ := kstrtoul(data)
+			want := "0x1002\n"
+			if v&1 != 0 {
+				want = "0x1003\n"
+			}
+			if got, rerr := read(tr, target); rerr != 0 || got != want {
+				t.Fatalf("flags after %q: %q %v, want %q", data, got, rerr, want)
+			}
+			if v&1 == 0 { // bring it back up for the next inputs
+				if err := v2up(tr, target); err != 0 {
+					t.Fatalf("flags 0x1003 after %q: %v", data, err)
 				}
 			}
 		case "partitions":

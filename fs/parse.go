@@ -103,6 +103,35 @@ func parseUmcast(b []byte) bool {
 }
 
 // parseMTU accepts a decimal integer with at most one trailing newline.
+// kstrtoul parses b as the kernel's kstrtoul(buf, 0, &v) does for net-sysfs stores:
+// an optional '+', then 0x hexadecimal, leading-0 octal or decimal digits, and at most
+// one trailing newline; anything else is EINVAL, a value beyond 64 bits ERANGE.
+func kstrtoul(b []byte) (uint64, error) {
+	s := b
+	if n := len(s); n > 0 && s[n-1] == '\n' {
+		s = s[:n-1]
+	}
+	if len(s) > 0 && s[0] == '+' {
+		s = s[1:]
+	}
+	base, digits := radixPrefix(s)
+	if len(digits) == 0 {
+		return 0, errorf(syscall.EINVAL, "%q is not a number", clip(b))
+	}
+	var v uint64
+	for _, c := range digits {
+		d := digitVal(c)
+		if d >= base {
+			return 0, errorf(syscall.EINVAL, "%q is not a number", clip(b))
+		}
+		if v > (1<<64-1-uint64(d))/uint64(base) {
+			return 0, errorf(syscall.ERANGE, "%q is out of range", clip(b))
+		}
+		v = v*uint64(base) + uint64(d)
+	}
+	return v, nil
+}
+
 func parseMTU(b []byte) (int, error) {
 	s := strings.TrimSuffix(string(b), "\n")
 	if s == "" || len(s) > 9 {

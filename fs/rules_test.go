@@ -37,6 +37,18 @@ func TestKernelSmallRules(t *testing.T) {
 		{follows: "param_set_int", path: "module/ib_ipoib/parameters/debug_level", write: "2147483647\n"},
 		{follows: "param_set_int", path: "module/ib_ipoib/parameters/debug_level", want: "2147483647\n"},
 		{follows: "param_set_int", path: "module/ib_ipoib/parameters/debug_level", write: "0\n"},
+		{follows: "format_flags: dev->flags, not dev_get_flags", path: ib + "flags", want: "0x1003\n"},
+		{follows: "ipoib_vlan_add: registered down", path: ch + "flags", want: "0x1002\n"},
+		{follows: "change_flags -> dev_change_flags(IFF_UP)", path: ch + "flags", write: "0x1003\n"},
+		{follows: "change_flags -> dev_change_flags(IFF_UP)", path: ch + "operstate", want: "lowerlayerdown\n"}, // up; no carrier without its P_Key
+		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", write: "4098\n"}, // 0x1002: down
+		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", want: "0x1002\n"},
+		{follows: "netdev_store: kstrtoul -EINVAL", path: ch + "flags", write: "up\n", errno: syscall.EINVAL},
+		{follows: "ipoib_setup_common: tx_queue_len", path: ib + "tx_queue_len", want: "1000\n"},
+		{follows: "change_tx_queue_len: must fit unsigned int", path: ib + "tx_queue_len", write: "4294967296\n", errno: syscall.ERANGE},
+		{follows: "netdev_store: kstrtoul -ERANGE", path: ib + "tx_queue_len", write: "18446744073709551616\n", errno: syscall.ERANGE},
+		{follows: "change_tx_queue_len", path: ib + "tx_queue_len", write: "0x800\n"},
+		{follows: "change_tx_queue_len", path: ib + "tx_queue_len", want: "2048\n"},
 	} {
 		if c.write != "" {
 			if errno := write(v.tree, c.path, c.write); errno != c.errno {
@@ -51,11 +63,13 @@ func TestKernelSmallRules(t *testing.T) {
 	}
 	// Modes that sysfs and debugfs give.
 	for path, want := range map[string]uint32{
-		ib + "carrier":    0644, // net-sysfs: DEVICE_ATTR_RW(carrier)
-		"kernel/debug":    0700, // the debugfs mount point is root's only
-		ib + "mode":       0644,
-		ib + "dev_port":   0444,
-		ib + "statistics": 0755,
+		ib + "carrier":      0644, // net-sysfs: DEVICE_ATTR_RW(carrier)
+		"kernel/debug":      0700, // the debugfs mount point is root's only
+		ib + "mode":         0644,
+		ib + "dev_port":     0444,
+		ib + "statistics":   0755,
+		ib + "flags":        0644, // net-sysfs: DEVICE_ATTR_RW(flags)
+		ib + "tx_queue_len": 0644,
 	} {
 		n, err := v.tree.Lookup(path)
 		if err != nil {
@@ -65,5 +79,42 @@ func TestKernelSmallRules(t *testing.T) {
 		if n.Perm() != want {
 			t.Errorf("%s has mode %#o, want %#o", path, n.Perm(), want)
 		}
+	}
+}
+
+// net-sysfs's stores and create_child/delete_child need CAP_NET_ADMIN, even for uid 0;
+// mode and umcast (ipoib's own attributes) do not.
+func TestNetAdminNeeded(t *testing.T) {
+	v := newEnv(t)
+	root := Caller{UID: 0, GIDs: []uint32{0}, Via: "test"} // no CAP_NET_ADMIN
+	for _, c := range []struct {
+		path, data string
+		errno      syscall.Errno
+	}{
+		{"class/net/ib0/create_child", "0x8001\n", syscall.EPERM},
+		{"class/net/ib0/delete_child", "0x8001\n", syscall.EPERM},
+		{"class/net/ib0/mtu", "1500\n", syscall.EPERM},
+		{"class/net/ib0/flags", "0x1002\n", syscall.EPERM},
+		{"class/net/ib0/tx_queue_len", "10\n", syscall.EPERM},
+		{"class/net/ib0/carrier", "1\n", syscall.EPERM},
+		{"class/net/ib0/umcast", "1\n", 0},
+		{"class/net/ib0/mode", "datagram\n", 0},
+	} {
+		n, err := v.tree.Lookup(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.Open(root, syscall.O_WRONLY)
+		if err != nil {
+			t.Fatalf("open %s: %v", c.path, err)
+		}
+		_, err = h.Write([]byte(c.data))
+		h.Release()
+		if got, _ := err.(syscall.Errno); got != c.errno {
+			t.Errorf("root without CAP_NET_ADMIN: echo %q > %s: %v, want %v", c.data, c.path, err, c.errno)
+		}
+	}
+	if got, _ := read(v.tree, "class/net/ib0/mtu"); got != "2044\n" {
+		t.Errorf("mtu after a refused write: %q", got)
 	}
 }

@@ -127,7 +127,7 @@ func TestFormats(t *testing.T) {
 		"class/net/ib0/dev_id":                              "0x0\n",
 		"class/net/ib0/dev_port":                            "0\n",
 		"class/net/ib0/tx_queue_len":                        "1000\n",
-		"class/net/ib0/flags":                               "0x11043\n",
+		"class/net/ib0/flags":                               "0x1003\n",
 		"class/net/ib0/statistics/tx_errors":                "0\n",
 		"class/net/ib0/ethtool/coalesce":                    "rx-usecs: 0\nrx-frames: 0\n",
 		"class/net/ib0/ethtool/features":                    "rx-checksumming: on\ntx-checksumming: on\ntcp-segmentation-offload: on\ngeneric-receive-offload: on\n",

@@ -52,6 +52,11 @@ type AdminHost interface {
 	SetAdminUp(up bool)
 }
 
+// TxQueueHost is a Host whose device has a transmit queue length of its own.
+type TxQueueHost interface {
+	SetTxQueueLen(n uint32)
+}
+
 // Options configure an engine.
 type Options struct {
 	Params *Params

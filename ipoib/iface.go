@@ -71,6 +71,7 @@ type Interface struct {
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
 	childOps      sync.Mutex // serialises CreateChild and DeleteChild of a parent
+	txQueueLen    uint32
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	closed        bool
@@ -128,7 +129,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	}
 	pkey |= verbs.PKeyFullMember
 	i := &Interface{e: e, name: name, port: port, parent: parent, sa: &sa.Client{Port: p},
-		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures,
+		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	i.ctx, i.cancel = context.WithCancel(context.Background())
@@ -245,19 +246,37 @@ func (i *Interface) OperState() string {
 	return "up"
 }
 
-// Flags returns the net_device flags value (IFF_*) as sysfs prints it.
+// Flags returns dev->flags as sysfs prints it: IFF_BROADCAST|IFF_MULTICAST, plus IFF_UP
+// when up (0x1003). RUNNING and LOWER_UP belong to the ioctl view (dev_get_flags),
+// not to this attribute.
 func (i *Interface) Flags() uint32 {
-	const iffUp, iffBroadcast, iffRunning, iffMulticast, iffLowerUp = 0x1, 0x2, 0x40, 0x1000, 0x10000
+	const iffUp, iffBroadcast, iffMulticast = 0x1, 0x2, 0x1000
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	f := uint32(iffBroadcast | iffMulticast)
 	if i.up {
 		f |= iffUp
-		if i.carrier {
-			f |= iffRunning | iffLowerUp
-		}
 	}
 	return f
+}
+
+// TxQueueLen is the device's transmit queue length (1000 as ipoib_setup_common sets).
+func (i *Interface) TxQueueLen() uint32 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.txQueueLen
+}
+
+// SetTxQueueLen sets the transmit queue length, which the kernel device follows.
+func (i *Interface) SetTxQueueLen(n uint32) {
+	i.mu.Lock()
+	changed := i.txQueueLen != n
+	i.txQueueLen = n
+	h := i.host
+	i.mu.Unlock()
+	if th, ok := h.(TxQueueHost); ok && changed {
+		th.SetTxQueueLen(n)
+	}
 }
 
 // AttachHost connects the kernel side and pushes the current MTU, carrier and features.

@@ -58,6 +58,19 @@ func TestFollowLinkChanges(t *testing.T) {
 		t.Errorf("a fresh ib0 has not joined the IPv4 all-hosts group:\n%s", read("kernel/debug/ipoib/ib0_mcg"))
 	}
 
+	// The transmit queue length: 1000 as an IPoIB netdev's, and the same both ways.
+	if out := ipOut(t, ns, "link", "show", "ib0"); !strings.Contains(out, "qlen 1000") {
+		t.Errorf("ib0's device: %s, want qlen 1000", out)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "txqueuelen", "2000")
+	until("tree tx_queue_len 2000", func() bool { return read("class/net/ib0/tx_queue_len") == "2000" })
+	if err := os.WriteFile(td.path("class/net/ib0/tx_queue_len"), []byte("1000\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out := ipOut(t, ns, "link", "show", "ib0"); !strings.Contains(out, "qlen 1000") {
+		t.Errorf("after writing tx_queue_len 1000: %s", out)
+	}
+
 	// MTU: a value the driver refuses (above the port's 4092 in datagram mode) is put
 	// back at once; an allowed one is adopted; an MTU dip below 1280 and back leaves the
 	// GUID-derived link-local and its solicited-node group, nothing random.

@@ -39,6 +39,7 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 		log.Printf("%s: %v", i.Name(), err)
 	}
 	i.AttachHost(b)
+	b.SetTxQueueLen(i.TxQueueLen()) // a TUN starts at 500, an IPoIB netdev at 1000
 	// The device follows the interface: a child is created down, as the driver
 	// registers it, and comes up with `ip link set up` or with its parent.
 	if err := dev.SetUp(i.IsUp()); err != nil {
@@ -68,6 +69,9 @@ func (b *bridge) onLink(l kernel.Link) {
 		if mtu := b.i.MTU(); mtu != l.MTU {
 			b.SetMTU(mtu) // the effective MTU (datagram: at most the group's)
 		}
+	}
+	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
+		b.i.SetTxQueueLen(uint32(l.TxQLen)) // ip link set txqueuelen: adopted as is
 	}
 	if l.UpChanged {
 		if err := b.i.SetUp(l.Up); err != nil {
@@ -184,6 +188,13 @@ func (b *bridge) SetMTU(mtu int) {
 
 func (b *bridge) SetCarrier(on bool) {
 	if err := b.dev.SetCarrier(on); err != nil {
+		log.Printf("%s: %v", b.i.Name(), err)
+	}
+}
+
+// SetTxQueueLen follows a tx_queue_len write.
+func (b *bridge) SetTxQueueLen(n uint32) {
+	if err := b.dev.SetTxQueueLen(int(n)); err != nil {
 		log.Printf("%s: %v", b.i.Name(), err)
 	}
 }

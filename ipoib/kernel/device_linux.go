@@ -428,6 +428,16 @@ func (d *Device) Offloads() Offloads {
 	return d.offloads
 }
 
+// SetTxQueueLen sets the device's transmit queue length.
+func (d *Device) SetTxQueueLen(n int) error {
+	return d.control(func() error {
+		if err := d.h.LinkSetTxQLen(d.link, n); err != nil {
+			return d.errorf("set txqueuelen %d: %w", n, err)
+		}
+		return nil
+	})
+}
+
 // SetUp sets or clears IFF_UP on the kernel device.
 func (d *Device) SetUp(up bool) error {
 	return d.control(func() error {

@@ -73,3 +73,6 @@ func (d *Device) Groups() ([]netip.Addr, error) { return nil, d.unsupported() }
 
 // EnsureLinkLocal is not supported.
 func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported() }
+
+// SetTxQueueLen is not supported.
+func (d *Device) SetTxQueueLen(n int) error { return d.unsupported() }
