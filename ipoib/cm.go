@@ -126,11 +126,11 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 	mode, n := i.mode, len(i.rx)
 	i.mu.Unlock()
 	if mode != Connected {
-		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.name, req.RemoteLID)
+		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.Name(), req.RemoteLID)
 		return cm.Reject{Reason: mad.RejConsumerDefined}
 	}
 	if n >= i.e.params.MaxNonSRQConnQP {
-		i.e.tracef(1, "%s: rejecting a connection: max_nonsrq_conn_qp (%d) reached", i.name, n)
+		i.e.tracef(1, "%s: rejecting a connection: max_nonsrq_conn_qp (%d) reached", i.Name(), n)
 		return cm.Reject{Reason: mad.RejNoQP}
 	}
 	qp, err := i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: i.port, SendCQ: i.cmScq, RecvCQ: i.cmRcq,
@@ -159,7 +159,7 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 			rx.conn = c
 			i.mu.Unlock()
 			if _, err := qp.PostRecv(wrs); err != nil {
-				i.e.tracef(1, "%s: posting connected-mode receive buffers: %v", i.name, err)
+				i.e.tracef(1, "%s: posting connected-mode receive buffers: %v", i.Name(), err)
 			}
 			go func() {
 				<-c.Done()
@@ -254,7 +254,7 @@ func (i *Interface) cmRouteLocked(hw HWAddr, frame [][]byte) (t *cmTx, queued, o
 func (i *Interface) cmConnect(t *cmTx) {
 	defer i.wg.Done()
 	fail := func(err error, rejected bool) {
-		i.e.tracef(1, "%s: connection to %s failed: %v", i.name, t.hw, err)
+		i.e.tracef(1, "%s: connection to %s failed: %v", i.Name(), t.hw, err)
 		i.mu.Lock()
 		q := t.queue
 		t.queue = nil
@@ -326,7 +326,7 @@ func (i *Interface) cmConnect(t *cmTx) {
 	q := t.queue
 	t.queue = nil
 	i.mu.Unlock()
-	i.e.tracef(1, "%s: connected to %s (peer receive MTU %d)", i.name, t.hw, mtu)
+	i.e.tracef(1, "%s: connected to %s (peer receive MTU %d)", i.Name(), t.hw, mtu)
 	i.cmPost(t, q)
 	go func() {
 		<-c.Done()
@@ -429,7 +429,7 @@ func (i *Interface) cmSendLoop() {
 				}
 				i.mu.Unlock()
 				if bad != nil {
-					i.e.tracef(1, "%s: connected-mode send to %s failed: %v", i.name, bad.hw, wc.Status)
+					i.e.tracef(1, "%s: connected-mode send to %s failed: %v", i.Name(), bad.hw, wc.Status)
 					i.cmTxFailed(bad)
 				}
 			}
@@ -533,12 +533,12 @@ func (i *Interface) SetMode(m Mode) error {
 	}
 	if m == Connected && (i.hw[0]&FlagRC == 0 || i.cmMgr == nil) {
 		i.mu.Unlock()
-		return &Error{Op: "set_mode", If: i.name, Err: syscall.EINVAL, Detail: "the HCA does not support connected mode"}
+		return &Error{Op: "set_mode", If: i.Name(), Err: syscall.EINVAL, Detail: "the HCA does not support connected mode"}
 	}
 	i.mode = m
 	var mtuAct func()
 	if m == Connected {
-		i.e.log.Printf("%s: enabling connected mode will cause multicast packet drops", i.name)
+		i.e.log.Printf("%s: enabling connected mode will cause multicast packet drops", i.Name())
 		mtuAct = i.setMTULocked(cmMaxMTU)
 	} else {
 		i.adminMTU = min(i.mcastMTU, i.mtu)

@@ -7,8 +7,10 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"ipoibfs/verbs"
@@ -160,6 +162,37 @@ func (e *Engine) devicesSnapshot() Devices {
 	return e.devices
 }
 
+// Rename gives an interface a new name, as a rename of its netdev does: the tree and
+// the debug files follow. The name must be a valid interface name not used by another
+// interface (EEXIST); children keep their names.
+func (e *Engine) Rename(i *Interface, name string) error {
+	fail := func(errno syscall.Errno, detail string) error {
+		return &Error{Op: "rename", If: i.Name(), Err: errno, Detail: detail}
+	}
+	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
+		return fail(syscall.EINVAL, fmt.Sprintf("%q is not a valid interface name", name))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := i.Name()
+	if old == name {
+		return nil
+	}
+	if e.ifs[old] != i {
+		return fail(syscall.ENODEV, "no longer exists")
+	}
+	if _, taken := e.ifs[name]; taken {
+		return fail(syscall.EEXIST, name+" exists")
+	}
+	delete(e.ifs, old)
+	e.ifs[name] = i
+	i.name.Store(&name)
+	e.log.Printf("%s: renamed %s", old, name)
+	e.notifyLocked(old)
+	e.notifyLocked(name)
+	return nil
+}
+
 // Interfaces returns all interfaces sorted by name.
 func (e *Engine) Interfaces() []*Interface {
 	e.mu.Lock()
@@ -168,7 +201,7 @@ func (e *Engine) Interfaces() []*Interface {
 	for _, i := range e.ifs {
 		out = append(out, i)
 	}
-	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+	sort.Slice(out, func(a, b int) bool { return out[a].Name() < out[b].Name() })
 	return out
 }
 

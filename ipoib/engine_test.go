@@ -120,7 +120,7 @@ func testFabric(t *testing.T, conf string, names ...string) (*soft.HCA, []*node)
 		nodes = append(nodes, &node{h, e, ib0, host})
 	}
 	for _, n := range nodes {
-		waitFor(t, n.ib0.name+" carrier", func() bool { return n.ib0.Carrier() && n.host.state().carrier })
+		waitFor(t, n.ib0.Name()+" carrier", func() bool { return n.ib0.Carrier() && n.host.state().carrier })
 	}
 	return smh, nodes
 }
@@ -942,5 +942,34 @@ func TestChildFollowsParentUpDown(t *testing.T) {
 	}
 	if !c.IsUp() || !ch.state().up {
 		t.Errorf("after the parent came up: child up %v, its device up %v", c.IsUp(), ch.state().up)
+	}
+}
+
+// Rename: the interface is found under its new name only; a taken or invalid name is
+// refused and nothing changes.
+func TestRename(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	a := nodes[0]
+	c, err := a.ib0.CreateChild(0x8001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.e.Rename(c, "ib0"); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("rename to a taken name: %v, want EEXIST", err)
+	}
+	if err := a.e.Rename(c, "bad/name"); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("rename to an invalid name: %v, want EINVAL", err)
+	}
+	if err := a.e.Rename(c, "storage0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := a.e.Interface("storage0"); !ok || got != c || c.Name() != "storage0" {
+		t.Errorf("after the rename: %v %v %s", got, ok, c.Name())
+	}
+	if _, ok := a.e.Interface("ib0.8001"); ok {
+		t.Error("the old name still resolves")
+	}
+	if err := a.ib0.DeleteChild(0x8001); err != nil {
+		t.Errorf("delete the renamed child: %v", err)
 	}
 }

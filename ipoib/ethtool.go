@@ -71,13 +71,13 @@ func (i *Interface) Coalesce() Coalesce {
 // SetCoalesce applies moderation to the receive CQ; each value must be in 0..0xffff.
 func (i *Interface) SetCoalesce(c Coalesce) error {
 	if c.RxUsecs < 0 || c.RxUsecs > 0xffff || c.RxFrames < 0 || c.RxFrames > 0xffff {
-		return &Error{Op: "set_coalesce", If: i.name, Err: syscall.EINVAL,
+		return &Error{Op: "set_coalesce", If: i.Name(), Err: syscall.EINVAL,
 			Detail: fmt.Sprintf("rx-usecs %d / rx-frames %d: each must be 0..65535", c.RxUsecs, c.RxFrames)}
 	}
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if err := i.rcq.SetModeration(uint16(c.RxFrames), uint16(c.RxUsecs)); err != nil {
-		return &Error{Op: "set_coalesce", If: i.name, Err: syscall.EIO, Detail: err.Error()}
+		return &Error{Op: "set_coalesce", If: i.Name(), Err: syscall.EIO, Detail: err.Error()}
 	}
 	i.coalesce = c
 	return nil

@@ -124,7 +124,7 @@ func (i *Interface) post(out []outFrame) {
 		return
 	}
 	if dataDebug {
-		i.e.dtracef("%s: tx %d frames, %d bytes", i.name, len(wrs), bytes)
+		i.e.dtracef("%s: tx %d frames, %d bytes", i.Name(), len(wrs), bytes)
 	}
 	n, err := i.qp.PostSend(wrs)
 	if err != nil {
@@ -269,7 +269,7 @@ func (i *Interface) recvLoop() {
 				}
 				frame := buf[grhLen:wc.ByteLen]
 				if dataDebug {
-					i.e.dtracef("%s: rx %d bytes from LID %#x QPN %#x", i.name, len(frame), wc.SLID, wc.SrcQP)
+					i.e.dtracef("%s: rx %d bytes from LID %#x QPN %#x", i.Name(), len(frame), wc.SLID, wc.SrcQP)
 				}
 				dgid := verbs.GID(buf[24:40])
 				et := binary.BigEndian.Uint16(frame)
@@ -305,7 +305,7 @@ func (i *Interface) recvLoop() {
 			i.mu.Lock()
 			if len(repost) > 0 && gen == i.qpGen && i.qpReady {
 				if _, err := i.qp.PostRecv(repost); err != nil {
-					i.e.tracef(1, "%s: re-posting receive buffers: %v", i.name, err)
+					i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
 				}
 			}
 			i.mu.Unlock()

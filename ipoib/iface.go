@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,7 +47,7 @@ const (
 // Interface is one IPoIB interface: a parent (one per port) or a P_Key child.
 type Interface struct {
 	e      *Engine
-	name   string
+	name   atomic.Pointer[string] // Name(); changes only through Engine.Rename
 	port   int
 	parent *Interface
 	sa     *sa.Client
@@ -128,10 +129,11 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		}
 	}
 	pkey |= verbs.PKeyFullMember
-	i := &Interface{e: e, name: name, port: port, parent: parent, sa: &sa.Client{Port: p},
+	i := &Interface{e: e, port: port, parent: parent, sa: &sa.Client{Port: p},
 		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	i.name.Store(&name)
 	i.ctx, i.cancel = context.WithCancel(context.Background())
 	if i.maxIBMTU == 0 {
 		i.maxIBMTU = 2048
@@ -181,7 +183,7 @@ func (i *Interface) createQP() error {
 }
 
 // Name returns the interface name.
-func (i *Interface) Name() string { return i.name }
+func (i *Interface) Name() string { return *i.name.Load() }
 
 // Port returns the HCA port number.
 func (i *Interface) Port() int { return i.port }
@@ -219,7 +221,7 @@ func (i *Interface) SetUmcast(on bool) {
 	i.umcast = on
 	i.mu.Unlock()
 	if on {
-		i.e.log.Printf("%s: ignoring multicast groups joined directly by userspace", i.name)
+		i.e.log.Printf("%s: ignoring multicast groups joined directly by userspace", i.Name())
 	}
 }
 
@@ -331,7 +333,7 @@ func (i *Interface) SetUp(up bool) error {
 	i.mu.Lock()
 	if i.closed {
 		i.mu.Unlock()
-		return &Error{Op: "set_up", If: i.name, Err: syscall.ENODEV}
+		return &Error{Op: "set_up", If: i.Name(), Err: syscall.ENODEV}
 	}
 	changed := i.up != up
 	i.up = up
@@ -340,7 +342,7 @@ func (i *Interface) SetUp(up bool) error {
 	parentUp := i.parent == nil || i.parent.IsUp()
 	i.mu.Unlock()
 	if up && !parentUp {
-		i.e.tracef(1, "parent device %s is not up, so child device may be not functioning.", i.parent.name)
+		i.e.tracef(1, "parent device %s is not up, so child device may be not functioning.", i.parent.Name())
 	}
 	if changed {
 		if ah, ok := h.(AdminHost); ok {
@@ -391,7 +393,7 @@ func (i *Interface) restartQP() {
 		if !i.pkey.Valid() {
 			status = "Invalid"
 		}
-		i.e.log.Printf("%s: P_Key 0x%04x is %s", i.name, uint16(i.pkey), status)
+		i.e.log.Printf("%s: P_Key 0x%04x is %s", i.Name(), uint16(i.pkey), status)
 		return
 	}
 	i.pkeyIndex = idx
@@ -401,7 +403,7 @@ func (i *Interface) restartQP() {
 		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
 	} {
 		if err := i.qp.Modify(m); err != nil {
-			i.e.log.Printf("%s: QP restart failed: %v", i.name, err)
+			i.e.log.Printf("%s: QP restart failed: %v", i.Name(), err)
 			return
 		}
 	}
@@ -411,7 +413,7 @@ func (i *Interface) restartQP() {
 		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: b}
 	}
 	if _, err := i.qp.PostRecv(wrs); err != nil {
-		i.e.log.Printf("%s: posting receive buffers: %v", i.name, err)
+		i.e.log.Printf("%s: posting receive buffers: %v", i.Name(), err)
 		return
 	}
 	i.qpReady = true
@@ -441,7 +443,7 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 		mtuAct = i.setMTULocked(min(i.mcastMTU, i.adminMTU))
 	}
 	h := i.host
-	i.e.tracef(1, "%s: carrier %v", i.name, on)
+	i.e.tracef(1, "%s: carrier %v", i.Name(), on)
 	return func() {
 		if mtuAct != nil {
 			mtuAct()
@@ -473,11 +475,11 @@ func (i *Interface) SetMTU(mtu int) error {
 		// ipoib_change_mtu: up to the CM maximum; above the group MTU multicast drops.
 		if mtu < 68 || mtu > cmMaxMTU {
 			i.mu.Unlock()
-			return &Error{Op: "set_mtu", If: i.name, Err: syscall.EINVAL,
+			return &Error{Op: "set_mtu", If: i.Name(), Err: syscall.EINVAL,
 				Detail: fmt.Sprintf("MTU %d outside 68..%d in connected mode", mtu, cmMaxMTU)}
 		}
 		if mtu > i.mcastMTU {
-			i.e.log.Printf("%s: mtu > %d will cause multicast packet drops.", i.name, i.mcastMTU)
+			i.e.log.Printf("%s: mtu > %d will cause multicast packet drops.", i.Name(), i.mcastMTU)
 		}
 		act := i.setMTULocked(mtu)
 		i.mu.Unlock()
@@ -487,12 +489,12 @@ func (i *Interface) SetMTU(mtu int) error {
 	udMax := i.maxIBMTU - encapLen
 	if mtu < minMTU || mtu > udMax {
 		i.mu.Unlock()
-		return &Error{Op: "set_mtu", If: i.name, Err: syscall.EINVAL,
+		return &Error{Op: "set_mtu", If: i.Name(), Err: syscall.EINVAL,
 			Detail: fmt.Sprintf("MTU %d outside %d..%d in datagram mode", mtu, minMTU, udMax)}
 	}
 	i.adminMTU = mtu
 	if mtu > i.mcastMTU {
-		i.e.tracef(1, "%s: MTU must be smaller than the underlying link layer MTU - 4 (%d)", i.name, i.mcastMTU)
+		i.e.tracef(1, "%s: MTU must be smaller than the underlying link layer MTU - 4 (%d)", i.Name(), i.mcastMTU)
 	}
 	act := i.setMTULocked(min(i.mcastMTU, i.adminMTU))
 	i.mu.Unlock()

@@ -117,7 +117,7 @@ func (i *Interface) mcastRound() time.Duration {
 		if g.sendOnly || g.joining || mgid == i.bcast.GID() || slices.Contains(wanted, mgid) {
 			continue
 		}
-		i.e.mtracef(1, "%s: deleting multicast group %s", i.name, mgid.KernelString())
+		i.e.mtracef(1, "%s: deleting multicast group %s", i.Name(), mgid.KernelString())
 		i.dropGroupLocked(g)
 	}
 	for _, g := range i.mcast {
@@ -144,7 +144,7 @@ func (i *Interface) startJoinLocked(g *mcastGroup) {
 			rec.JoinState = mad.JoinSendOnlyFull
 		}
 	}
-	i.e.mtracef(1, "%s: joining MGID %s (send-only %v)", i.name, g.mgid.KernelString(), g.sendOnly)
+	i.e.mtracef(1, "%s: joining MGID %s (send-only %v)", i.Name(), g.mgid.KernelString(), g.sendOnly)
 	i.wg.Add(1)
 	go func() {
 		defer i.wg.Done()
@@ -195,7 +195,7 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 			g.backoff = min(2*g.backoff, maxBackoff)
 		}
 		g.retryAt = time.Now().Add(g.backoff)
-		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.name, g.mgid.KernelString(), err)
+		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.Name(), g.mgid.KernelString(), err)
 		if g.sendOnly && g.tries >= 2 {
 			i.stats.txDropped.Add(uint64(len(g.queue)))
 			g.queue = nil
@@ -205,7 +205,7 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	}
 	g.rec, g.ah, g.backoff, g.tries = rec, ah, 0, 0
 	flushQ, g.queue = g.queue, nil
-	i.e.mtracef(1, "%s: join completed for %s (MLID %#x)", i.name, g.mgid.KernelString(), rec.MLID)
+	i.e.mtracef(1, "%s: join completed for %s (MLID %#x)", i.Name(), g.mgid.KernelString(), rec.MLID)
 	if isBcast {
 		old := i.mcastMTU
 		i.mcastMTU = rec.MTU.Bytes() - encapLen

@@ -152,7 +152,7 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 	q := p.queue
 	p.queue = nil
 	if err != nil {
-		i.e.tracef(1, "%s: path record query for %s failed: %v", i.name, p.dgid.KernelString(), err)
+		i.e.tracef(1, "%s: path record query for %s failed: %v", i.Name(), p.dgid.KernelString(), err)
 		p.retryAt = time.Now().Add(time.Second)
 		i.stats.txDropped.Add(uint64(len(q)))
 		i.mu.Unlock()

@@ -34,10 +34,10 @@ func ChildName(parent string, pkey verbs.PKey) string {
 // manager adds the key.
 func (i *Interface) CreateChild(v int64) (*Interface, error) {
 	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
-		return nil, &Error{Op: "create_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
+		return nil, &Error{Op: "create_child", If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
 	}
 	if i.parent != nil {
-		return fail(syscall.EOPNOTSUPP, "%s is a child: children cannot have children", i.name)
+		return fail(syscall.EOPNOTSUPP, "%s is a child: children cannot have children", i.Name())
 	}
 	pkey, ok := NormalizePKey(v)
 	if !ok {
@@ -72,17 +72,17 @@ func (i *Interface) removeChild(c *Interface) {
 	i.mu.Lock()
 	i.children = slices.DeleteFunc(i.children, func(k *Interface) bool { return k == c })
 	i.mu.Unlock()
-	if e.ifs[c.name] == c {
-		delete(e.ifs, c.name)
+	if e.ifs[c.Name()] == c {
+		delete(e.ifs, c.Name())
 	}
-	e.notifyLocked(c.name)
+	e.notifyLocked(c.Name())
 	e.mu.Unlock()
 	c.close()
 }
 
 func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
 	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
-		return nil, &Error{Op: "create_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
+		return nil, &Error{Op: "create_child", If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
 	}
 	e := i.e
 	if e.closed {
@@ -97,9 +97,9 @@ func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
 	}
 	i.mu.Unlock()
 	if dup {
-		return fail(syscall.ENOTUNIQ, "P_Key 0x%04x is already used by %s or one of its children", uint16(pkey), i.name)
+		return fail(syscall.ENOTUNIQ, "P_Key 0x%04x is already used by %s or one of its children", uint16(pkey), i.Name())
 	}
-	name := ChildName(i.name, pkey)
+	name := ChildName(i.Name(), pkey)
 	if _, exists := e.ifs[name]; exists {
 		return fail(syscall.EEXIST, "an interface named %s exists", name)
 	}
@@ -119,10 +119,10 @@ func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
 // carry the full-membership bit: 0x0001 matches nothing and fails with ENODEV.
 func (i *Interface) DeleteChild(v int64) error {
 	fail := func(errno syscall.Errno, format string, a ...any) error {
-		return &Error{Op: "delete_child", If: i.name, Err: errno, Detail: fmt.Sprintf(format, a...)}
+		return &Error{Op: "delete_child", If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
 	}
 	if i.parent != nil {
-		return fail(syscall.EOPNOTSUPP, "%s is a child", i.name)
+		return fail(syscall.EOPNOTSUPP, "%s is a child", i.Name())
 	}
 	if v < 0 || v > 0xffff {
 		return fail(syscall.EINVAL, "P_Key %#x is out of range", v)
@@ -136,13 +136,13 @@ func (i *Interface) DeleteChild(v int64) error {
 	if idx < 0 {
 		i.mu.Unlock()
 		e.mu.Unlock()
-		return fail(syscall.ENODEV, "no child of %s has P_Key 0x%04x", i.name, v)
+		return fail(syscall.ENODEV, "no child of %s has P_Key 0x%04x", i.Name(), v)
 	}
 	c := i.children[idx]
 	i.children = slices.Delete(i.children, idx, idx+1)
 	i.mu.Unlock()
-	delete(e.ifs, c.name)
-	e.notifyLocked(c.name)
+	delete(e.ifs, c.Name())
+	e.notifyLocked(c.Name())
 	d := e.devices
 	e.mu.Unlock()
 	if d != nil {

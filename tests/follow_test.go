@@ -102,6 +102,20 @@ func TestFollowLinkChanges(t *testing.T) {
 	if got := read("class/net/ib0.8001/operstate"); got != "down" {
 		t.Errorf("a new child's operstate: %s, want down", got)
 	}
+	// Renames: the tree and the debug files follow the device's name, both ways.
+	gone := func(p string) func() bool {
+		return func() bool { _, err := os.Stat(td.path(p)); return os.IsNotExist(err) }
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "name", "ibx")
+	until("class/net/ibx", func() bool { return read("class/net/ibx/pkey") == "0x8001" })
+	until("class/net/ib0.8001 gone", gone("class/net/ib0.8001"))
+	if _, err := os.Stat(td.path("kernel/debug/ipoib/ibx_mcg")); err != nil {
+		t.Errorf("after the rename: %v", err)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ibx", "name", "ib0.8001")
+	until("class/net/ib0.8001 back", func() bool { return read("class/net/ib0.8001/pkey") == "0x8001" })
+	until("class/net/ibx gone", gone("class/net/ibx"))
+
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
 	until("ib0.8001 up in the tree", func() bool { return read("class/net/ib0.8001/operstate") != "down" })
 

@@ -60,7 +60,16 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 func (b *bridge) onLink(l kernel.Link) {
 	name := b.i.Name()
 	if l.Name != name {
-		log.Printf("%s: renamed to %s outside ipoibfs; the tree keeps the name %s (renaming IPoIB interfaces is not supported yet)", name, l.Name, name)
+		// ip link set ib0 name X: the interface takes the device's new name, as the
+		// netdev's name is the interface's; a name the engine cannot take (another
+		// interface has it) is put back on the device.
+		if err := b.bs.e.Rename(b.i, l.Name); err != nil {
+			log.Printf("%s: renamed to %s outside ipoibfs, refused and put back: %v", name, l.Name, err)
+			if err := b.dev.SetName(name); err != nil {
+				log.Printf("%s: %v", name, err)
+			}
+		}
+		name = b.i.Name()
 	}
 	if l.MTUChanged {
 		if err := b.i.SetMTU(l.MTU); err != nil {
@@ -217,6 +226,7 @@ func (b *bridge) SetOffloads(f ipoib.Features) {
 // returns and is gone when delete_child returns. When the kernel bridge is unavailable
 // it says why once and the engine runs without it.
 type bridges struct {
+	e     *ipoib.Engine
 	netns string
 	mu    sync.Mutex
 	m     map[*ipoib.Interface]*bridge
@@ -226,7 +236,7 @@ type bridges struct {
 }
 
 func startBridges(e *ipoib.Engine, netns string) *bridges {
-	bs := &bridges{netns: netns, m: map[*ipoib.Interface]*bridge{}}
+	bs := &bridges{e: e, netns: netns, m: map[*ipoib.Interface]*bridge{}}
 	if err := e.SetDevices(bs); err != nil {
 		log.Print(err)
 	}

@@ -428,6 +428,19 @@ func (d *Device) Offloads() Offloads {
 	return d.offloads
 }
 
+// SetName renames the device (the kernel refuses while it is up: EBUSY).
+func (d *Device) SetName(name string) error {
+	if err := validName(name); err != nil {
+		return d.errorf("rename: %w", err)
+	}
+	return d.control(func() error {
+		if err := d.h.LinkSetName(d.link, name); err != nil {
+			return d.errorf("rename to %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
 // SetTxQueueLen sets the device's transmit queue length.
 func (d *Device) SetTxQueueLen(n int) error {
 	return d.control(func() error {

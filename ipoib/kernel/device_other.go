@@ -76,3 +76,6 @@ func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported()
 
 // SetTxQueueLen is not supported.
 func (d *Device) SetTxQueueLen(n int) error { return d.unsupported() }
+
+// SetName is not supported.
+func (d *Device) SetName(name string) error { return d.unsupported() }
