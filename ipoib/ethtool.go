@@ -53,6 +53,17 @@ func (i *Interface) SetFeatures(f Features) {
 	}
 }
 
+// SpeedMbps is the port's rate, lane speed times width, as the driver's
+// ipoib_get_link_ksettings reports it (40000 for 4X QDR); 0 when unknown.
+func (i *Interface) SpeedMbps() int {
+	p, err := i.e.dev.Port(i.port)
+	if err != nil {
+		return 0
+	}
+	a := p.Attr()
+	return a.LaneMbps * a.Width
+}
+
 // Coalesce is receive interrupt moderation: the receive CQ signals after RxFrames
 // completions or RxUsecs microseconds. Only these two parameters exist, as in the
 // kernel driver.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"ipoibfs/internal/testenv"
+
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -56,6 +58,24 @@ func TestFollowLinkChanges(t *testing.T) {
 	sn := solicitedMGID(t, ll)
 	if !strings.Contains(read("kernel/debug/ipoib/ib0_mcg"), "GID: ff12:401b:ffff:0:0:0:0:1\n") {
 		t.Errorf("a fresh ib0 has not joined the IPv4 all-hosts group:\n%s", read("kernel/debug/ipoib/ib0_mcg"))
+	}
+
+	// ethtool: the port's rate as the speed; -K is read back into the tree.
+	ethtool := testenv.Tool(t, "ethtool")
+	if out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, ethtool, "ib0"); !strings.Contains(out, "Speed: 40000Mb/s") {
+		t.Errorf("ethtool ib0 on a 4X QDR port:\n%s", out)
+	}
+	mustRun(t, "ip", "netns", "exec", ns, ethtool, "-K", "ib0", "tso", "off")
+	until("tso off in ethtool/features", func() bool {
+		return strings.Contains(read("class/net/ib0/ethtool/features"), "tcp-segmentation-offload: off")
+	})
+	// The TUN driver lets ethtool turn on only what TUNSETOFFLOAD allows, so large send
+	// comes back through the tree, and the device follows.
+	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("tso on\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, ethtool, "-k", "ib0"); !strings.Contains(out, "tcp-segmentation-offload: on") {
+		t.Errorf("ethtool -k after writing tso on to the tree:\n%s", out)
 	}
 
 	// The transmit queue length: 1000 as an IPoIB netdev's, and the same both ways.

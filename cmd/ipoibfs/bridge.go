@@ -40,6 +40,11 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	}
 	i.AttachHost(b)
 	b.SetTxQueueLen(i.TxQueueLen()) // a TUN starts at 500, an IPoIB netdev at 1000
+	if mbps := i.SpeedMbps(); mbps > 0 { // ethtool ib0 shows the port's rate, as the driver's
+		if err := dev.SetSpeed(mbps); err != nil {
+			log.Printf("%s: %v", i.Name(), err)
+		}
+	}
 	// The device follows the interface: a child is created down, as the driver
 	// registers it, and comes up with `ip link set up` or with its parent.
 	if err := dev.SetUp(i.IsUp()); err != nil {
@@ -81,6 +86,12 @@ func (b *bridge) onLink(l kernel.Link) {
 	}
 	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
 		b.i.SetTxQueueLen(uint32(l.TxQLen)) // ip link set txqueuelen: adopted as is
+	}
+	if l.FeaturesChanged {
+		// ethtool -K on the device: the request the engine keeps; the mode's
+		// constraints then apply (connected mode forces checksum and TSO off again).
+		f := l.Features
+		b.i.SetFeatures(ipoib.Features{Checksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO})
 	}
 	if l.UpChanged {
 		if err := b.i.SetUp(l.Up); err != nil {

@@ -51,8 +51,10 @@ type Device struct {
 	offMu    sync.Mutex
 	offloads Offloads
 
-	setMu sync.Mutex // SetMTU and SetUp against linkState's comparison
-	up    bool       // IFF_UP as last set or reported (under setMu)
+	setMu     sync.Mutex  // SetMTU and SetUp against linkState's comparison
+	up        bool        // IFF_UP as last set or reported (under setMu)
+	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
+	featKnown bool
 
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
@@ -392,8 +394,14 @@ func (d *Device) SetMTU(mtu int) error {
 // TSO off, as ethtool does.
 func (d *Device) SetOffloads(o Offloads) error {
 	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
 		if err := d.applyOffloads(o); err != nil {
 			return d.errorf("%w", err)
+		}
+		// What the kernel shows now is ours, not someone's ethtool -K.
+		if f, err := d.deviceFeatures(); err == nil {
+			d.feat, d.featKnown = f, true
 		}
 		return nil
 	})

@@ -79,3 +79,14 @@ func (d *Device) SetTxQueueLen(n int) error { return d.unsupported() }
 
 // SetName is not supported.
 func (d *Device) SetName(name string) error { return d.unsupported() }
+
+// DevFeatures are the device's offload features.
+type DevFeatures struct {
+	RxChecksum, TxChecksum, TSO, GRO bool
+}
+
+// DeviceFeatures is not supported.
+func (d *Device) DeviceFeatures() (DevFeatures, error) { return DevFeatures{}, d.unsupported() }
+
+// SetSpeed is not supported.
+func (d *Device) SetSpeed(mbps int) error { return d.unsupported() }

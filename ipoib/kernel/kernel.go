@@ -164,9 +164,12 @@ type Link struct {
 	Up     bool   // IFF_UP: administratively up
 	Flags  uint32 // the raw net_device flags
 	TxQLen int
-	// MTUChanged and UpChanged say that the value differs from the one this package
-	// last set or reported: someone else (ip link, ifconfig) changed it.
-	MTUChanged, UpChanged bool
+	// Features are the device's offloads (ethtool -k).
+	Features DevFeatures
+	// MTUChanged, UpChanged and FeaturesChanged say that the value differs from the one
+	// this package last set or reported: someone else (ip link, ifconfig, ethtool -K)
+	// changed it.
+	MTUChanged, UpChanged, FeaturesChanged bool
 }
 
 // Events are the functions Device.Watch calls; nil ones are not called.

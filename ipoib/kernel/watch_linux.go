@@ -145,6 +145,11 @@ func (d *Device) linkState() (Link, error) {
 		l.UpChanged = l.Up != d.up
 		d.mtu.Store(int64(a.MTU))
 		d.up = l.Up
+		if f, err := d.deviceFeatures(); err == nil {
+			l.Features = f
+			l.FeaturesChanged = d.featKnown && f != d.feat
+			d.feat, d.featKnown = f, true
+		}
 		return nil
 	})
 	return l, err

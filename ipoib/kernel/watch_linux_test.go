@@ -4,10 +4,14 @@ package kernel
 
 import (
 	"net/netip"
+	"os/exec"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"ipoibfs/internal/testenv"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -217,5 +221,33 @@ func TestParseIGMP(t *testing.T) {
 	got = parseIGMP6([]byte(igmp6), 7)
 	if want := []netip.Addr{netip.MustParseAddr("ff02::1:ff00:1234")}; !slices.Equal(got, want) {
 		t.Errorf("parseIGMP6 = %v, want %v", got, want)
+	}
+}
+
+// ethtool -K on the device is read back; the speed set is what ethtool shows.
+func TestDeviceFeaturesAndSpeed(t *testing.T) {
+	prereqs(t)
+	ethtool := testenv.Tool(t, "ethtool")
+	ns := testNS(t, "e")
+	d := open(t, Config{Name: uniq("e"), MTU: 2044, NetNS: ns, Offloads: Offloads{Checksum: true, TSO: true, GRO: true}})
+	f, err := d.DeviceFeatures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.TxChecksum || !f.TSO {
+		t.Errorf("features after Open with checksum and TSO: %+v", f)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", ns, ethtool, "-K", d.Name(), "tso", "off").CombinedOutput(); err != nil {
+		t.Fatalf("ethtool -K tso off: %v %s", err, out)
+	}
+	if f, err = d.DeviceFeatures(); err != nil || f.TSO || !f.TxChecksum {
+		t.Errorf("after ethtool -K tso off: %+v %v", f, err)
+	}
+	if err := d.SetSpeed(40000); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("ip", "netns", "exec", ns, ethtool, d.Name()).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Speed: 40000Mb/s") {
+		t.Errorf("ethtool after SetSpeed(40000): %v\n%s", err, out)
 	}
 }
