@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -93,7 +94,9 @@ type Node struct {
 	write  func([]byte) error                    // files: one write call
 	// netAdmin: writes need Caller.NetAdmin (EPERM otherwise).
 	netAdmin bool
-	commit   func([]byte) error // files: accumulated writes of a handle
+	// stream: each open follows what comes from then on (events, capture).
+	stream streamSource
+	commit func([]byte) error // files: accumulated writes of a handle
 }
 
 // Name returns the node's name ("" for the root).
@@ -187,7 +190,15 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 		}
 		return nil, err
 	}
-	return &Handle{n: n, c: c, rd: rd || n.dir, wr: wr}, nil
+	h := &Handle{n: n, c: c, rd: rd || n.dir, wr: wr}
+	if n.stream != nil && rd {
+		sub, err := n.stream.open()
+		if err != nil {
+			return nil, Errno(err)
+		}
+		h.sub = sub
+	}
+	return h, nil
 }
 
 // Handle is one open file: a read snapshot, or the accumulated writes of a commit file.
@@ -202,6 +213,27 @@ type Handle struct {
 	have  bool
 	acc   []byte // commit files: bytes written through this handle
 	dirty bool   // acc changed since it was last applied
+
+	sub streamSub // a stream's subscription
+}
+
+// StreamIdle is how long ReadAt waits on a stream (`events`) before returning no
+// bytes. ReadContext waits until its context ends instead; ReadAt has no context (9P
+// through p9, whose flush waits for the read), so a reader that went away must not
+// hold a request for ever.
+const StreamIdle = 10 * time.Second
+
+// IsStream reports a file whose reads block for what comes next (`events`): front ends
+// serve it without caching, sizes or offsets.
+func (n *Node) IsStream() bool { return n.stream != nil }
+
+// ReadContext is ReadAt, except that a stream waits until ctx ends (an interrupted
+// FUSE read) rather than StreamIdle.
+func (h *Handle) ReadContext(ctx context.Context, p []byte, off int64) (int, error) {
+	if h.sub != nil {
+		return h.sub.read(ctx, p, 0)
+	}
+	return h.ReadAt(p, off)
 }
 
 // Node returns the node the handle is open on.
@@ -219,6 +251,9 @@ func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
 	}
 	if off < 0 {
 		return 0, syscall.EINVAL
+	}
+	if h.sub != nil {
+		return h.sub.read(context.Background(), p, StreamIdle)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -279,6 +314,9 @@ func (h *Handle) Flush() error {
 
 // Release ends the handle; pending writes of a commit file are applied as by Flush.
 func (h *Handle) Release() error {
+	if h.sub != nil {
+		h.sub.close() // wakes a read blocked on the stream
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	err := h.applyLocked()

@@ -26,13 +26,17 @@ type Options struct {
 	Log func(string)
 	// SM, if set, adds sm/ with the subnet manager's partitions, nodes and groups.
 	SM *soft.SM
+	// Events, if set, adds the root file `events` (root's only, as debugfs): every
+	// open follows the lines emitted from then on. Every write's log line goes there too.
+	Events *EventLog
 }
 
 // Tree is the control tree of one engine.
 type Tree struct {
-	e   *ipoib.Engine
-	sm  *soft.SM
-	log func(string)
+	e      *ipoib.Engine
+	sm     *soft.SM
+	log    func(string)
+	events *EventLog
 
 	start time.Time // every node's mtime/ctime/atime
 
@@ -45,7 +49,16 @@ type Tree struct {
 
 // New builds the tree of engine e.
 func New(e *ipoib.Engine, o Options) *Tree {
-	t := &Tree{e: e, sm: o.SM, log: o.Log, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2}
+	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2}
+	if o.Events != nil {
+		log := t.log
+		t.log = func(l string) {
+			if log != nil {
+				log(l)
+			}
+			o.Events.Emit(l)
+		}
+	}
 	t.root = t.dir("", "", t.listRoot)
 	return t
 }
@@ -141,6 +154,12 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 	}
 	if t.sm != nil {
 		out = append(out, t.dir("", "sm", t.listSM))
+	}
+	if t.events != nil {
+		ev := t.file("", "events", 0400, func() (string, error) { return "", nil }, nil)
+		ev.stream = t.events
+		out = append(out, ev)
+		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 	}
 	return out, nil
 }
@@ -387,7 +406,7 @@ func (t *Tree) portDir(dir string, dev verbs.Device, num int) *Node {
 		if err != nil {
 			return nil, errorf(syscall.ENODEV, "port %d: %v", num, err)
 		}
-		return []*Node{
+		out := []*Node{
 			t.file(d, "cap_mask", 0444, show(func(a verbs.PortAttr) (string, error) { return fmt.Sprintf("0x%08x\n", a.CapMask), nil }), nil),
 			t.dir(d, "counters", func(d string) ([]*Node, error) { return t.portCounters(d, p), nil }),
 			t.dir(d, "gids", func(d string) ([]*Node, error) {
@@ -449,7 +468,15 @@ func (t *Tree) portDir(dir string, dev verbs.Device, num int) *Node {
 				}
 				return fmt.Sprintf("%d: %s\n", a.State, s), nil
 			}), nil),
-		}, nil
+		}
+		if c, ok := dev.(verbs.Capturer); ok {
+			// The port's packets as a pcap stream, root's only as a packet socket is.
+			n := t.file(d, "capture", 0400, func() (string, error) { return "", nil }, nil)
+			n.stream = captureSource{dev: c, port: num}
+			out = append(out, n)
+			sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+		}
+		return out, nil
 	})
 }
 

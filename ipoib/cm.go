@@ -327,9 +327,11 @@ func (i *Interface) cmConnect(t *cmTx) {
 	t.queue = nil
 	i.mu.Unlock()
 	i.e.tracef(1, "%s: connected to %s (peer receive MTU %d)", i.Name(), t.hw, mtu)
+	i.e.event("%s: connection to %s up", i.Name(), t.hw)
 	i.cmPost(t, q)
 	go func() {
 		<-c.Done()
+		i.e.event("%s: connection to %s down", i.Name(), t.hw)
 		i.mu.Lock()
 		if i.tx[t.hw] == t {
 			delete(i.tx, t.hw)
@@ -536,6 +538,7 @@ func (i *Interface) SetMode(m Mode) error {
 		return &Error{Op: "set_mode", If: i.Name(), Err: syscall.EINVAL, Detail: "the HCA does not support connected mode"}
 	}
 	i.mode = m
+	i.e.event("%s: mode %s", i.Name(), m)
 	var mtuAct func()
 	if m == Connected {
 		i.e.log.Printf("%s: enabling connected mode will cause multicast packet drops", i.Name())

@@ -65,6 +65,10 @@ type Options struct {
 	Logger *log.Logger // trace lines for debug_level / mcast_debug_level; nil = log.Default()
 	// NameTemplate for parents, "%d" replaced by port-1 (default "ib%d").
 	NameTemplate string
+	// Event receives one line per state change ("ib0: carrier on"): carrier, up/down,
+	// MTU, mode, port events, joins and leaves, paths, connections, children. It must
+	// not block (the tree's EventLog does not). nil discards.
+	Event func(line string)
 }
 
 // Devices makes and removes the kernel device of each interface in step with the
@@ -81,6 +85,7 @@ type Engine struct {
 	dev    verbs.Device
 	params *Params
 	log    *log.Logger
+	emit   func(string)
 	start  time.Time
 
 	cms map[int]*cm.Manager // per port, when the HCA supports RC (connected mode)
@@ -107,7 +112,7 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 	if o.NameTemplate == "" {
 		o.NameTemplate = "ib%d"
 	}
-	e := &Engine{dev: dev, params: o.Params, log: o.Logger, start: time.Now(),
+	e := &Engine{dev: dev, params: o.Params, log: o.Logger, emit: o.Event, start: time.Now(),
 		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{})}
 	events, stop := dev.Subscribe(64)
 	e.stopEv, e.evDone = stop, make(chan struct{})
@@ -188,6 +193,7 @@ func (e *Engine) Rename(i *Interface, name string) error {
 	e.ifs[name] = i
 	i.name.Store(&name)
 	e.log.Printf("%s: renamed %s", old, name)
+	e.event("%s: renamed %s", old, name)
 	e.notifyLocked(old)
 	e.notifyLocked(name)
 	return nil
@@ -279,6 +285,7 @@ func (e *Engine) eventLoop(ch <-chan verbs.Event) {
 			level = flushNormal
 		}
 		e.tracef(1, "port %d event %v: %v flush", ev.Port, ev.Type, level)
+		e.event("port %d: %v", ev.Port, ev.Type)
 		for _, i := range e.Interfaces() {
 			if i.port == ev.Port {
 				i.flush(level)
@@ -288,6 +295,13 @@ func (e *Engine) eventLoop(ch <-chan verbs.Event) {
 }
 
 // tracef logs when debug_level >= level.
+// event reports a state change to Options.Event.
+func (e *Engine) event(format string, a ...any) {
+	if e.emit != nil {
+		e.emit(fmt.Sprintf(format, a...))
+	}
+}
+
 func (e *Engine) tracef(level int32, format string, a ...any) {
 	if e.params.DebugLevel.Load() >= level {
 		e.log.Printf("ipoib: "+format, a...)

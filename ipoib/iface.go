@@ -262,6 +262,13 @@ func (i *Interface) Flags() uint32 {
 	return f
 }
 
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
 // TxQueueLen is the device's transmit queue length (1000 as ipoib_setup_common sets).
 func (i *Interface) TxQueueLen() uint32 {
 	i.mu.Lock()
@@ -345,6 +352,7 @@ func (i *Interface) SetUp(up bool) error {
 		i.e.tracef(1, "parent device %s is not up, so child device may be not functioning.", i.parent.Name())
 	}
 	if changed {
+		i.e.event("%s: %s", i.Name(), map[bool]string{true: "up", false: "down"}[up])
 		if ah, ok := h.(AdminHost); ok {
 			ah.SetAdminUp(up)
 		}
@@ -438,6 +446,7 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 		return func() {}
 	}
 	i.carrier = on
+	i.e.event("%s: carrier %s", i.Name(), onOff(on))
 	var mtuAct func()
 	if on && i.mode == Datagram {
 		mtuAct = i.setMTULocked(min(i.mcastMTU, i.adminMTU))
@@ -460,6 +469,7 @@ func (i *Interface) setMTULocked(mtu int) func() {
 		return func() {}
 	}
 	i.mtu = mtu
+	i.e.event("%s: mtu %d", i.Name(), mtu)
 	h := i.host
 	return func() {
 		if h != nil {

@@ -206,6 +206,11 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	g.rec, g.ah, g.backoff, g.tries = rec, ah, 0, 0
 	flushQ, g.queue = g.queue, nil
 	i.e.mtracef(1, "%s: join completed for %s (MLID %#x)", i.Name(), g.mgid.KernelString(), rec.MLID)
+	kind := "joined"
+	if g.sendOnly {
+		kind = "joined send-only"
+	}
+	i.e.event("%s: %s %s (MLID %#x)", i.Name(), kind, g.mgid.KernelString(), rec.MLID)
 	if isBcast {
 		old := i.mcastMTU
 		i.mcastMTU = rec.MTU.Bytes() - encapLen
@@ -276,6 +281,7 @@ func (i *Interface) leave(mgid verbs.GID, state uint8) {
 	defer cancel()
 	gid := i.HWAddr().GID()
 	_ = i.sa.Leave(ctx, mad.MCMemberRecord{MGID: mgid, PortGID: gid, JoinState: state}, mad.LeaveMask)
+	i.e.event("%s: left %s", i.Name(), mgid.KernelString())
 }
 
 // sendMulticast sends a frame to a group, creating a send-only membership when the

@@ -160,6 +160,7 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 	}
 	p.rec, p.ah = rec, ah
 	i.mu.Unlock()
+	i.e.event("%s: path to %s resolved (LID %#x)", i.Name(), p.dgid.KernelString(), rec.DLID)
 	for _, f := range q {
 		i.sendFrames([][]byte{f.frame}, ah, f.qpn)
 	}
@@ -168,6 +169,9 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 // flushPathsLocked forgets every path (ipoib_flush_paths); neighbours keep their
 // hardware addresses and re-resolve the path on the next packet.
 func (i *Interface) flushPathsLocked() {
+	if len(i.paths) > 0 {
+		i.e.event("%s: %d paths flushed", i.Name(), len(i.paths))
+	}
 	for _, p := range i.paths {
 		i.stats.txDropped.Add(uint64(len(p.queue)))
 	}

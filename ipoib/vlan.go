@@ -62,6 +62,7 @@ func (i *Interface) CreateChild(v int64) (*Interface, error) {
 			return fail(errno, "%v", err)
 		}
 	}
+	e.event("%s: created (parent %s, pkey 0x%04x)", c.Name(), i.Name(), uint16(c.PKey()))
 	return c, nil
 }
 
@@ -149,5 +150,6 @@ func (i *Interface) DeleteChild(v int64) error {
 		d.Delete(c) // the device is gone when delete_child returns
 	}
 	c.close()
+	e.event("%s: deleted", c.Name())
 	return nil
 }

@@ -137,6 +137,11 @@ func TestPermissionTable(t *testing.T) {
 			if strings.Contains(rel, "/pkeys/") && !strings.HasSuffix(rel, "/pkeys/0") {
 				return nil
 			}
+			// events and capture are streams (a read waits for what comes next); their
+			// modes are checked in TestEventsFollow and TestCaptureDecodes.
+			if rel == "events" || strings.HasSuffix(rel, "/capture") {
+				return nil
+			}
 			files = append(files, rel)
 		}
 		return nil

@@ -15,3 +15,13 @@ type DeviceInfo interface {
 	// BoardID is the board identifier (board_id, e.g. "MT_0000000010").
 	BoardID() string
 }
+
+// Capturer is a device whose ports can show their fabric traffic, as a packet capture
+// would on the wire. Optional: a device without it has no capture files.
+type Capturer interface {
+	// Capture calls fn with every packet port sends or receives from now until stop
+	// is called, each as one pcap record (16-byte record header, then the packet as
+	// LINKTYPE_RAW: IP, UDP to port 4791, the RoCEv2 packet). fn must not block and
+	// must copy what it keeps. While nobody captures, a port does no capture work.
+	Capture(port int, fn func(record []byte)) (stop func(), err error)
+}

@@ -263,7 +263,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, w := range warnings {
 		log.Print(w)
 	}
-	eng, err := ipoib.New(hca, ipoib.Options{Params: mp})
+	evlog := fs.NewEventLog()
+	eng, err := ipoib.New(hca, ipoib.Options{Params: mp, Event: evlog.Emit})
 	if err != nil {
 		return err
 	}
@@ -276,7 +277,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		log.Printf("%s: up, hardware address %s", i.Name(), i.HWAddr())
 	}
-	tree := fs.New(eng, fs.Options{SM: hca.SM(), Log: func(l string) { log.Print(l) }})
+	tree := fs.New(eng, fs.Options{SM: hca.SM(), Log: func(l string) { log.Print(l) }, Events: evlog})
 	if ninepLn != nil {
 		defer ninepLn.serve(tree, *trustUname)()
 		ninepLn = nil

@@ -312,7 +312,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if err != nil {
 		return nil, 0, errno(err)
 	}
-	return &handle{h: h, n: n}, gofuse.FOPEN_DIRECT_IO, 0
+	flagsOut := uint32(gofuse.FOPEN_DIRECT_IO)
+	if n.m.IsStream() { // reads block for the next event and have no offsets
+		flagsOut |= gofuse.FOPEN_NONSEEKABLE
+	}
+	return &handle{h: h, n: n}, flagsOut, 0
 }
 
 // handle adapts one fs.Handle.
@@ -322,7 +326,7 @@ type handle struct {
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
-	k, err := h.h.ReadAt(dest, off)
+	k, err := h.h.ReadContext(ctx, dest, off)
 	if err != nil {
 		return nil, errno(err)
 	}

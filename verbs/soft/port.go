@@ -20,6 +20,7 @@ type Port struct {
 	num  int
 	guid verbs.GUID
 	ep   *impaired
+	tap  *tap // the raw endpoint under ep, for captures
 
 	mu       sync.RWMutex
 	attr     verbs.PortAttr
@@ -49,7 +50,8 @@ type Port struct {
 }
 
 func newPort(h *HCA, num int, ep Endpoint) *Port {
-	p := &Port{hca: h, num: num, guid: GUIDFromName(h.cfg.Name, num), ep: newImpaired(ep),
+	tp := newTap(ep)
+	p := &Port{hca: h, num: num, guid: GUIDFromName(h.cfg.Name, num), ep: newImpaired(tp), tap: tp,
 		uni: map[verbs.LID]ctlRoute{}, byAddr: map[netip.AddrPort]ctlRoute{},
 		multi: map[verbs.LID]ctlMRoute{}, mgidLID: map[verbs.GID]verbs.LID{},
 		attached: map[verbs.GID][]*QP{}}
