@@ -62,7 +62,10 @@ type TxQueueHost interface {
 // Options configure an engine.
 type Options struct {
 	Params *Params
-	Logger *log.Logger // trace lines for debug_level / mcast_debug_level; nil = log.Default()
+	Logger *log.Logger // the engine's messages; nil = log.Default()
+	// Trace receives the debug_level / mcast_debug_level lines (which those parameters
+	// switch on); nil = Logger.
+	Trace *log.Logger
 	// NameTemplate for parents, "%d" replaced by port-1 (default "ib%d").
 	NameTemplate string
 	// Event receives one line per state change ("ib0: carrier on"): carrier, up/down,
@@ -85,6 +88,7 @@ type Engine struct {
 	dev    verbs.Device
 	params *Params
 	log    *log.Logger
+	trace  *log.Logger
 	emit   func(string)
 	start  time.Time
 
@@ -112,7 +116,10 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 	if o.NameTemplate == "" {
 		o.NameTemplate = "ib%d"
 	}
-	e := &Engine{dev: dev, params: o.Params, log: o.Logger, emit: o.Event, start: time.Now(),
+	if o.Trace == nil {
+		o.Trace = o.Logger
+	}
+	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, start: time.Now(),
 		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{})}
 	events, stop := dev.Subscribe(64)
 	e.stopEv, e.evDone = stop, make(chan struct{})
@@ -304,14 +311,14 @@ func (e *Engine) event(format string, a ...any) {
 
 func (e *Engine) tracef(level int32, format string, a ...any) {
 	if e.params.DebugLevel.Load() >= level {
-		e.log.Printf("ipoib: "+format, a...)
+		e.trace.Printf("ipoib: "+format, a...)
 	}
 }
 
 // mtracef logs when mcast_debug_level >= level.
 func (e *Engine) mtracef(level int32, format string, a ...any) {
 	if e.params.McastDebugLevel.Load() >= level {
-		e.log.Printf("ipoib mcast: "+format, a...)
+		e.trace.Printf("ipoib mcast: "+format, a...)
 	}
 }
 
@@ -319,7 +326,7 @@ func (e *Engine) mtracef(level int32, format string, a ...any) {
 // is set; without the tag the call compiles away.
 func (e *Engine) dtracef(format string, a ...any) {
 	if dataDebug && e.params.DataDebugLevel.Load() > 0 {
-		e.log.Printf("ipoib data: "+format, a...)
+		e.trace.Printf("ipoib data: "+format, a...)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -28,10 +29,12 @@ import (
 )
 
 func main() {
-	log.SetFlags(log.Ltime | log.Lmicroseconds)
-	log.SetPrefix("ipoibfs: ")
+	traceLog = setupLogging()
 	os.Exit(cli(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
+
+// traceLog receives the engine's debug traces (level=DEBUG); nil in tests of cli.
+var traceLog *log.Logger
 
 // Exit statuses, as Go's flag package and most daemons use them.
 const (
@@ -264,7 +267,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		log.Print(w)
 	}
 	evlog := fs.NewEventLog()
-	eng, err := ipoib.New(hca, ipoib.Options{Params: mp, Event: evlog.Emit})
+	eng, err := ipoib.New(hca, ipoib.Options{Params: mp, Event: evlog.Emit, Trace: traceLog})
 	if err != nil {
 		return err
 	}
@@ -315,10 +318,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 				log.Printf("%v: shutting down", s)
 				for n := 1; n <= hca.NumPorts(); n++ {
 					p, _ := hca.Port(n)
-					log.Printf("port %d counters: %+v", n, p.Counters())
+					slog.Info("port counters", append([]any{"port", n}, kv(p.Counters())...)...)
 				}
 				for _, i := range eng.Interfaces() {
-					log.Printf("%s statistics: %+v", i.Name(), i.Stats())
+					slog.Info("interface statistics", append([]any{"if", i.Name()}, kv(i.Stats())...)...)
 				}
 				return nil
 			}
