@@ -5,13 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -106,11 +104,7 @@ func execCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func dialMount(addr, dir string) (*mnt.Server, error) {
-	network, where := "tcp", addr
-	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
-		network, where = "unix", p
-	}
-	conn, err := net.Dial(network, where)
+	conn, err := dial9P(addr)
 	if err != nil {
 		return nil, err
 	}

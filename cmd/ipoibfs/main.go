@@ -61,6 +61,8 @@ func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return mountCommand(args[1:], stderr)
 		case "exec":
 			return execCommand(args[1:], stdin, stdout, stderr)
+		case "status":
+			return statusCommand(args[1:], stdout, stderr)
 		case execChildCmd:
 			return execChild(args[1:], stderr)
 		}
@@ -97,6 +99,7 @@ var subcommands = [][2]string{
 	{"9p ADDR ls|read|write|stat PATH", "talk to a tree served over 9P (write takes stdin)"},
 	{"mount [-o OPTS] ADDR DIR", "mount a tree served over 9P on DIR with FUSE (also as mount.ipoibfs)"},
 	{"exec [-tree DIR | -9p ADDR] -- CMD...", "run CMD with the tree bound over /sys's IPoIB paths"},
+	{"status [-tree DIR | -9p ADDR]", "the HCA, its ports and interfaces and the counters that moved, on one screen"},
 }
 
 func usage(fl *flag.FlagSet) func() {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -141,10 +140,6 @@ func mountArgs(args []string) (addr, dir string, err error) {
 }
 
 func mountRemote(addr, dir string) (*mnt.Server, error) {
-	network, where := "tcp", addr
-	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
-		network, where = "unix", p
-	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
@@ -152,7 +147,7 @@ func mountRemote(addr, dir string) (*mnt.Server, error) {
 	if err := checkMountPoint(abs); err != nil {
 		return nil, err
 	}
-	conn, err := net.Dial(network, where)
+	conn, err := dial9P(addr)
 	if err != nil {
 		return nil, err
 	}

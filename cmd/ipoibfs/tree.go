@@ -157,11 +157,7 @@ func ninepCommand(args []string, stdin io.Reader, stdout io.Writer) error {
 		return errors.New("usage: ipoibfs 9p ADDR ls|read|write|stat PATH")
 	}
 	addr, op, path := args[0], args[1], strings.Trim(args[2], "/")
-	network, where := "tcp", addr
-	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
-		network, where = "unix", p
-	}
-	conn, err := net.Dial(network, where)
+	conn, err := dial9P(addr)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"ipoibfs/fs/ninep"
+)
+
+// dial9P connects to a tree served over 9P: "unix:PATH" or a TCP address.
+func dial9P(addr string) (net.Conn, error) {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return net.Dial("unix", p)
+	}
+	return net.Dial("tcp", addr)
+}
+
+// treeReader reads a tree, mounted (os) or over 9P.
+type treeReader interface {
+	ReadFile(path string) ([]byte, error)
+	ReadDir(path string) ([]string, error)
+}
+
+type dirTree string
+
+func (d dirTree) ReadFile(p string) ([]byte, error) { return os.ReadFile(filepath.Join(string(d), p)) }
+
+func (d dirTree) ReadDir(p string) ([]string, error) {
+	es, err := os.ReadDir(filepath.Join(string(d), p))
+	names := make([]string, 0, len(es))
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return names, err
+}
+
+// statusCommand prints one screen like ibstat plus ip -d link: the HCA and its ports,
+// each interface, and the counters that are not zero.
+func statusCommand(args []string, stdout, stderr io.Writer) int {
+	fl := flag.NewFlagSet("ipoibfs status", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	tree := fl.String("tree", defaultMount, "the mounted tree to read")
+	addr := fl.String("9p", "", "read the tree served over 9P at this address (unix:PATH or host:port) instead")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fl.NArg() != 0 {
+		fmt.Fprintf(stderr, "ipoibfs status: unexpected argument %q\n", fl.Arg(0))
+		return exitUsage
+	}
+	var r treeReader = dirTree(*tree)
+	if *addr != "" {
+		conn, err := dial9P(*addr)
+		if err != nil {
+			fmt.Fprintln(stderr, "ipoibfs status:", err)
+			return exitError
+		}
+		c, err := ninep.NewClient(conn)
+		if err != nil {
+			conn.Close()
+			fmt.Fprintln(stderr, "ipoibfs status:", err)
+			return exitError
+		}
+		defer c.Close()
+		r = c
+	}
+	if err := printStatus(r, stdout); err != nil {
+		fmt.Fprintln(stderr, "ipoibfs status:", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func printStatus(r treeReader, w io.Writer) error {
+	get := func(p string) string {
+		b, err := r.ReadFile(p)
+		if err != nil {
+			return "?"
+		}
+		return strings.TrimSpace(string(b))
+	}
+	hcas, err := r.ReadDir("class/infiniband")
+	if err != nil {
+		return fmt.Errorf("class/infiniband: %w (is the tree mounted?)", err)
+	}
+	sort.Strings(hcas)
+	for _, h := range hcas {
+		d := "class/infiniband/" + h
+		fmt.Fprintf(w, "CA '%s' (%s)\n\tnode GUID %s, system image GUID %s, firmware %s, hardware %s\n",
+			h, get(d+"/hca_type"), get(d+"/node_guid"), get(d+"/sys_image_guid"), get(d+"/fw_ver"), get(d+"/hw_rev"))
+		ports, _ := r.ReadDir(d + "/ports")
+		sort.Strings(ports)
+		for _, p := range ports {
+			pd := d + "/ports/" + p
+			fmt.Fprintf(w, "\tport %s: %s (%s), %s, LID %s, SM LID %s\n", p, stateWord(get(pd+"/state")),
+				stateWord(get(pd+"/phys_state")), get(pd+"/rate"), get(pd+"/lid"), get(pd+"/sm_lid"))
+			var moved []string
+			cs, _ := r.ReadDir(pd + "/counters")
+			sort.Strings(cs)
+			for _, c := range cs {
+				if v := get(pd + "/counters/" + c); v != "0" && v != "?" {
+					moved = append(moved, c+"="+v)
+				}
+			}
+			if len(moved) > 0 {
+				fmt.Fprintf(w, "\t\t%s\n", strings.Join(moved, " "))
+			}
+		}
+	}
+	ifs, err := r.ReadDir("class/net")
+	if err != nil {
+		return fmt.Errorf("class/net: %w", err)
+	}
+	sort.Strings(ifs)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nIFACE\tPKEY\tPARENT\tMODE\tMTU\tCARRIER\tSTATE\tUMCAST\tCOUNTERS")
+	for _, i := range ifs {
+		d := "class/net/" + i
+		parent := "-"
+		if p := get(d + "/parent"); p != "?" {
+			parent = p
+		}
+		carrier := get(d + "/carrier")
+		if carrier == "?" {
+			carrier = "-" // a down interface's carrier reads EINVAL, as in sysfs
+		}
+		var moved []string
+		for _, s := range []string{"rx_packets", "tx_packets", "rx_dropped", "tx_dropped", "tx_errors"} {
+			if v := get(d + "/statistics/" + s); v != "0" && v != "?" {
+				moved = append(moved, s+"="+v)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", i, get(d+"/pkey"), parent, get(d+"/mode"),
+			get(d+"/mtu"), carrier, get(d+"/operstate"), get(d+"/umcast"), strings.Join(moved, " "))
+	}
+	return tw.Flush()
+}
+
+// stateWord turns sysfs's "4: ACTIVE" into "ACTIVE".
+func stateWord(s string) string {
+	if _, w, ok := strings.Cut(s, ": "); ok {
+		return w
+	}
+	return s
+}
