@@ -217,10 +217,9 @@ type Handle struct {
 	sub streamSub // a stream's subscription
 }
 
-// StreamIdle is how long ReadAt waits on a stream (`events`) before returning no
-// bytes. ReadContext waits until its context ends instead; ReadAt has no context (9P
-// through p9, whose flush waits for the read), so a reader that went away must not
-// hold a request for ever.
+// StreamIdle is how long ReadAt, which has no context, waits on a stream (`events`,
+// `capture`) before returning no bytes. The front ends use ReadContext, which waits
+// until the FUSE interrupt or the 9P flush ends the read.
 const StreamIdle = 10 * time.Second
 
 // IsStream reports a file whose reads block for what comes next (`events`): front ends

@@ -108,6 +108,7 @@ type attacher struct {
 	fids     *atomic.Int64
 	attached chan struct{}
 	once     sync.Once
+	gone     <-chan struct{} // the client is gone (nil: never known)
 }
 
 var _ p9.UserAttacher = (*attacher)(nil)
@@ -165,6 +166,9 @@ func ServeConn(c net.Conn, root *fs.Node, o Options) error {
 
 func serveConn(c net.Conn, root *fs.Node, id connIdentity, o *Options) error {
 	a := &attacher{root: root, id: id, o: o, fids: new(atomic.Int64), attached: make(chan struct{})}
+	if d, ok := c.(interface{ Done() <-chan struct{} }); ok {
+		a.gone = d.Done()
+	}
 	// A connection that never attaches holds a goroutine and buffers for nothing.
 	t := time.AfterFunc(o.AttachTimeout, func() {
 		select {
@@ -422,6 +426,37 @@ func (f *file) ReadAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	k, err := h.ReadAt(p, off)
+	if err != nil {
+		return 0, toErr(err)
+	}
+	if k == 0 {
+		return 0, io.EOF
+	}
+	return k, nil
+}
+
+// ReadAtFlush is ReadAt for a stream (events, capture): it waits for data until the
+// client flushes the read, as FUSE's interrupt ends one (third_party/p9's patch).
+func (f *file) ReadAtFlush(p []byte, off int64, flushed <-chan struct{}) (int, error) {
+	if !f.n.IsStream() {
+		return f.ReadAt(p, off)
+	}
+	h, err := f.handle()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-flushed:
+			cancel()
+		case <-f.a.gone: // a dead connection flushes nothing: end the read with it
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	k, err := h.ReadContext(ctx, p, off)
 	if err != nil {
 		return 0, toErr(err)
 	}

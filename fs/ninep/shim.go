@@ -64,6 +64,8 @@ type authShim struct {
 	slots       chan struct{}
 	closed      chan struct{} // closed by Close: a read waiting for a slot gives up
 	closeOnce   sync.Once
+	dead        chan struct{} // closed when reading the connection fails: the client is gone
+	deadOnce    sync.Once
 
 	rmu  sync.Mutex
 	rbuf []byte // rest of the current request frame for the server
@@ -78,12 +80,20 @@ const DefaultMaxOutstanding = 64
 func newAuthShim(c net.Conn) *authShim { return newShim(c, true, DefaultMaxOutstanding) }
 
 func newShim(c net.Conn, answerTauth bool, maxOutstanding int) *authShim {
-	return &authShim{Conn: c, answerTauth: answerTauth, slots: make(chan struct{}, maxOutstanding), closed: make(chan struct{})}
+	return &authShim{Conn: c, answerTauth: answerTauth, slots: make(chan struct{}, maxOutstanding),
+		closed: make(chan struct{}), dead: make(chan struct{})}
 }
+
+// Done is closed once the client is gone (reading its connection failed or it was
+// closed): requests still waiting (a stream's read) should give up.
+func (s *authShim) Done() <-chan struct{} { return s.dead }
+
+func (s *authShim) markDead() { s.deadOnce.Do(func() { close(s.dead) }) }
 
 // Close closes the connection and releases a read waiting for a reply slot.
 func (s *authShim) Close() error {
 	s.closeOnce.Do(func() { close(s.closed) })
+	s.markDead()
 	return s.Conn.Close()
 }
 
@@ -93,6 +103,7 @@ func (s *authShim) Read(p []byte) (int, error) {
 	for len(s.rbuf) == 0 {
 		f, err := readFrame(s.Conn)
 		if err != nil {
+			s.markDead()
 			return 0, err
 		}
 		if f[4] == msgTauth && s.answerTauth {

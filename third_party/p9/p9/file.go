@@ -283,3 +283,11 @@ type DefaultWalkGetAttr struct{}
 func (DefaultWalkGetAttr) WalkGetAttr([]string) ([]QID, File, AttrMask, Attr, error) {
 	return nil, nil, AttrMask{}, Attr{}, linux.ENOSYS
 }
+
+// FlushableReader is a File whose reads may wait for data (a stream): ReadAtFlush is
+// ReadAt that returns early once flushed is closed, which happens when the client sends
+// Tflush for the read (its process was interrupted). Without it the flush, and so the
+// client, would wait for the read to end by itself. (ipoibfs patch)
+type FlushableReader interface {
+	ReadAtFlush(p []byte, offset int64, flushed <-chan struct{}) (int, error)
+}

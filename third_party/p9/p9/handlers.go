@@ -115,6 +115,7 @@ func (t *tversion) handle(cs *connState) message {
 
 // handle implements handler.handle.
 func (t *tflush) handle(cs *connState) message {
+	cs.flushTag(t.OldTag) // ipoibfs patch: a waiting ReadAtFlush gives up
 	cs.WaitTag(t.OldTag)
 	return &rflush{}
 }
@@ -733,7 +734,11 @@ func (t *tread) handle(cs *connState) message {
 				return linux.EPERM
 			}
 
-			n, err = ref.file.ReadAt(dataBuf[:t.Count], int64(t.Offset))
+			if fr, ok := ref.file.(FlushableReader); ok && t.flushed != nil { // ipoibfs patch
+				n, err = fr.ReadAtFlush(dataBuf[:t.Count], int64(t.Offset), t.flushed)
+			} else {
+				n, err = ref.file.ReadAt(dataBuf[:t.Count], int64(t.Offset))
+			}
 			return err
 
 		case xattrWalk:

@@ -971,6 +971,9 @@ type tread struct {
 
 	// Count indicates the number of bytes to read.
 	Count uint32
+
+	// flushed is closed when a Tflush names this request (ipoibfs patch; not on the wire).
+	flushed <-chan struct{}
 }
 
 // decode implements encoder.decode.

@@ -91,6 +91,9 @@ type connState struct {
 	// tag is finished with processing.
 	tagMu sync.Mutex
 	tags  map[tag]chan struct{}
+	// ipoibfs patch: flushes[t] is closed when a Tflush names tag t, so a read that
+	// waits for data (ReadAtFlush) can give up instead of holding the flush.
+	flushes map[tag]chan struct{}
 
 	// messageSize is the maximum message size. The server does not
 	// do automatic splitting of messages.
@@ -434,7 +437,28 @@ func (cs *connState) StartTag(t tag) bool {
 		return false
 	}
 	cs.tags[t] = make(chan struct{})
+	if cs.flushes == nil {
+		cs.flushes = map[tag]chan struct{}{}
+	}
+	cs.flushes[t] = make(chan struct{}) // ipoibfs patch
 	return true
+}
+
+// flushTag tells the request with tag t that it is flushed (ipoibfs patch).
+func (cs *connState) flushTag(t tag) {
+	cs.tagMu.Lock()
+	defer cs.tagMu.Unlock()
+	if ch, ok := cs.flushes[t]; ok {
+		close(ch)
+		delete(cs.flushes, t)
+	}
+}
+
+// flushChan is closed when tag t is flushed (ipoibfs patch).
+func (cs *connState) flushChan(t tag) <-chan struct{} {
+	cs.tagMu.Lock()
+	defer cs.tagMu.Unlock()
+	return cs.flushes[t]
 }
 
 // ClearTag finishes handling a tag.
@@ -447,6 +471,7 @@ func (cs *connState) ClearTag(t tag) {
 		panic("unused tag cleared")
 	}
 	delete(cs.tags, t)
+	delete(cs.flushes, t) // ipoibfs patch
 
 	// Notify.
 	close(ch)
@@ -534,6 +559,10 @@ func (cs *connState) handleRequest() bool {
 	}
 
 	// Handle the message.
+	if rd, ok := m.(*tread); ok { // ipoibfs patch: a read can learn of its flush
+		rd.flushed = cs.flushChan(tag)
+		defer func() { rd.flushed = nil }()
+	}
 	r := cs.handle(m)
 
 	// Clear the tag before sending. That's because as soon as this
