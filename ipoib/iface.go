@@ -72,6 +72,9 @@ type Interface struct {
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
 	childOps      sync.Mutex // serialises CreateChild and DeleteChild of a parent
+	leaveMu       sync.Mutex // guards leavesDone against leaves.Add racing close's Wait
+	leaves        sync.WaitGroup
+	leavesDone    bool
 	txQueueLen    uint32
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
@@ -540,6 +543,7 @@ func (i *Interface) close() {
 	close(i.stop)
 	i.cancel()
 	i.wg.Wait()
+	i.waitLeaves()
 	_ = i.qp.Close()
 	_ = i.scq.Close()
 	_ = i.rcq.Close()

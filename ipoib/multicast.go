@@ -272,7 +272,26 @@ func (i *Interface) dropGroupLocked(g *mcastGroup) {
 
 // leaveGroup tells the SA we leave (best effort, in the background).
 func (i *Interface) leaveGroup(mgid verbs.GID, state uint8) {
-	go i.leave(mgid, state)
+	// Tracked, so that closing the interface waits for leaves already on their way
+	// (3 s at most each) instead of leaving them running behind it.
+	i.leaveMu.Lock()
+	defer i.leaveMu.Unlock()
+	if i.leavesDone {
+		return // closed: stopDev's leaveAll has left every group
+	}
+	i.leaves.Add(1)
+	go func() {
+		defer i.leaves.Done()
+		i.leave(mgid, state)
+	}()
+}
+
+// waitLeaves stops new background leaves and waits for those under way.
+func (i *Interface) waitLeaves() {
+	i.leaveMu.Lock()
+	i.leavesDone = true
+	i.leaveMu.Unlock()
+	i.leaves.Wait()
 }
 
 // leave sends the leave and waits for the answer (at most 3 s).
