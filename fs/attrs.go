@@ -33,6 +33,15 @@ type ifAttr struct {
 	netAdmin bool
 }
 
+// ifIndexText is an interface index as net-sysfs prints it; without a kernel device
+// (the kernel bridge is off) there is none.
+func ifIndexText(n int, i *ipoib.Interface) (string, error) {
+	if n == 0 {
+		return "", errorf(syscall.ENODEV, "%s has no kernel device", i.Name())
+	}
+	return fmt.Sprintf("%d\n", n), nil
+}
+
 func devPort(i *ipoib.Interface) int {
 	if i.Parent() != nil {
 		return 0
@@ -95,6 +104,8 @@ var ifAttrs = []ifAttr{
 			}
 			return i.SetUp(v&0x1 != 0)
 		}},
+	{name: "ifindex", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfIndex(), i) }},
+	{name: "iflink", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfLink(), i) }},
 	{name: "mode", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return i.Mode().String() + "\n", nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			m, err := parseMode(b)

@@ -356,7 +356,7 @@ func TestChildrenRulesAndPartitions(t *testing.T) {
 	waitFor(t, "a child carrier", kids[a].Carrier)
 	waitFor(t, "b child carrier", kids[b].Carrier)
 	time.Sleep(100 * time.Millisecond)
-	if kids[c].Carrier() || kids[c].OperState() != "lowerlayerdown" {
+	if kids[c].Carrier() || kids[c].OperState() != "down" {
 		t.Fatalf("child on a port without the P_Key has carrier")
 	}
 	ha, hbst := &fakeHost{}, &fakeHost{}
@@ -591,8 +591,20 @@ func TestEngineBeforePortActive(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if ib0.Carrier() || ib0.OperState() != "lowerlayerdown" {
+	if ib0.Carrier() || ib0.OperState() != "down" {
 		t.Fatal("carrier without a subnet manager")
+	}
+	// default_operstate: a child without carrier under a parent without carrier is
+	// lowerlayerdown (its iflink is the parent); the parent itself is down.
+	kid, err := ib0.CreateChild(0x8001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kid.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if got := kid.OperState(); got != "lowerlayerdown" {
+		t.Errorf("child of a parent without carrier: operstate %s, want lowerlayerdown", got)
 	}
 	smh, err := soft.New(soft.Config{Name: "sm", Network: net, Listen: smAddr, HostSM: true, Heartbeat: hb})
 	if err != nil {

@@ -72,6 +72,7 @@ type Interface struct {
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
 	childOps      sync.Mutex // serialises CreateChild and DeleteChild of a parent
+	ifIndex       atomic.Int32 // the kernel device's index (SetIfIndex); 0: none
 	leaveMu       sync.Mutex // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool
@@ -238,17 +239,23 @@ func (i *Interface) Children() []*Interface {
 	return slices.Clone(i.children)
 }
 
-// OperState returns the RFC 2863 operational state as sysfs shows it.
+// OperState returns the RFC 2863 operational state as sysfs shows it. Without carrier
+// it is the core's default_operstate: "down" for a port's interface (its iflink is
+// itself) and for a child whose parent has carrier, "lowerlayerdown" for a child whose
+// parent has none (the child's iflink is its parent).
 func (i *Interface) OperState() string {
 	i.mu.Lock()
-	defer i.mu.Unlock()
+	up, carrier := i.up, i.carrier
+	i.mu.Unlock()
 	switch {
-	case !i.up:
+	case !up:
 		return "down"
-	case !i.carrier:
+	case carrier:
+		return "up"
+	case i.parent != nil && !i.parent.Carrier():
 		return "lowerlayerdown"
 	}
-	return "up"
+	return "down"
 }
 
 // Flags returns dev->flags as sysfs prints it: IFF_BROADCAST|IFF_MULTICAST, plus IFF_UP
@@ -270,6 +277,21 @@ func onOff(on bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// SetIfIndex records the kernel device's interface index (0: the device is gone).
+func (i *Interface) SetIfIndex(n int) { i.ifIndex.Store(int32(n)) }
+
+// IfIndex is the kernel device's interface index, 0 without a device.
+func (i *Interface) IfIndex() int { return int(i.ifIndex.Load()) }
+
+// IfLink is what the interface's traffic goes through, as ipoib_get_iflink says: a
+// port's interface itself, a child its parent.
+func (i *Interface) IfLink() int {
+	if i.parent != nil {
+		return i.parent.IfIndex()
+	}
+	return i.IfIndex()
 }
 
 // TxQueueLen is the device's transmit queue length (1000 as ipoib_setup_common sets).

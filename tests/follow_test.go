@@ -136,12 +136,12 @@ func TestFollowLinkChanges(t *testing.T) {
 	until("class/net/ibx gone", gone("class/net/ibx"))
 
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
-	until("ib0.8001 up in the tree", func() bool { return read("class/net/ib0.8001/operstate") != "down" })
+	until("ib0.8001 up in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
 
 	// Down: groups left, carrier off, the child follows; up: all back, same link-local.
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "down")
 	until("ib0 down in the tree", func() bool { return read("class/net/ib0/operstate") == "down" })
-	until("ib0.8001 down with its parent", func() bool { return read("class/net/ib0.8001/operstate") == "down" })
+	until("ib0.8001 down with its parent", func() bool { return read("class/net/ib0.8001/flags") == "0x1002" })
 	until("ib0's groups left", func() bool { return !strings.Contains(read("kernel/debug/ipoib/ib0_mcg"), "GID:") })
 	if out := ipOut(t, ns, "link", "show", "ib0.8001"); strings.Contains(out, "<UP") || strings.Contains(out, ",UP") {
 		t.Errorf("ib0.8001's device still up after ib0 went down: %s", out)
@@ -149,7 +149,7 @@ func TestFollowLinkChanges(t *testing.T) {
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "up")
 	waitLink(t, ns, "ib0")
 	until("ib0 up in the tree", func() bool { return read("class/net/ib0/operstate") == "up" && read("class/net/ib0/carrier") == "1" })
-	until("ib0.8001 up with its parent", func() bool { return read("class/net/ib0.8001/operstate") != "down" })
+	until("ib0.8001 up with its parent", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
 	until("the GUID link-local back after up", onlyGUIDLinkLocal)
 	until("the groups rejoined", func() bool {
 		m := read("kernel/debug/ipoib/ib0_mcg")
@@ -384,6 +384,33 @@ func TestFollowChildDeviceInStep(t *testing.T) {
 		}
 		if exists("ib0.8002") {
 			t.Fatalf("round %d: ib0.8002 device still there when delete_child returned", round)
+		}
+	}
+}
+
+// ifindex and iflink are the kernel devices' indexes: a child's iflink is its parent.
+func TestFollowIfIndex(t *testing.T) {
+	td := treeStart(t, "ix", "")
+	waitLink(t, td.ns, "ib0")
+	if err := os.WriteFile(td.path("class/net/ib0/create_child"), []byte("0x8001\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	index := func(dev string) string {
+		out := ipOut(t, td.ns, "-o", "link", "show", dev)
+		n, _, _ := strings.Cut(out, ":")
+		return strings.TrimSpace(n)
+	}
+	read := func(p string) string { b, _ := os.ReadFile(td.path(p)); return strings.TrimSpace(string(b)) }
+	ib0, kid := index("ib0"), index("ib0.8001")
+	if ib0 == "" || kid == "" || ib0 == kid {
+		t.Fatalf("indexes %q %q", ib0, kid)
+	}
+	for p, want := range map[string]string{
+		"class/net/ib0/ifindex": ib0, "class/net/ib0/iflink": ib0,
+		"class/net/ib0.8001/ifindex": kid, "class/net/ib0.8001/iflink": ib0,
+	} {
+		if got := read(p); got != want {
+			t.Errorf("%s = %q, want %q", p, got, want)
 		}
 	}
 }

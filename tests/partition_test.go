@@ -83,7 +83,7 @@ func TestChildPartitionsMembership(t *testing.T) {
 	if out := mustRun(t, "ip", "-n", ns["pc"], "link", "show", "ib0.8001"); !strings.Contains(out, "NO-CARRIER") {
 		t.Fatalf("non-member child has carrier: %s", out)
 	}
-	if got := sh(t, "cat "+mnt["pc"]+"/class/net/ib0.8001/operstate"); got != "lowerlayerdown\n" {
+	if got := sh(t, "cat "+mnt["pc"]+"/class/net/ib0.8001/operstate"); got != "down\n" {
 		t.Fatalf("non-member operstate %q", got)
 	}
 	if out, err := run(t, 10*time.Second, "ip", "netns", "exec", ns["pa"], "ping", "-c", "2", "-W", "1", "10.81.0.3"); err == nil {

@@ -39,6 +39,7 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 		log.Printf("%s: %v", i.Name(), err)
 	}
 	i.AttachHost(b)
+	i.SetIfIndex(dev.Index())
 	b.SetTxQueueLen(i.TxQueueLen())      // a TUN starts at 500, an IPoIB netdev at 1000
 	if mbps := i.SpeedMbps(); mbps > 0 { // ethtool ib0 shows the port's rate, as the driver's
 		if err := dev.SetSpeed(mbps); err != nil {
@@ -175,6 +176,7 @@ func segmentBuffers(mtu, n int) [][]byte {
 
 func (b *bridge) close() {
 	b.i.AttachHost(nil)
+	b.i.SetIfIndex(0)
 	b.dev.Close()
 	<-b.done
 }

@@ -233,6 +233,9 @@ func (d *Device) release() {
 	}
 }
 
+// Index returns the kernel's interface index of the device.
+func (d *Device) Index() int { return d.index }
+
 // Name returns the interface name.
 func (d *Device) Name() string { return d.name }
 

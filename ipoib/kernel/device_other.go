@@ -90,3 +90,6 @@ func (d *Device) DeviceFeatures() (DevFeatures, error) { return DevFeatures{}, d
 
 // SetSpeed is not supported.
 func (d *Device) SetSpeed(mbps int) error { return d.unsupported() }
+
+// Index returns 0.
+func (d *Device) Index() int { return 0 }
