@@ -41,7 +41,7 @@ func TestKernelSmallRules(t *testing.T) {
 		{follows: "ipoib_vlan_add: registered down", path: ch + "flags", want: "0x1002\n"},
 		{follows: "change_flags -> dev_change_flags(IFF_UP)", path: ch + "flags", write: "0x1003\n"},
 		{follows: "change_flags -> dev_change_flags(IFF_UP)", path: ch + "operstate", want: "down\n"}, // up, no carrier (P_Key absent), parent with carrier: default_operstate
-		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", write: "4098\n"},                         // 0x1002: down
+		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", write: "4098\n"},               // 0x1002: down
 		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", want: "0x1002\n"},
 		{follows: "netdev_store: kstrtoul -EINVAL", path: ch + "flags", write: "up\n", errno: syscall.EINVAL},
 		{follows: "ipoib_setup_common: tx_queue_len", path: ib + "tx_queue_len", want: "1000\n"},

@@ -71,9 +71,9 @@ type Interface struct {
 	hostAddrs []netip.Prefix
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
-	childOps      sync.Mutex // serialises CreateChild and DeleteChild of a parent
+	childOps      sync.Mutex   // serialises CreateChild and DeleteChild of a parent
 	ifIndex       atomic.Int32 // the kernel device's index (SetIfIndex); 0: none
-	leaveMu       sync.Mutex // guards leavesDone against leaves.Add racing close's Wait
+	leaveMu       sync.Mutex   // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool
 	txQueueLen    uint32
