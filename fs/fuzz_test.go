@@ -22,7 +22,9 @@ func volatile(path string) bool {
 	base := path[strings.LastIndex(path, "/")+1:]
 	switch {
 	case strings.Contains(path, "/statistics"), strings.HasPrefix(path, "kernel/debug/"),
-		strings.HasPrefix(path, "class/infiniband/"), path == "sm/groups", path == "sm/nodes":
+		strings.HasPrefix(path, "class/infiniband/"), path == "sm/groups", path == "sm/nodes",
+		path == "link": // a summary of every interface's pkey, mode and umcast
+
 		return true
 	}
 	// A child's MTU follows its broadcast join, which completes asynchronously.
@@ -79,15 +81,16 @@ var (
 	fuzzEnv  *env
 )
 
-// FuzzWrite writes random bytes to every writable file and checks that the tree's state
-// is unchanged after a failed write and changed only where (and how) it may after a
-// successful one.
 // v2up writes 0x1003 (up) to a flags file.
 func v2up(tr *Tree, flags string) syscall.Errno { return write(tr, flags, "0x1003\n") }
 
+// FuzzWrite writes random bytes to every writable file and checks that the tree's state
+// is unchanged after a failed write and changed only where (and how) it may after a
+// successful one.
 func FuzzWrite(f *testing.F) {
 	for k, s := range []string{"0x8001", "1", "datagram", "connected\n", "2044", "rx-usecs 8", "gro off", "0x10", "\x00\xff",
-		"Default=0x7fff, ipoib : ALL=full;\nP1=0x8001 : ALL=full;\n", "-1", "0x8001\n"} {
+		"Default=0x7fff, ipoib : ALL=full;\nP1=0x8001 : ALL=full;\n", "-1", "0x8001\n",
+		"add link ib0 name st0 type ipoib pkey 0x8005 mode connected umcast 1\n", "del st0\n"} {
 		for idx := range 12 {
 			f.Add(uint8(idx+k), []byte(s))
 		}
@@ -179,6 +182,16 @@ func FuzzWrite(f *testing.F) {
 				if want := fmt.Sprintf("%q errno 0", "0x"+strings.TrimPrefix(dirs[0], "ib0.")+"\n"); pk != want {
 					t.Fatalf("new child %s has pkey %s", dirs[0], pk)
 				}
+			}
+		case "link":
+			// A named child appeared or vanished; its directory says what it is.
+			c, err := parseLinkCmd(data)
+			if err != nil {
+				t.Fatalf("link accepted %q that parseLinkCmd refuses: %v", data, err)
+			}
+			_, exists := after["class/net/"+c.name+"/pkey"]
+			if c.add != exists {
+				t.Fatalf("link %q: class/net/%s exists %v", data, c.name, exists)
 			}
 		case "flags":
 			// Up or down as bit 0 says; that moves the interface, its children and
@@ -306,5 +319,22 @@ func FuzzParsers(f *testing.F) {
 		}
 		parseUmcast(b)
 		scanInt(b)
+	})
+}
+
+// FuzzLinkCmd: whatever parseLinkCmd accepts is well-formed.
+func FuzzLinkCmd(f *testing.F) {
+	for _, s := range []string{"add link ib0 name x type ipoib", "add link ib0 name x type ipoib pkey 0x8001 mode connected umcast 1",
+		"del x", "add", "add link", "add type eth", "delete a b"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := parseLinkCmd(b)
+		if err != nil {
+			return
+		}
+		if c.name == "" || (c.add && c.parent == "") || c.pkey < 0 || c.pkey > 0xffff {
+			t.Fatalf("accepted %q as %+v", b, c)
+		}
 	})
 }

@@ -300,3 +300,85 @@ func clip(b []byte) string {
 	}
 	return string(b)
 }
+
+// linkCmd is a write to the root file `link`, in iproute2's words:
+// "add link PARENT name NAME type ipoib [pkey P] [mode datagram|connected] [umcast 0|1]"
+// or "del NAME".
+type linkCmd struct {
+	add          bool
+	parent, name string
+	pkey         int64 // 0: the parent's
+	mode         ipoib.Mode
+	umcast       bool
+}
+
+func parseLinkCmd(b []byte) (linkCmd, error) {
+	var c linkCmd
+	bad := func(format string, a ...any) (linkCmd, error) {
+		return linkCmd{}, errorf(syscall.EINVAL, format, a...)
+	}
+	toks := strings.Fields(string(b))
+	if len(toks) == 0 {
+		return bad("write \"add link PARENT name NAME type ipoib [pkey P] [mode M] [umcast 0|1]\" or \"del NAME\"")
+	}
+	switch toks[0] {
+	case "del", "delete":
+		if len(toks) != 2 {
+			return bad("del takes one interface name")
+		}
+		return linkCmd{name: toks[1]}, nil
+	case "add":
+	default:
+		return bad("unknown command %q (add, del)", clip([]byte(toks[0])))
+	}
+	c.add = true
+	typ := ""
+	for k := 1; k < len(toks); k += 2 {
+		if k+1 >= len(toks) {
+			return bad("%q has no value", clip([]byte(toks[k])))
+		}
+		v := toks[k+1]
+		switch toks[k] {
+		case "link":
+			c.parent = v
+		case "name":
+			c.name = v
+		case "type":
+			typ = v
+		case "pkey":
+			p, ok := scanInt([]byte(v))
+			if !ok || p <= 0 || p > 0xffff || p&0x7fff == 0 {
+				return bad("pkey %q is invalid", clip([]byte(v)))
+			}
+			c.pkey = p
+		case "mode":
+			switch v {
+			case "datagram":
+				c.mode = ipoib.Datagram
+			case "connected":
+				c.mode = ipoib.Connected
+			default:
+				return bad("mode %q: datagram or connected", clip([]byte(v)))
+			}
+		case "umcast":
+			switch v {
+			case "0":
+			case "1":
+				c.umcast = true
+			default:
+				return bad("umcast %q: 0 or 1", clip([]byte(v)))
+			}
+		default:
+			return bad("unknown option %q", clip([]byte(toks[k])))
+		}
+	}
+	switch {
+	case typ != "ipoib":
+		return bad("type %q: only ipoib", clip([]byte(typ)))
+	case c.parent == "":
+		return bad("no parent (link PARENT)")
+	case c.name == "":
+		return bad("no name (name NAME)")
+	}
+	return c, nil
+}

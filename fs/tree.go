@@ -155,6 +155,12 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 	if t.sm != nil {
 		out = append(out, t.dir("", "sm", t.listSM))
 	}
+	// link: named children, as ip link add ... type ipoib makes them (the kernel
+	// refuses that for devices it does not drive); root's, with CAP_NET_ADMIN.
+	lk := t.file("", "link", 0600, t.linkText, t.linkWrite)
+	lk.netAdmin = true
+	out = append(out, lk)
+	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 	if t.events != nil {
 		ev := t.file("", "events", 0400, func() (string, error) { return "", nil }, nil)
 		ev.stream = t.events
@@ -552,4 +558,51 @@ func (t *Tree) portCounters(dir string, p verbs.Port) []*Node {
 		}, nil)
 	}
 	return out
+}
+
+// linkText lists every interface with the details ip -d link prints for ipoib:
+// "storage0@ib0: ipoib pkey 0x8005 mode connected umcast 1 (netlink)".
+func (t *Tree) linkText() (string, error) {
+	var b strings.Builder
+	for _, i := range t.e.Interfaces() {
+		name := i.Name()
+		kind := ""
+		if p := i.Parent(); p != nil {
+			name += "@" + p.Name()
+			kind = " (create_child)"
+			if i.IsNamed() {
+				kind = " (netlink)"
+			}
+		}
+		u := 0
+		if i.Umcast() {
+			u = 1
+		}
+		fmt.Fprintf(&b, "%s: ipoib pkey 0x%04x mode %s umcast %d%s\n", name, uint16(i.PKey()), i.Mode(), u, kind)
+	}
+	return b.String(), nil
+}
+
+func (t *Tree) linkWrite(b []byte) error {
+	c, err := parseLinkCmd(b)
+	if err != nil {
+		return err
+	}
+	if !c.add {
+		i, ok := t.e.Interface(c.name)
+		if !ok {
+			return errorf(syscall.ENODEV, "no interface %s", c.name)
+		}
+		p := i.Parent()
+		if p == nil {
+			return errorf(syscall.EOPNOTSUPP, "%s is a port's interface and cannot be deleted", c.name)
+		}
+		return p.RemoveChild(i)
+	}
+	p, ok := t.e.Interface(c.parent)
+	if !ok {
+		return errorf(syscall.ENODEV, "no interface %s", c.parent)
+	}
+	_, err = p.AddLink(ipoib.ChildSpec{Name: c.name, PKey: verbs.PKey(c.pkey), Mode: c.mode, Umcast: c.umcast})
+	return err
 }

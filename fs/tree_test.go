@@ -82,7 +82,7 @@ func TestLayout(t *testing.T) {
 	v := newEnv(t)
 	tr := v.tree
 	for path, want := range map[string][]string{
-		"":                           {"class", "kernel", "module", "sm"},
+		"":                           {"class", "kernel", "link", "module", "sm"},
 		"class":                      {"infiniband", "net"},
 		"class/net":                  {"ib0"},
 		"class/infiniband":           {"n1"},
@@ -108,7 +108,7 @@ func TestLayout(t *testing.T) {
 		t.Errorf("pkeys: %d entries, want the table capacity 64", got)
 	}
 	// Without an SM there is no sm/.
-	if diff := cmp.Diff([]string{"class", "kernel", "module"}, names(t, New(v.e, Options{}), "")); diff != "" {
+	if diff := cmp.Diff([]string{"class", "kernel", "link", "module"}, names(t, New(v.e, Options{}), "")); diff != "" {
 		t.Errorf("root without SM: %s", diff)
 	}
 }

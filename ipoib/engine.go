@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -181,8 +180,8 @@ func (e *Engine) Rename(i *Interface, name string) error {
 	fail := func(errno syscall.Errno, detail string) error {
 		return &Error{Op: "rename", If: i.Name(), Err: errno, Detail: detail}
 	}
-	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
-		return fail(syscall.EINVAL, fmt.Sprintf("%q is not a valid interface name", name))
+	if err := validIfName(name); err != nil {
+		return fail(syscall.EINVAL, err.Error())
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -73,6 +73,7 @@ type Interface struct {
 	// reports one, the groups are derived from the addresses.
 	childOps      sync.Mutex   // serialises CreateChild and DeleteChild of a parent
 	ifIndex       atomic.Int32 // the kernel device's index (SetIfIndex); 0: none
+	legacy        bool         // a create_child child (not AddLink's)
 	leaveMu       sync.Mutex   // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool

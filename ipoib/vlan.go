@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"syscall"
 
 	"ipoibfs/verbs"
@@ -33,15 +34,56 @@ func ChildName(parent string, pkey verbs.PKey) string {
 // Without its P_Key in the port table an up child has no carrier until the subnet
 // manager adds the key.
 func (i *Interface) CreateChild(v int64) (*Interface, error) {
-	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
-		return nil, &Error{Op: "create_child", If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
-	}
-	if i.parent != nil {
-		return fail(syscall.EOPNOTSUPP, "%s is a child: children cannot have children", i.Name())
-	}
 	pkey, ok := NormalizePKey(v)
 	if !ok {
-		return fail(syscall.EINVAL, "P_Key %#x is invalid (0, 0x8000 and values above 0xffff are)", v)
+		return nil, i.childErr("create_child", syscall.EINVAL, "P_Key %#x is invalid (0, 0x8000 and values above 0xffff are)", v)
+	}
+	return i.newChild("create_child", ChildSpec{PKey: pkey}, true)
+}
+
+// ChildSpec is a child as `ip link add ... type ipoib` describes it.
+type ChildSpec struct {
+	Name   string // "" names it as create_child does
+	PKey   verbs.PKey
+	Mode   Mode
+	Umcast bool
+}
+
+// AddLink creates a named child as the driver's netlink ops do (ipoib_new_child_link):
+// any valid interface name, the P_Key (the parent's when 0), mode and umcast set
+// before the device exists. Netlink children may share a P_Key with the parent and with
+// each other (only create_child's children must be unique), and delete_child does
+// not remove them; RemoveChild (ip link del) does.
+func (i *Interface) AddLink(spec ChildSpec) (*Interface, error) {
+	if spec.PKey == 0 {
+		spec.PKey = i.PKey()
+	}
+	if spec.PKey&^verbs.PKeyFullMember == 0 {
+		return nil, i.childErr("add_link", syscall.EINVAL, "P_Key %#x is invalid", uint16(spec.PKey))
+	}
+	spec.PKey |= verbs.PKeyFullMember
+	if err := validIfName(spec.Name); err != nil {
+		return nil, i.childErr("add_link", syscall.EINVAL, "%v", err)
+	}
+	return i.newChild("add_link", spec, false)
+}
+
+func validIfName(name string) error {
+	if name == "" || len(name) > 15 || name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n") {
+		return fmt.Errorf("%q is not a valid interface name", name)
+	}
+	return nil
+}
+
+func (i *Interface) childErr(op string, errno syscall.Errno, format string, a ...any) error {
+	return &Error{Op: op, If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
+}
+
+// newChild makes a child and its device; legacy children (create_child) must have a
+// P_Key unique among the parent and its legacy children.
+func (i *Interface) newChild(op string, spec ChildSpec, legacy bool) (*Interface, error) {
+	if i.parent != nil {
+		return nil, i.childErr(op, syscall.EOPNOTSUPP, "%s is a child: children cannot have children", i.Name())
 	}
 	// One create or delete at a time per parent, device included (the driver holds
 	// the RTNL lock): a child being deleted keeps its device name until it is gone.
@@ -49,7 +91,7 @@ func (i *Interface) CreateChild(v int64) (*Interface, error) {
 	defer i.childOps.Unlock()
 	e := i.e
 	e.mu.Lock()
-	c, err := i.createChildLocked(pkey)
+	c, err := i.createChildLocked(op, spec, legacy)
 	e.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -59,7 +101,7 @@ func (i *Interface) CreateChild(v int64) (*Interface, error) {
 			i.removeChild(c)
 			errno := syscall.EIO
 			errors.As(err, &errno)
-			return fail(errno, "%v", err)
+			return nil, i.childErr(op, errno, "%v", err)
 		}
 	}
 	e.event("%s: created (parent %s, pkey 0x%04x)", c.Name(), i.Name(), uint16(c.PKey()))
@@ -81,32 +123,42 @@ func (i *Interface) removeChild(c *Interface) {
 	c.close()
 }
 
-func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
-	fail := func(errno syscall.Errno, format string, a ...any) (*Interface, error) {
-		return nil, &Error{Op: "create_child", If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
-	}
+func (i *Interface) createChildLocked(op string, spec ChildSpec, legacy bool) (*Interface, error) {
 	e := i.e
 	if e.closed {
-		return fail(syscall.ENODEV, "engine is shutting down")
+		return nil, i.childErr(op, syscall.ENODEV, "engine is shutting down")
 	}
-	i.mu.Lock()
-	dup := i.pkey == pkey
-	for _, c := range i.children {
-		if c.pkey == pkey {
-			dup = true
+	if legacy {
+		i.mu.Lock()
+		dup := i.pkey == spec.PKey
+		for _, c := range i.children {
+			if c.pkey == spec.PKey && c.legacy {
+				dup = true
+			}
+		}
+		i.mu.Unlock()
+		if dup {
+			return nil, i.childErr(op, syscall.ENOTUNIQ, "P_Key 0x%04x is already used by %s or one of its children", uint16(spec.PKey), i.Name())
 		}
 	}
-	i.mu.Unlock()
-	if dup {
-		return fail(syscall.ENOTUNIQ, "P_Key 0x%04x is already used by %s or one of its children", uint16(pkey), i.Name())
+	name := spec.Name
+	if name == "" {
+		name = ChildName(i.Name(), spec.PKey)
 	}
-	name := ChildName(i.Name(), pkey)
 	if _, exists := e.ifs[name]; exists {
-		return fail(syscall.EEXIST, "an interface named %s exists", name)
+		return nil, i.childErr(op, syscall.EEXIST, "an interface named %s exists", name)
 	}
-	c, err := newInterface(e, name, i.port, i, pkey)
+	c, err := newInterface(e, name, i.port, i, spec.PKey)
 	if err != nil {
-		return fail(syscall.ENOMEM, "%v", err)
+		return nil, i.childErr(op, syscall.ENOMEM, "%v", err)
+	}
+	c.legacy = legacy
+	c.umcast = spec.Umcast
+	if spec.Mode == Connected {
+		if err := c.SetMode(Connected); err != nil {
+			c.close()
+			return nil, i.childErr(op, syscall.EINVAL, "%v", err)
+		}
 	}
 	i.mu.Lock()
 	i.children = append(i.children, c)
@@ -116,28 +168,40 @@ func (i *Interface) createChildLocked(pkey verbs.PKey) (*Interface, error) {
 	return c, nil
 }
 
-// DeleteChild removes the child with exactly this P_Key (delete_child). The value must
-// carry the full-membership bit: 0x0001 matches nothing and fails with ENODEV.
+// DeleteChild removes the create_child child with exactly this P_Key (delete_child).
+// The value must carry the full-membership bit: 0x0001 matches nothing and fails with
+// ENODEV. Children made by AddLink are not this file's to delete (ENODEV), as in the
+// driver.
 func (i *Interface) DeleteChild(v int64) error {
-	fail := func(errno syscall.Errno, format string, a ...any) error {
-		return &Error{Op: "delete_child", If: i.Name(), Err: errno, Detail: fmt.Sprintf(format, a...)}
-	}
 	if i.parent != nil {
-		return fail(syscall.EOPNOTSUPP, "%s is a child", i.Name())
+		return i.childErr("delete_child", syscall.EOPNOTSUPP, "%s is a child", i.Name())
 	}
 	if v < 0 || v > 0xffff {
-		return fail(syscall.EINVAL, "P_Key %#x is out of range", v)
+		return i.childErr("delete_child", syscall.EINVAL, "P_Key %#x is out of range", v)
 	}
+	return i.deleteChild("delete_child", func(c *Interface) bool { return c.pkey == verbs.PKey(v) && c.legacy },
+		"no child of %s has P_Key 0x%04x", i.Name(), v)
+}
+
+// RemoveChild deletes child c of any kind, as `ip link del` does.
+func (i *Interface) RemoveChild(c *Interface) error {
+	return i.deleteChild("del_link", func(k *Interface) bool { return k == c }, "%s is not a child of %s", c.Name(), i.Name())
+}
+
+// IsNamed reports a child made by AddLink (a netlink child).
+func (i *Interface) IsNamed() bool { return i.parent != nil && !i.legacy }
+
+func (i *Interface) deleteChild(op string, match func(*Interface) bool, notFound string, a ...any) error {
 	i.childOps.Lock()
 	defer i.childOps.Unlock()
 	e := i.e
 	e.mu.Lock()
 	i.mu.Lock()
-	idx := slices.IndexFunc(i.children, func(c *Interface) bool { return c.pkey == verbs.PKey(v) })
+	idx := slices.IndexFunc(i.children, match)
 	if idx < 0 {
 		i.mu.Unlock()
 		e.mu.Unlock()
-		return fail(syscall.ENODEV, "no child of %s has P_Key 0x%04x", i.Name(), v)
+		return i.childErr(op, syscall.ENODEV, notFound, a...)
 	}
 	c := i.children[idx]
 	i.children = slices.Delete(i.children, idx, idx+1)
@@ -147,7 +211,7 @@ func (i *Interface) DeleteChild(v int64) error {
 	d := e.devices
 	e.mu.Unlock()
 	if d != nil {
-		d.Delete(c) // the device is gone when delete_child returns
+		d.Delete(c) // the device is gone when the write returns
 	}
 	c.close()
 	e.event("%s: deleted", c.Name())

@@ -302,10 +302,10 @@ func (bs *bridges) gone(b *bridge) {
 	name := b.i.Name()
 	if p := b.i.Parent(); p != nil {
 		log.Printf("%s: device deleted with ip link; deleting the child", name)
-		if err := p.DeleteChild(int64(b.i.PKey())); err != nil {
+		if err := p.RemoveChild(b.i); err != nil {
 			log.Printf("%s: %v", name, err)
 		}
-		return // DeleteChild closes the bridge
+		return // RemoveChild closes the bridge
 	}
 	log.Printf("%s: device deleted with ip link; a port's interface cannot be deleted, making the device again", name)
 	bs.mu.Lock()

@@ -63,6 +63,8 @@ func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return execCommand(args[1:], stdin, stdout, stderr)
 		case "status":
 			return statusCommand(args[1:], stdout, stderr)
+		case "link":
+			return linkCommand(args[1:], stdout, stderr)
 		case execChildCmd:
 			return execChild(args[1:], stderr)
 		}
@@ -100,6 +102,7 @@ var subcommands = [][2]string{
 	{"mount [-o OPTS] ADDR DIR", "mount a tree served over 9P on DIR with FUSE (also as mount.ipoibfs)"},
 	{"exec [-tree DIR | -9p ADDR] -- CMD...", "run CMD with the tree bound over /sys's IPoIB paths"},
 	{"status [-tree DIR | -9p ADDR]", "the HCA, its ports and interfaces and the counters that moved, on one screen"},
+	{"link [-tree DIR | -9p ADDR] add|del|show ...", "named children as ip link add ... type ipoib makes them"},
 }
 
 func usage(fl *flag.FlagSet) func() {

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"ipoibfs/fs/ninep"
+)
+
+// linkCommand is iproute2's `ip link add ... type ipoib` for our devices, which the
+// kernel refuses (it has no IPoIB driver for them): it writes the command to the
+// tree's `link` file and shows what that file lists.
+//
+//	ipoibfs link [-tree DIR | -9p ADDR] add link ib0 name NAME type ipoib [pkey P] [mode M] [umcast 0|1]
+//	ipoibfs link [-tree DIR | -9p ADDR] del NAME
+//	ipoibfs link [-tree DIR | -9p ADDR] show [NAME]
+func linkCommand(args []string, stdout, stderr io.Writer) int {
+	fl := flag.NewFlagSet("ipoibfs link", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	tree := fl.String("tree", defaultMount, "the mounted tree")
+	addr := fl.String("9p", "", "the tree served over 9P at this address (unix:PATH or host:port) instead")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	rest := fl.Args()
+	if len(rest) == 0 {
+		rest = []string{"show"}
+	}
+	var read func() ([]byte, error)
+	var write func(string) error
+	if *addr != "" {
+		conn, err := dial9P(*addr)
+		if err != nil {
+			fmt.Fprintln(stderr, "ipoibfs link:", err)
+			return exitError
+		}
+		c, err := ninep.NewClient(conn)
+		if err != nil {
+			conn.Close()
+			fmt.Fprintln(stderr, "ipoibfs link:", err)
+			return exitError
+		}
+		defer c.Close()
+		read = func() ([]byte, error) { return c.ReadFile("link") }
+		write = func(s string) error { return c.WriteFile("link", []byte(s)) }
+	} else {
+		p := filepath.Join(*tree, "link")
+		read = func() ([]byte, error) { return os.ReadFile(p) }
+		write = func(s string) error { return os.WriteFile(p, []byte(s), 0) }
+	}
+	switch rest[0] {
+	case "add", "del", "delete":
+		if err := write(strings.Join(rest, " ") + "\n"); err != nil {
+			fmt.Fprintf(stderr, "ipoibfs link %s: %v (the daemon's log says why)\n", rest[0], err)
+			return exitError
+		}
+		return exitOK
+	case "show", "list", "ls":
+		b, err := read()
+		if err != nil {
+			fmt.Fprintln(stderr, "ipoibfs link show:", err)
+			return exitError
+		}
+		found := len(rest) == 1
+		for _, l := range strings.SplitAfter(string(b), "\n") {
+			name, _, _ := strings.Cut(l, ":")
+			name, _, _ = strings.Cut(name, "@")
+			if l != "" && (len(rest) == 1 || name == rest[1]) {
+				fmt.Fprint(stdout, l)
+				found = true
+			}
+		}
+		if !found {
+			fmt.Fprintf(stderr, "ipoibfs link show: no interface %s\n", rest[1])
+			return exitError
+		}
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "ipoibfs link: unknown command %q (add, del, show)\n", rest[0])
+	return exitUsage
+}
