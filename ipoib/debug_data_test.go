@@ -17,7 +17,7 @@ func TestDataDebugTracesOnlyWhenSet(t *testing.T) {
 	_, nodes := testFabric(t, "", "a", "b")
 	var buf testenv.Buffer
 	a, b := nodes[0], nodes[1]
-	a.e.log = log.New(&buf, "", 0)
+	a.e.trace = log.New(&buf, "", 0)
 	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
 	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
