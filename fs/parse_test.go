@@ -2,6 +2,8 @@ package fs
 
 import (
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 
 	"ipoibfs/verbs"
@@ -61,4 +63,23 @@ func TestParseUintToken(t *testing.T) {
 			t.Errorf("parseUintToken(%q) = %d, %v", c.in, v, ok)
 		}
 	}
+}
+
+// FuzzKstrtoul: what kstrtoul accepts is a number strconv reads the same way, with at
+// most one trailing newline and an optional '+'.
+func FuzzKstrtoul(f *testing.F) {
+	for _, s := range []string{"0x1003\n", "4098", "010", "+7", "18446744073709551615", "18446744073709551616", "0x", "-1", "1\n\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := kstrtoul(b)
+		if err != nil {
+			return
+		}
+		s := strings.TrimPrefix(strings.TrimSuffix(string(b), "\n"), "+")
+		w, perr := strconv.ParseUint(s, 0, 64)
+		if perr != nil || w != v {
+			t.Fatalf("kstrtoul(%q) = %d; strconv says %d, %v", b, v, w, perr)
+		}
+	})
 }

@@ -251,3 +251,17 @@ func TestDeviceFeaturesAndSpeed(t *testing.T) {
 		t.Errorf("ethtool after SetSpeed(40000): %v\n%s", err, out)
 	}
 }
+
+// FuzzParseIGMP: the kernel's multicast tables never make the parsers fail or return
+// a group that is not multicast.
+func FuzzParseIGMP(f *testing.F) {
+	f.Add([]byte("Idx\tDevice    : Count Querier\tGroup    Users Timer\tReporter\n7\tib0       :     2      V3\n\t\t\t\t030201EF     1 0:00000000\t\t0\n"), 7)
+	f.Add([]byte("7    ib0             ff0200000000000000000001ff001234     1 00000004 0\n"), 7)
+	f.Fuzz(func(t *testing.T, b []byte, index int) {
+		for _, g := range append(parseIGMP(b, index), parseIGMP6(b, index)...) {
+			if !g.IsMulticast() {
+				t.Fatalf("%v is not multicast", g)
+			}
+		}
+	})
+}
