@@ -270,3 +270,32 @@ func groupsText(gs []sadb.Group) string {
 	}
 	return b.String()
 }
+
+// dhcpAttrs are class/net/<if>/dhcp/: the DHCP client identifiers the vendor guide
+// describes for IPoIB (RFC 4390: the 20-byte hardware address does not fit chaddr, so
+// the client identifier option names the client), for an admin to put into a DHCP
+// server's host reservations.
+var dhcpAttrs = []ifAttr{
+	// The boot firmware's form: ff:00:00:00:00:00:02:00:00:02:c9:00: and the port GUID.
+	{name: "client_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		g := i.HWAddr().GID()
+		return colonHex(append([]byte{0xff, 0, 0, 0, 0, 0, 0x02, 0, 0, 0x02, 0xc9, 0}, g[8:]...)), nil
+	}},
+	// The older form: type 0x20 (InfiniBand) and the 20-byte hardware address.
+	{name: "client_id_hwaddr", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		hw := i.HWAddr()
+		return colonHex(append([]byte{0x20}, hw[:]...)), nil
+	}},
+}
+
+func colonHex(b []byte) string {
+	var s strings.Builder
+	for k, c := range b {
+		if k > 0 {
+			s.WriteByte(':')
+		}
+		fmt.Fprintf(&s, "%02x", c)
+	}
+	s.WriteByte('\n')
+	return s.String()
+}

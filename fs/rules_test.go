@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 )
@@ -116,5 +117,23 @@ func TestNetAdminNeeded(t *testing.T) {
 	}
 	if got, _ := read(v.tree, "class/net/ib0/mtu"); got != "2044\n" {
 		t.Errorf("mtu after a refused write: %q", got)
+	}
+}
+
+// The DHCP client identifiers of the vendor guide: the boot firmware's form (a fixed
+// prefix and the port GUID) and the older one (0x20 and the hardware address).
+func TestDHCPClientIDs(t *testing.T) {
+	v := newEnv(t)
+	hw := v.ib0.HWAddr()
+	g := hw.GID()
+	want := "ff:00:00:00:00:00:02:00:00:02:c9:00"
+	for _, c := range g[8:] {
+		want += fmt.Sprintf(":%02x", c)
+	}
+	if got, _ := read(v.tree, "class/net/ib0/dhcp/client_id"); got != want+"\n" {
+		t.Errorf("client_id = %q, want %q", got, want)
+	}
+	if got, _ := read(v.tree, "class/net/ib0/dhcp/client_id_hwaddr"); got != "20:"+hw.String()+"\n" {
+		t.Errorf("client_id_hwaddr = %q, want 20:%s", got, hw)
 	}
 }

@@ -201,6 +201,13 @@ func (t *Tree) ifDir(dir, name string, child bool) *Node {
 			out = append(out, t.ifFile(d, name, a))
 		}
 		out = append(out,
+			t.dir(d, "dhcp", func(d string) ([]*Node, error) {
+				out := make([]*Node, len(dhcpAttrs))
+				for k := range dhcpAttrs {
+					out[k] = t.ifFile(d, name, &dhcpAttrs[k])
+				}
+				return out, nil
+			}),
 			t.dir(d, "ethtool", func(d string) ([]*Node, error) {
 				out := make([]*Node, len(ethtoolAttrs))
 				for k := range ethtoolAttrs {

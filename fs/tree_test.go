@@ -90,7 +90,7 @@ func TestLayout(t *testing.T) {
 		"class/infiniband/n1/ports":  {"1"},
 		"kernel/debug/ipoib":         {"ib0_mcg", "ib0_path"},
 		"module/ib_ipoib/parameters": ipoib.ParamNames,
-		"class/net/ib0": {"addr_len", "address", "broadcast", "carrier", "create_child", "delete_child", "dev_id", "dev_port",
+		"class/net/ib0": {"addr_len", "address", "broadcast", "carrier", "create_child", "delete_child", "dev_id", "dev_port", "dhcp",
 			"ethtool", "flags", "ifindex", "iflink", "mode", "mtu", "operstate", "pkey", "statistics", "tx_queue_len", "type", "umcast"},
 		"class/net/ib0/ethtool": {"coalesce", "features", "statistics"},
 		"class/net/ib0/statistics": { // net-sysfs's 24
