@@ -297,6 +297,16 @@ func (bs *bridges) Delete(i *ipoib.Interface) {
 	}
 }
 
+// device returns the interface's kernel device, nil without one.
+func (bs *bridges) device(i *ipoib.Interface) *kernel.Device {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if b := bs.m[i]; b != nil {
+		return b.dev
+	}
+	return nil
+}
+
 // gone handles a device deleted outside ipoibfs.
 func (bs *bridges) gone(b *bridge) {
 	name := b.i.Name()

@@ -154,6 +154,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fabric := fl.String("fabric", "", "join the fabric whose subnet manager listens on this UDP `address`")
 	listen := fl.String("listen", "127.0.0.1:0", "UDP `address` of port 1 when joining a fabric")
 	partFile := fl.String("partitions", "", "OpenSM partitions.conf `file` for the subnet manager")
+	configDir := fl.String("config", "", "apply the network-scripts ifcfg-ib* files of this `directory` at start and on SIGHUP")
 	netns := fl.String("netns", "", "place the kernel interfaces in this network `namespace` (created if missing)")
 	mountDir := fl.String("mount", defaultMount, "mount the control tree here with FUSE (\"\" disables)")
 	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
@@ -286,6 +287,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		log.Printf("%s: up, hardware address %s", i.Name(), i.HWAddr())
 	}
+	var ifcfgs *ifcfgApplier
+	if *configDir != "" {
+		ifcfgs = &ifcfgApplier{dir: *configDir, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}}
+		ifcfgs.apply(log.Printf)
+	}
 	tree := fs.New(eng, fs.Options{SM: hca.SM(), Log: func(l string) { log.Print(l) }, Events: evlog})
 	if ninepLn != nil {
 		defer ninepLn.serve(tree, *trustUname)()
@@ -331,9 +337,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 				}
 				return nil
 			}
+			if ifcfgs != nil {
+				ifcfgs.apply(log.Printf)
+				log.Printf("SIGHUP: interface files applied from %s", *configDir)
+			}
 			sm := hca.SM()
 			if sm == nil || *partFile == "" {
-				log.Printf("SIGHUP: nothing to reload (no subnet manager here or no -partitions file)")
+				if ifcfgs == nil {
+					log.Printf("SIGHUP: nothing to reload (no subnet manager here or no -partitions file, no -config)")
+				}
 				continue
 			}
 			p, err := loadPartitions(*partFile)

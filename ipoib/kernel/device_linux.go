@@ -439,6 +439,32 @@ func (d *Device) Offloads() Offloads {
 	return d.offloads
 }
 
+// AddAddr adds an IPv4 or IPv6 address (with its broadcast, if valid) to the device;
+// an address it already has is not an error.
+func (d *Device) AddAddr(p netip.Prefix, broadcast netip.Addr) error {
+	return d.control(func() error {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if broadcast.IsValid() {
+			a.Broadcast = broadcast.AsSlice()
+		}
+		if err := d.h.AddrAdd(d.link, a); err != nil && !errors.Is(err, unix.EEXIST) {
+			return d.errorf("add address %s: %w", p, err)
+		}
+		return nil
+	})
+}
+
+// DelAddr removes an address; one the device does not have is not an error.
+func (d *Device) DelAddr(p netip.Prefix) error {
+	return d.control(func() error {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		if err := d.h.AddrDel(d.link, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return d.errorf("delete address %s: %w", p, err)
+		}
+		return nil
+	})
+}
+
 // SetName renames the device (the kernel refuses while it is up: EBUSY).
 func (d *Device) SetName(name string) error {
 	if err := validName(name); err != nil {

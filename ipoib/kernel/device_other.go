@@ -93,3 +93,9 @@ func (d *Device) SetSpeed(mbps int) error { return d.unsupported() }
 
 // Index returns 0.
 func (d *Device) Index() int { return 0 }
+
+// AddAddr is not supported.
+func (d *Device) AddAddr(p netip.Prefix, broadcast netip.Addr) error { return d.unsupported() }
+
+// DelAddr is not supported.
+func (d *Device) DelAddr(p netip.Prefix) error { return d.unsupported() }

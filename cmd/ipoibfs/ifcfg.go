@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"ipoibfs/ipoib"
+	"ipoibfs/verbs"
+)
+
+// ifcfg is one network-scripts interface file (ifcfg-ib0, ifcfg-ib0.8003), as the
+// vendor guide configures IPoIB: what the daemon applies from it.
+type ifcfg struct {
+	file      string
+	device    string
+	onboot    bool
+	addr      netip.Prefix // IPADDR with NETMASK/PREFIX; invalid: none
+	broadcast netip.Addr
+	mtu       int
+	mode      *ipoib.Mode // CONNECTED_MODE; nil: unchanged
+	pkey      int64       // PKEY=yes: the child's P_Key (PKEY_ID), full-member bit set
+	physdev   string
+	unknown   []string // "file:line: KEY" of keys ignored
+}
+
+// ifcfgError is "file:line: reason".
+type ifcfgError struct {
+	file string
+	line int
+	msg  string
+}
+
+func (e *ifcfgError) Error() string { return fmt.Sprintf("%s:%d: %s", e.file, e.line, e.msg) }
+
+// parseIfcfg reads one file: KEY=VALUE lines, values optionally in single or double
+// quotes (no expansion), # comments. Every value is checked; the first bad one is the
+// file's error, and nothing of a bad file is applied.
+func parseIfcfg(file string, b []byte) (*ifcfg, error) {
+	c := &ifcfg{file: file, onboot: true}
+	base := filepath.Base(file)
+	c.device = strings.TrimPrefix(base, "ifcfg-")
+	lines := map[string]int{}
+	vals := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		l := strings.TrimSpace(sc.Text())
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t") {
+			return nil, &ifcfgError{base, n, fmt.Sprintf("%q is not KEY=VALUE", clipLine(l))}
+		}
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+			v = v[1 : len(v)-1]
+		} else if strings.ContainsAny(v, "\"'` $") {
+			return nil, &ifcfgError{base, n, fmt.Sprintf("%s: unbalanced quotes or shell syntax in %q", k, clipLine(v))}
+		}
+		vals[k], lines[k] = v, n
+	}
+	if err := sc.Err(); err != nil {
+		return nil, &ifcfgError{base, 0, err.Error()}
+	}
+	bad := func(k, format string, a ...any) error {
+		return &ifcfgError{base, lines[k], k + ": " + fmt.Sprintf(format, a...)}
+	}
+	yesNo := func(k string) (bool, error) {
+		switch strings.ToLower(vals[k]) {
+		case "yes", "y", "1", "true":
+			return true, nil
+		case "no", "n", "0", "false":
+			return false, nil
+		}
+		return false, bad(k, "%q is neither yes nor no", vals[k])
+	}
+	for k := range vals {
+		switch k {
+		case "DEVICE", "TYPE", "ONBOOT", "BOOTPROTO", "IPADDR", "NETMASK", "PREFIX", "BROADCAST", "NETWORK",
+			"MTU", "CONNECTED_MODE", "PKEY", "PKEY_ID", "PHYSDEV", "NAME", "USERCTL", "NM_CONTROLLED":
+		case "MASTER", "SLAVE", "BONDING_OPTS":
+			return nil, bad(k, "bonding is not supported yet")
+		default:
+			c.unknown = append(c.unknown, fmt.Sprintf("%s:%d: %s", base, lines[k], k))
+		}
+	}
+	sort.Strings(c.unknown)
+	if d, ok := vals["DEVICE"]; ok {
+		if d != c.device {
+			return nil, bad("DEVICE", "%q is not the file's interface %q", d, c.device)
+		}
+	}
+	if t, ok := vals["TYPE"]; ok && !strings.EqualFold(t, "InfiniBand") {
+		return nil, bad("TYPE", "%q: only InfiniBand interfaces are ipoibfs's", t)
+	}
+	if _, ok := vals["ONBOOT"]; ok {
+		on, err := yesNo("ONBOOT")
+		if err != nil {
+			return nil, err
+		}
+		c.onboot = on
+	}
+	switch p := strings.ToLower(vals["BOOTPROTO"]); p {
+	case "", "none", "static":
+	case "dhcp", "bootp":
+		return nil, bad("BOOTPROTO", "%s is not supported yet (see class/net/%s/dhcp/ for the client identifiers)", p, c.device)
+	default:
+		return nil, bad("BOOTPROTO", "%q: static, none or dhcp", vals["BOOTPROTO"])
+	}
+	if a, ok := vals["IPADDR"]; ok && a != "" {
+		ip, err := netip.ParseAddr(a)
+		if err != nil || !ip.Is4() {
+			return nil, bad("IPADDR", "%q is not an IPv4 address", a)
+		}
+		bits := -1
+		if m, ok := vals["NETMASK"]; ok && m != "" {
+			mask, err := netip.ParseAddr(m)
+			if err != nil || !mask.Is4() {
+				return nil, bad("NETMASK", "%q is not an IPv4 netmask", m)
+			}
+			if bits = maskBits(mask.As4()); bits < 0 {
+				return nil, bad("NETMASK", "%q is not contiguous", m)
+			}
+		}
+		if p, ok := vals["PREFIX"]; ok && p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n < 0 || n > 32 {
+				return nil, bad("PREFIX", "%q is not 0..32", p)
+			}
+			if bits >= 0 && bits != n {
+				return nil, bad("PREFIX", "%d contradicts NETMASK (/%d)", n, bits)
+			}
+			bits = n
+		}
+		if bits < 0 { // ifup's ipcalc default: the address's class
+			switch first := ip.As4()[0]; {
+			case first < 128:
+				bits = 8
+			case first < 192:
+				bits = 16
+			default:
+				bits = 24
+			}
+		}
+		c.addr = netip.PrefixFrom(ip, bits)
+		if b, ok := vals["BROADCAST"]; ok && b != "" {
+			bc, err := netip.ParseAddr(b)
+			if err != nil || !bc.Is4() {
+				return nil, bad("BROADCAST", "%q is not an IPv4 address", b)
+			}
+			c.broadcast = bc
+		}
+	}
+	if m, ok := vals["MTU"]; ok && m != "" {
+		n, err := strconv.Atoi(m)
+		if err != nil || n < 68 || n > 65520 {
+			return nil, bad("MTU", "%q is not 68..65520", m)
+		}
+		c.mtu = n
+	}
+	if _, ok := vals["CONNECTED_MODE"]; ok {
+		on, err := yesNo("CONNECTED_MODE")
+		if err != nil {
+			return nil, err
+		}
+		m := ipoib.Datagram
+		if on {
+			m = ipoib.Connected
+		}
+		c.mode = &m
+	}
+	if _, ok := vals["PKEY"]; ok {
+		on, err := yesNo("PKEY")
+		if err != nil {
+			return nil, err
+		}
+		if on {
+			if t := vals["TYPE"]; !strings.EqualFold(t, "InfiniBand") {
+				return nil, bad("PKEY", "a partition interface needs TYPE=InfiniBand")
+			}
+			id, err := strconv.ParseInt(vals["PKEY_ID"], 0, 64)
+			if err != nil || id <= 0 || id > 0xffff || id&0x7fff == 0 {
+				return nil, bad("PKEY_ID", "%q is not a P_Key", vals["PKEY_ID"])
+			}
+			c.pkey = id | 0x8000
+			c.physdev = vals["PHYSDEV"]
+			if c.physdev == "" {
+				return nil, bad("PKEY", "PHYSDEV (the parent interface) is missing")
+			}
+			if want := ipoib.ChildName(c.physdev, verbs.PKey(c.pkey)); c.device != want {
+				return nil, bad("PKEY_ID", "the child of %s with P_Key 0x%04x is %s, not %s", c.physdev, c.pkey, want, c.device)
+			}
+		}
+	}
+	return c, nil
+}
+
+func maskBits(m [4]byte) int {
+	v := uint32(m[0])<<24 | uint32(m[1])<<16 | uint32(m[2])<<8 | uint32(m[3])
+	n := 0
+	for v&0x80000000 != 0 {
+		n++
+		v <<= 1
+	}
+	if v != 0 {
+		return -1
+	}
+	return n
+}
+
+func clipLine(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
+
+// loadIfcfgDir parses every ifcfg-* file of dir. Bad files are returned as errors and
+// left out; the good ones come back parents first.
+func loadIfcfgDir(dir string) ([]*ifcfg, []error) {
+	names, err := filepath.Glob(filepath.Join(dir, "ifcfg-*"))
+	if err != nil {
+		return nil, []error{err}
+	}
+	var out []*ifcfg
+	var errs []error
+	for _, n := range names {
+		if strings.HasSuffix(n, "~") || strings.HasSuffix(n, ".bak") || strings.HasSuffix(n, ".orig") {
+			continue // editor leftovers, as network-scripts skips them
+		}
+		b, err := os.ReadFile(n)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		c, err := parseIfcfg(n, b)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, c)
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].pkey == 0 && out[b].pkey != 0 })
+	return out, errs
+}
+
+// ifcfgApplier applies ifcfg files to the engine and the kernel devices, remembering
+// the address it set on each interface so that an edited file replaces it.
+type ifcfgApplier struct {
+	dir   string
+	eng   *ipoib.Engine
+	brs   *bridges
+	addrs map[string]netip.Prefix
+}
+
+// apply loads the directory and applies every good file; each problem is logged as
+// "file:line: reason" and the other files still apply.
+func (a *ifcfgApplier) apply(logf func(string, ...any)) {
+	cfgs, errs := loadIfcfgDir(a.dir)
+	for _, err := range errs {
+		logf("%v; the file is not applied", err)
+	}
+	for _, c := range cfgs {
+		for _, u := range c.unknown {
+			logf("%s: unknown key ignored", u)
+		}
+		if err := a.applyOne(c); err != nil {
+			logf("%s: %v", filepath.Base(c.file), err)
+		}
+	}
+}
+
+func (a *ifcfgApplier) applyOne(c *ifcfg) error {
+	if !c.onboot {
+		return nil // ONBOOT=no: left to the administrator
+	}
+	i, ok := a.eng.Interface(c.device)
+	if !ok && c.pkey != 0 {
+		p, ok := a.eng.Interface(c.physdev)
+		if !ok {
+			return fmt.Errorf("PHYSDEV %s: no such interface", c.physdev)
+		}
+		var err error
+		if i, err = p.CreateChild(c.pkey); err != nil {
+			return err
+		}
+	}
+	if i == nil {
+		return fmt.Errorf("no interface %s", c.device)
+	}
+	if err := i.SetUp(true); err != nil {
+		return err
+	}
+	if c.mode != nil {
+		if err := i.SetMode(*c.mode); err != nil {
+			return err
+		}
+	}
+	if c.mtu != 0 {
+		if err := i.SetMTU(c.mtu); err != nil {
+			return err
+		}
+	}
+	prev, had := a.addrs[c.device]
+	if !c.addr.IsValid() && !had {
+		return nil
+	}
+	dev := a.brs.device(i)
+	if dev == nil {
+		return fmt.Errorf("%s has no kernel device to put %s on", c.device, c.addr)
+	}
+	if had && prev != c.addr {
+		if err := dev.DelAddr(prev); err != nil {
+			return err
+		}
+		delete(a.addrs, c.device)
+	}
+	if c.addr.IsValid() {
+		if err := dev.AddAddr(c.addr, c.broadcast); err != nil {
+			return err
+		}
+		a.addrs[c.device] = c.addr
+	}
+	return nil
+}
