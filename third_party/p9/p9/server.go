@@ -559,11 +559,14 @@ func (cs *connState) handleRequest() bool {
 	}
 
 	// Handle the message.
-	if rd, ok := m.(*tread); ok { // ipoibfs patch: a read can learn of its flush
+	rd, isRead := m.(*tread)
+	if isRead { // ipoibfs patch: a read can learn of its flush
 		rd.flushed = cs.flushChan(tag)
-		defer func() { rd.flushed = nil }()
 	}
 	r := cs.handle(m)
+	if isRead {
+		rd.flushed = nil // before the message goes back to the pool
+	}
 
 	// Clear the tag before sending. That's because as soon as this
 	// hits the wire, the client can legally send another message
