@@ -17,7 +17,7 @@
 //     ports; fabrickey.go: the optional fabric key that authenticates them and every MAD.
 //   - capture.go: a per-port tap below the fault injector for the tree's capture files.
 //
-// Packets are encoded with verbs/wire (LRH-less RoCEv2: BTH, DETH/RETH/AETH, ICRC), so
+// Packets are encoded with verbs/wire (a UDP payload starting at the BTH, as RoCEv2), so
 // tshark decodes a capture of the UDP fabric, and the SA answers raw SA MADs the same
 // way OpenSM does (checked against OpenSM on ibsim in the conformance tests).
 package soft
