@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"ipoibfs/ipoib"
-	"ipoibfs/verbs/soft/partitions"
 )
 
 // Error is a failed tree operation: the errno the caller sees and, for the log, why.
@@ -40,14 +39,19 @@ func Errno(err error) syscall.Errno {
 	return errno
 }
 
+// maxCommitBytes bounds what a handle of a commit file (sm/partitions) accumulates:
+// the largest partitions.conf the subnet manager reads.
+const maxCommitBytes = 1 << 20
+
 // describe returns err's errno and the reason for the log line.
 func describe(err error) (syscall.Errno, string) {
 	if err == nil {
 		return 0, ""
 	}
-	var pe *partitions.Error
+	var pe interface{ LineReason() (int, string) } // a configuration file's error
 	if errors.As(err, &pe) {
-		return syscall.EINVAL, fmt.Sprintf("line %d: %s", pe.Line, pe.Reason)
+		line, reason := pe.LineReason()
+		return syscall.EINVAL, fmt.Sprintf("line %d: %s", line, reason)
 	}
 	var errno syscall.Errno
 	hasErrno := errors.As(err, &errno)
@@ -286,8 +290,8 @@ func (h *Handle) Write(p []byte) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.n.commit != nil {
-		if len(h.acc)+len(p) > partitions.MaxFileBytes {
-			return 0, h.n.t.audit(h.c, h.n.path, p, errorf(syscall.EFBIG, "more than %d bytes written", partitions.MaxFileBytes))
+		if len(h.acc)+len(p) > maxCommitBytes {
+			return 0, h.n.t.audit(h.c, h.n.path, p, errorf(syscall.EFBIG, "more than %d bytes written", maxCommitBytes))
 		}
 		h.acc = append(h.acc, p...)
 		h.dirty = true

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"bytes"
 	"fmt"
 	"sort"
 	"strconv"
@@ -12,8 +11,6 @@ import (
 
 	"ipoibfs/ipoib"
 	"ipoibfs/verbs"
-	"ipoibfs/verbs/soft"
-	"ipoibfs/verbs/soft/partitions"
 )
 
 // Options configure a Tree.
@@ -25,7 +22,7 @@ type Options struct {
 	// nil discards.
 	Log func(string)
 	// SM, if set, adds sm/ with the subnet manager's partitions, nodes and groups.
-	SM *soft.SM
+	SM SubnetManager
 	// Events, if set, adds the root file `events` (root's only, as debugfs): every
 	// open follows the lines emitted from then on. Every write's log line goes there too.
 	Events *EventLog
@@ -34,7 +31,7 @@ type Options struct {
 // Tree is the control tree of one engine.
 type Tree struct {
 	e      *ipoib.Engine
-	sm     *soft.SM
+	sm     SubnetManager
 	log    func(string)
 	events *EventLog
 
@@ -45,6 +42,20 @@ type Tree struct {
 	nextID uint64
 
 	root *Node
+}
+
+// SubnetManager is what sm/ shows and changes, as text: the subnet manager running on
+// this node (the soft HCA's implements it; a node without one has no sm/).
+type SubnetManager interface {
+	PartitionsText() string
+	// SetPartitionsText applies a whole partitions.conf; a bad one changes nothing and
+	// its error says where (LineReason, see describe).
+	SetPartitionsText(name string, conf []byte) error
+	FaultsText() string
+	SetFaultsText(spec string) error
+	GroupsText() string
+	NodesText() string
+	AuthFailures() uint64
 }
 
 // New builds the tree of engine e.
@@ -497,28 +508,20 @@ func (t *Tree) portDir(dir string, dev verbs.Device, num int) *Node {
 
 func (t *Tree) listSM(dir string) ([]*Node, error) {
 	sm := t.sm
-	parts := t.file(dir, "partitions", 0644, func() (string, error) { return sm.Partitions().String(), nil }, nil)
-	parts.commit = func(b []byte) error {
-		c, err := partitions.Parse("sm/partitions", bytes.NewReader(b))
-		if err != nil {
-			return err
-		}
-		sm.SetPartitions(c)
-		return nil
-	}
-	faults := t.file(dir, "faults", 0644, func() (string, error) { return sm.Faults().String(), nil }, func(b []byte) error {
-		f, err := soft.ParseFaults(sm.Faults(), string(b))
-		if err != nil {
+	parts := t.file(dir, "partitions", 0644, func() (string, error) { return sm.PartitionsText(), nil }, nil)
+	parts.commit = func(b []byte) error { return sm.SetPartitionsText("sm/partitions", b) }
+	faults := t.file(dir, "faults", 0644, func() (string, error) { return sm.FaultsText(), nil }, func(b []byte) error {
+		if err := sm.SetFaultsText(string(b)); err != nil {
 			return &Error{Errno: syscall.EINVAL, Detail: err.Error()}
 		}
-		return sm.SetFaults(f)
+		return nil
 	})
 	return []*Node{
 		// Management messages the SM's port dropped for want of a valid fabric-key MAC.
 		t.file(dir, "auth_failures", 0444, func() (string, error) { return fmt.Sprintf("%d\n", sm.AuthFailures()), nil }, nil),
 		faults,
-		t.file(dir, "groups", 0444, func() (string, error) { return groupsText(sm.DB().Groups()), nil }, nil),
-		t.file(dir, "nodes", 0444, func() (string, error) { return nodesText(sm.Nodes()), nil }, nil),
+		t.file(dir, "groups", 0444, func() (string, error) { return sm.GroupsText(), nil }, nil),
+		t.file(dir, "nodes", 0444, func() (string, error) { return sm.NodesText(), nil }, nil),
 		parts,
 	}, nil
 }

@@ -292,7 +292,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		ifcfgs = &ifcfgApplier{dir: *configDir, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}}
 		ifcfgs.apply(log.Printf)
 	}
-	tree := fs.New(eng, fs.Options{SM: hca.SM(), Log: func(l string) { log.Print(l) }, Events: evlog})
+	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog}
+	if sm := hca.SM(); sm != nil { // a nil *soft.SM in the interface would not be nil
+		topts.SM = sm
+	}
+	tree := fs.New(eng, topts)
 	if ninepLn != nil {
 		defer ninepLn.serve(tree, *trustUname)()
 		ninepLn = nil

@@ -63,7 +63,11 @@ func NewEnv(t testing.TB, name string) *Env {
 	}
 	WaitFor(t, "ib0 carrier", ib0.Carrier)
 	ls := &LogSink{}
-	return &Env{HCA: h, Engine: e, IB0: ib0, Tree: fs.New(e, fs.Options{Log: ls.Add, SM: h.SM()}), Log: ls}
+	o := fs.Options{Log: ls.Add}
+	if sm := h.SM(); sm != nil {
+		o.SM = sm
+	}
+	return &Env{HCA: h, Engine: e, IB0: ib0, Tree: fs.New(e, o), Log: ls}
 }
 
 // WaitFor polls cond for up to 10 s.

@@ -162,6 +162,9 @@ type Error struct {
 	Reason string
 }
 
+// LineReason lets a caller that does not import this package report the line.
+func (e *Error) LineReason() (int, string) { return e.Line, e.Reason }
+
 func (e *Error) Error() string { return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Reason) }
 
 // Port describes a port the SM knows, for resolving member lists.
