@@ -382,6 +382,9 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 		i.stats.txDropped.Add(uint64(len(wrs)))
 		return
 	}
+	if dataDebug {
+		i.e.cmdtracef("%s: cm tx %d messages, %d bytes to %s", i.Name(), len(wrs), bytes, t.hw)
+	}
 	n, err := qp.PostSend(wrs)
 	if err != nil {
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
@@ -473,6 +476,9 @@ func (i *Interface) cmRecvLoop() {
 					continue
 				}
 				frame := buf[:wc.ByteLen]
+				if dataDebug {
+					i.e.cmdtracef("%s: cm rx %d bytes on QPN %#x", i.Name(), len(frame), wc.QPN)
+				}
 				et := binary.BigEndian.Uint16(frame)
 				pkt := frame[encapLen:]
 				if et != etherIPv4 && et != etherIPv6 {

@@ -329,6 +329,14 @@ func (e *Engine) dtracef(format string, a ...any) {
 	}
 }
 
+// cmdtracef is the connected-mode data path's trace (the driver's ipoib_cm data
+// debug), when cm_data_debug_level > 0 in a data-debug build.
+func (e *Engine) cmdtracef(format string, a ...any) {
+	if dataDebug && e.params.CMDataDebugLevel.Load() > 0 {
+		e.trace.Printf("ipoib cm data: "+format, a...)
+	}
+}
+
 // jiffies emulates the kernel's jiffies counter (HZ=250, starting 5 minutes before wrap
 // as INITIAL_JIFFIES does), for the "created" field of <if>_mcg.
 func (e *Engine) jiffies(t time.Time) int64 {
