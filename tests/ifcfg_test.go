@@ -64,3 +64,22 @@ func TestIfcfgFiles(t *testing.T) {
 	}
 	mustRun(t, "ip", "netns", "exec", nsB, "ping", "-c", "2", "-i", "0.2", "-W", "2", "10.97.0.11")
 }
+
+// The installer-style file: IPADDR_ib0=10.4.'*'.'*' takes its last two octets from the
+// namespace's eth0.
+func TestIfcfgInstallerFile(t *testing.T) {
+	requireE2E(t)
+	ns := netns(t, "ii")
+	mustRun(t, "ip", "netns", "add", ns)
+	mustRun(t, "ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	mustRun(t, "ip", "-n", ns, "addr", "add", "192.168.3.7/24", "dev", "eth0")
+	file := filepath.Join(t.TempDir(), "openib.conf")
+	if err := os.WriteFile(file, []byte("IPADDR_ib0=10.4.'*'.'*'\nNETMASK_ib0=255.255.0.0\nONBOOT_ib0=1\nLAN_INTERFACE_ib0=\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startDaemon(t, "ii", "-netns", ns, "-config", file)
+	waitLink(t, ns, "ib0")
+	waitUntil(t, "10.4.3.7/16 on ib0", func() bool {
+		return strings.Contains(ipOut(t, ns, "addr", "show", "dev", "ib0"), "inet 10.4.3.7/16")
+	})
+}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"ipoibfs/ipoib"
+	"ipoibfs/ipoib/kernel"
 	"ipoibfs/verbs"
 )
 
@@ -253,7 +254,8 @@ func loadIfcfgDir(dir string) ([]*ifcfg, []error) {
 // ifcfgApplier applies ifcfg files to the engine and the kernel devices, remembering
 // the address it set on each interface so that an edited file replaces it.
 type ifcfgApplier struct {
-	dir   string
+	dir   string // a directory of ifcfg-* files, or one installer-style file
+	netns string // where the LAN interface of an installer file is
 	eng   *ipoib.Engine
 	brs   *bridges
 	addrs map[string]netip.Prefix
@@ -262,7 +264,19 @@ type ifcfgApplier struct {
 // apply loads the directory and applies every good file; each problem is logged as
 // "file:line: reason" and the other files still apply.
 func (a *ifcfgApplier) apply(logf func(string, ...any)) {
-	cfgs, errs := loadIfcfgDir(a.dir)
+	var cfgs []*ifcfg
+	var errs []error
+	if st, err := os.Stat(a.dir); err == nil && !st.IsDir() {
+		b, err := os.ReadFile(a.dir)
+		if err == nil {
+			cfgs, err = parseInstallerFile(a.dir, b, a.lanAddr)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		cfgs, errs = loadIfcfgDir(a.dir)
+	}
 	for _, err := range errs {
 		logf("%v; the file is not applied", err)
 	}
@@ -328,4 +342,136 @@ func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 		a.addrs[c.device] = c.addr
 	}
 	return nil
+}
+
+// parseInstallerFile reads the installer-style static file the vendor guide shows
+// (IPADDR_ib0=, NETMASK_ib0=, NETWORK_ib0=, BROADCAST_ib0=, ONBOOT_ib0=,
+// LAN_INTERFACE_ib0=): one ifcfg per interface named. Values are shell words without
+// expansion, so IPADDR_ib0=10.4.'*'.'*' is the pattern 10.4.*.*, each * the matching
+// octet of the LAN interface's IPv4 address (lan looks it up; an empty LAN_INTERFACE
+// means the first eth<n> that exists).
+func parseInstallerFile(file string, b []byte, lan func(name string) (netip.Addr, error)) ([]*ifcfg, error) {
+	base := filepath.Base(file)
+	type entry struct {
+		v    string
+		line int
+	}
+	per := map[string]map[string]entry{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		l := strings.TrimSpace(sc.Text())
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(l, "=")
+		key, dev, ok2 := strings.Cut(k, "_")
+		if key == "LAN" { // LAN_INTERFACE_ib0
+			key, dev, ok2 = "LAN_INTERFACE", strings.TrimPrefix(k, "LAN_INTERFACE_"), strings.HasPrefix(k, "LAN_INTERFACE_")
+		}
+		if !ok || !ok2 || dev == "" {
+			return nil, &ifcfgError{base, n, fmt.Sprintf("%q is not KEY_<interface>=VALUE", clipLine(l))}
+		}
+		w, err := shellWord(v)
+		if err != nil {
+			return nil, &ifcfgError{base, n, fmt.Sprintf("%s: %v", k, err)}
+		}
+		if per[dev] == nil {
+			per[dev] = map[string]entry{}
+		}
+		per[dev][key] = entry{w, n}
+	}
+	var out []*ifcfg
+	devs := make([]string, 0, len(per))
+	for d := range per {
+		devs = append(devs, d)
+	}
+	sort.Strings(devs)
+	for _, d := range devs {
+		vals := per[d]
+		var text strings.Builder
+		fmt.Fprintf(&text, "DEVICE=%s\n", d)
+		for _, k := range []string{"NETMASK", "BROADCAST", "ONBOOT"} {
+			if e, ok := vals[k]; ok && e.v != "" {
+				if k == "ONBOOT" && e.v == "1" {
+					e.v = "yes"
+				}
+				fmt.Fprintf(&text, "%s=%s\n", k, e.v)
+			}
+		}
+		if e, ok := vals["IPADDR"]; ok && e.v != "" {
+			addr := e.v
+			if strings.Contains(addr, "*") {
+				name := vals["LAN_INTERFACE"].v
+				ip, err := lan(name)
+				if err != nil {
+					return nil, &ifcfgError{base, e.line, fmt.Sprintf("IPADDR_%s: %v", d, err)}
+				}
+				parts, octets := strings.Split(addr, "."), ip.As4()
+				if len(parts) != 4 {
+					return nil, &ifcfgError{base, e.line, fmt.Sprintf("IPADDR_%s: %q is not a dotted quad", d, addr)}
+				}
+				for k := range parts {
+					if parts[k] == "*" {
+						parts[k] = strconv.Itoa(int(octets[k]))
+					}
+				}
+				addr = strings.Join(parts, ".")
+			}
+			fmt.Fprintf(&text, "IPADDR=%s\n", addr)
+		}
+		c, err := parseIfcfg("ifcfg-"+d, []byte(text.String()))
+		if err != nil {
+			return nil, &ifcfgError{base, 0, fmt.Sprintf("%s: %v", d, err)}
+		}
+		c.file = file
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// shellWord removes the quotes of one shell word ('a'"b"c is abc); no expansion, and
+// white space or $ ` outside quotes is refused.
+func shellWord(s string) (string, error) {
+	var b strings.Builder
+	for k := 0; k < len(s); k++ {
+		switch c := s[k]; c {
+		case '\'', '"':
+			end := strings.IndexByte(s[k+1:], c)
+			if end < 0 {
+				return "", fmt.Errorf("unbalanced %c", c)
+			}
+			b.WriteString(s[k+1 : k+1+end])
+			k += end + 1
+		case ' ', '\t', '$', '`', '\\':
+			return "", fmt.Errorf("shell syntax %q is not supported", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), nil
+}
+
+// lanAddr is the IPv4 address of the installer file's LAN_INTERFACE in the daemon's
+// namespace; "" means the first eth<n> that exists.
+func (a *ifcfgApplier) lanAddr(name string) (netip.Addr, error) {
+	if name == "" {
+		for n := 0; n < 64 && name == ""; n++ {
+			if c := fmt.Sprintf("eth%d", n); kernel.LinkExists(a.netns, c) {
+				name = c
+			}
+		}
+		if name == "" {
+			return netip.Addr{}, fmt.Errorf("LAN_INTERFACE is empty and no eth<n> exists")
+		}
+	}
+	ps, err := kernel.LinkAddrs(a.netns, name)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("LAN_INTERFACE %s: %w", name, err)
+	}
+	for _, p := range ps {
+		if p.Addr().Is4() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("LAN_INTERFACE %s has no IPv4 address", name)
 }

@@ -73,3 +73,31 @@ func FuzzParseIfcfg(f *testing.F) {
 		}
 	})
 }
+
+func TestParseInstallerFile(t *testing.T) {
+	lan := func(name string) (netip.Addr, error) {
+		if name != "eth0" {
+			t.Errorf("LAN interface %q, want eth0", name)
+		}
+		return netip.MustParseAddr("192.168.3.7"), nil
+	}
+	cfgs, err := parseInstallerFile("/etc/infiniband/openib.conf", []byte(`# installer
+IPADDR_ib0=10.4.'*'.'*'
+NETMASK_ib0=255.255.0.0
+NETWORK_ib0=10.4.0.0
+BROADCAST_ib0=10.4.255.255
+ONBOOT_ib0=1
+LAN_INTERFACE_ib0=eth0
+IPADDR_ib1="10.5.0.1"
+`), lan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfgs) != 2 || cfgs[0].device != "ib0" || cfgs[0].addr != netip.MustParsePrefix("10.4.3.7/16") ||
+		cfgs[0].broadcast != netip.MustParseAddr("10.4.255.255") || cfgs[1].addr != netip.MustParsePrefix("10.5.0.1/8") {
+		t.Errorf("parsed %+v", cfgs)
+	}
+	if _, err := parseInstallerFile("f", []byte("IPADDR_ib0=10.4.$(x)\n"), lan); err == nil || !strings.HasPrefix(err.Error(), "f:1: IPADDR_ib0: ") {
+		t.Errorf("shell syntax: %v", err)
+	}
+}

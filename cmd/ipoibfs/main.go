@@ -154,7 +154,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fabric := fl.String("fabric", "", "join the fabric whose subnet manager listens on this UDP `address`")
 	listen := fl.String("listen", "127.0.0.1:0", "UDP `address` of port 1 when joining a fabric")
 	partFile := fl.String("partitions", "", "OpenSM partitions.conf `file` for the subnet manager")
-	configDir := fl.String("config", "", "apply the network-scripts ifcfg-ib* files of this `directory` at start and on SIGHUP")
+	configDir := fl.String("config", "", "apply the network-scripts ifcfg-ib* files of this `directory` (or one installer-style file) at start and on SIGHUP")
 	netns := fl.String("netns", "", "place the kernel interfaces in this network `namespace` (created if missing)")
 	mountDir := fl.String("mount", defaultMount, "mount the control tree here with FUSE (\"\" disables)")
 	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
@@ -289,7 +289,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var ifcfgs *ifcfgApplier
 	if *configDir != "" {
-		ifcfgs = &ifcfgApplier{dir: *configDir, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}}
+		ifcfgs = &ifcfgApplier{dir: *configDir, netns: *netns, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}}
 		ifcfgs.apply(log.Printf)
 	}
 	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog}

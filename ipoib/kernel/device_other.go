@@ -99,3 +99,11 @@ func (d *Device) AddAddr(p netip.Prefix, broadcast netip.Addr) error { return d.
 
 // DelAddr is not supported.
 func (d *Device) DelAddr(p netip.Prefix) error { return d.unsupported() }
+
+// LinkAddrs is not supported.
+func LinkAddrs(netnsName, name string) ([]netip.Prefix, error) {
+	return nil, fmt.Errorf("%w: not supported on %s", ErrUnavailable, runtime.GOOS)
+}
+
+// LinkExists reports false.
+func LinkExists(netnsName, name string) bool { return false }

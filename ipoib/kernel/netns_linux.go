@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"runtime"
 	"sync"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -86,4 +88,68 @@ func inNetNS(ns netns.NsHandle, fn func() error) error {
 		ch <- fn()
 	}()
 	return <-ch
+}
+
+// LinkAddrs returns the IPv4 and IPv6 addresses of the interface called name in the
+// named namespace ("" = this process's), for configuration that derives from another
+// interface (the vendor installer's LAN_INTERFACE).
+func LinkAddrs(netnsName, name string) ([]netip.Prefix, error) {
+	h, closeNS, err := nsHandle(netnsName)
+	if err != nil {
+		return nil, err
+	}
+	defer closeNS()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if p, ok := prefixOf(a.IPNet); ok {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// LinkExists reports whether an interface of that name exists in the namespace.
+func LinkExists(netnsName, name string) bool {
+	h, closeNS, err := nsHandle(netnsName)
+	if err != nil {
+		return false
+	}
+	defer closeNS()
+	_, err = h.LinkByName(name)
+	return err == nil
+}
+
+// nsHandle is a netlink handle whose socket lives in the named namespace.
+func nsHandle(netnsName string) (*netlink.Handle, func(), error) {
+	if err := validNetNS(netnsName); err != nil {
+		return nil, nil, err
+	}
+	ns := netns.None()
+	if netnsName != "" {
+		var err error
+		if ns, err = getNetNS(netnsName); err != nil {
+			return nil, nil, err
+		}
+	}
+	var h *netlink.Handle
+	if err := inNetNS(ns, func() (e error) { h, e = netlink.NewHandle(unix.NETLINK_ROUTE); return e }); err != nil {
+		if ns.IsOpen() {
+			ns.Close()
+		}
+		return nil, nil, err
+	}
+	return h, func() {
+		h.Close()
+		if ns.IsOpen() {
+			ns.Close()
+		}
+	}, nil
 }
