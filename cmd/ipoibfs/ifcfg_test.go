@@ -101,3 +101,23 @@ IPADDR_ib1="10.5.0.1"
 		t.Errorf("shell syntax: %v", err)
 	}
 }
+
+func FuzzParseInstallerFile(f *testing.F) {
+	f.Add([]byte("IPADDR_ib0=10.4.'*'.'*'\nNETMASK_ib0=255.255.0.0\nLAN_INTERFACE_ib0=\n"))
+	f.Add([]byte("IPADDR_ib1=\"10.5.0.1\"\nONBOOT_ib1=1\n"))
+	lan := func(string) (netip.Addr, error) { return netip.MustParseAddr("192.168.3.7"), nil }
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfgs, err := parseInstallerFile("f", b, lan)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "f:") {
+				t.Fatalf("error without file:line: %v", err)
+			}
+			return
+		}
+		for _, c := range cfgs {
+			if c.addr.IsValid() && !c.addr.Addr().Is4() || strings.Contains(c.addr.String(), "*") {
+				t.Fatalf("accepted %q as %+v", b, c)
+			}
+		}
+	})
+}
