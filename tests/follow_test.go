@@ -68,13 +68,19 @@ func TestFollowLinkChanges(t *testing.T) {
 	until("tso off in ethtool/features", func() bool {
 		return strings.Contains(read("class/net/ib0/ethtool/features"), "tcp-segmentation-offload: off")
 	})
-	// The TUN driver lets ethtool turn on only what TUNSETOFFLOAD allows, so large send
-	// comes back through the tree, and the device follows.
-	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("tso on\n"), 0); err != nil {
+	mustRun(t, "ip", "netns", "exec", ns, ethtool, "-K", "ib0", "tso", "on")
+	until("tso on in ethtool/features", func() bool {
+		return strings.Contains(read("class/net/ib0/ethtool/features"), "tcp-segmentation-offload: on")
+	})
+	// And the other way: the tree's write reaches the device.
+	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("tso off\n"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, ethtool, "-k", "ib0"); !strings.Contains(out, "tcp-segmentation-offload: on") {
-		t.Errorf("ethtool -k after writing tso on to the tree:\n%s", out)
+	if out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, ethtool, "-k", "ib0"); !strings.Contains(out, "tcp-segmentation-offload: off") {
+		t.Errorf("ethtool -k after writing tso off to the tree:\n%s", out)
+	}
+	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("tso on\n"), 0); err != nil {
+		t.Fatal(err)
 	}
 
 	// The transmit queue length: 1000 as an IPoIB netdev's, and the same both ways.

@@ -412,20 +412,22 @@ func (d *Device) SetOffloads(o Offloads) error {
 
 func (d *Device) applyOffloads(o Offloads) error {
 	o = o.effective()
-	flags := 0
-	if o.Checksum {
-		flags |= tunCsum
-		if o.TSO {
-			flags |= tunTSO
-			if d.uso {
-				flags |= tunUSO
-			}
-		}
+	// TUNSETOFFLOAD says what this reader can take, and the TUN driver lets ethtool
+	// enable no more than that: it stays at checksum and TCP segmentation, so that
+	// `ethtool -K tso on` works on the device. What the kernel actually does is the
+	// device's features, set below as ethtool would. UDP segmentation has no legacy
+	// ethtool switch, so it follows large send here.
+	flags := tunCsum | tunTSO
+	if o.TSO && d.uso {
+		flags |= tunUSO
 	}
 	d.offMu.Lock()
 	defer d.offMu.Unlock()
 	if err := d.ioctlOffload(flags); err != nil {
 		return fmt.Errorf("TUNSETOFFLOAD %#x (%v): %w", flags, o, err)
+	}
+	if err := d.setFeatures(o.Checksum, o.TSO); err != nil {
+		return fmt.Errorf("ethtool features (%v): %w", o, err)
 	}
 	d.offloads = o
 	d.gro.Store(o.GRO)

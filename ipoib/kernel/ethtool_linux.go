@@ -124,3 +124,22 @@ func (d *Device) SetSpeed(mbps int) error {
 		})
 	})
 }
+
+// setFeatures switches transmit checksumming and TCP segmentation on the device, as
+// ethtool -K tx/tso does (tso after tx: the kernel refuses TSO without checksums).
+func (d *Device) setFeatures(txCsum, tso bool) error {
+	b := func(v bool) uint32 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return d.ethtool(func(ioctl func(unsafe.Pointer) error) error {
+		for _, q := range []ethtoolValue{{unix.ETHTOOL_STXCSUM, b(txCsum)}, {unix.ETHTOOL_STSO, b(tso && txCsum)}} {
+			if err := ioctl(unsafe.Pointer(&q)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
