@@ -24,6 +24,7 @@ import (
 
 	"ipoibfs/fs"
 	"ipoibfs/ipoib"
+	"ipoibfs/ipoib/kernel"
 	"ipoibfs/verbs/soft"
 	"ipoibfs/verbs/soft/partitions"
 )
@@ -184,8 +185,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *smAddr != "" && *fabric != "" {
 		return bad("-sm and -fabric exclude each other: a node either hosts the subnet manager or joins one")
 	}
-	if *ports < 1 {
-		return bad("-ports %d: an HCA has at least one port", *ports)
+	if *ports < 1 || *ports > 254 {
+		return bad("-ports %d: an HCA has 1..254 ports", *ports)
+	}
+	if err := kernel.ValidNetNS(*netns); err != nil {
+		return bad("-netns: %v", err)
+	}
+	if *configDir != "" {
+		if _, err := os.Stat(*configDir); err != nil {
+			return bad("-config: %v", err)
+		}
 	}
 	if err := checkMountPoint(*mountDir); err != nil {
 		return err
@@ -366,7 +375,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 func loadPartitions(file string) (*partitions.Config, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("-partitions: %w", err)
 	}
 	defer f.Close()
 	return partitions.Parse(file, f)

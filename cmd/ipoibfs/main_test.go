@@ -31,6 +31,13 @@ func TestCommandLine(t *testing.T) {
 		{args: []string{"-sm", "nowhere"}, status: exitUsage, stderr: `-sm "nowhere"`},
 		{args: []string{"-fabric", "127.0.0.1:1", "-listen", "x"}, status: exitUsage, stderr: `-listen "x"`},
 		{args: []string{"9p"}, status: exitError, stderr: "usage: ipoibfs 9p ADDR"},
+		{args: []string{"-ports", "0"}, status: exitUsage, stderr: "-ports 0: an HCA has 1..254 ports"},
+		{args: []string{"-ports", "255"}, status: exitUsage, stderr: "-ports 255: an HCA has 1..254 ports"},
+		{args: []string{"-netns", "a/b"}, status: exitUsage, stderr: `-netns: invalid network namespace name "a/b"`},
+		{args: []string{"-mount", "", "-config", "/nonexistent/ifcfg"}, status: exitUsage, stderr: "-config: stat /nonexistent/ifcfg: no such file or directory"},
+		{args: []string{"-mount", "", "-9p", "", "-name", "flagtest", "-partitions", "/nonexistent/p.conf"}, status: exitError, stderr: "-partitions: open /nonexistent/p.conf"},
+		{args: []string{"status", "-nosuch"}, status: exitUsage, stderr: "flag provided but not defined"},
+		{args: []string{"link", "-tree", "/nonexistent", "frobnicate"}, status: exitUsage, stderr: `unknown command "frobnicate"`},
 	} {
 		var out, errb bytes.Buffer
 		got := cli(tc.args, strings.NewReader(""), &out, &errb)

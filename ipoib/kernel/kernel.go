@@ -115,6 +115,10 @@ func validName(name string) error {
 	return nil
 }
 
+// ValidNetNS checks a network namespace name as -netns takes it (a file name under
+// /run/netns; "" is the process's own namespace).
+func ValidNetNS(name string) error { return validNetNS(name) }
+
 // validNetNS checks a named network namespace (a file name under /run/netns).
 func validNetNS(name string) error {
 	if name == "" {
