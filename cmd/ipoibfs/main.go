@@ -209,6 +209,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	var ninepLn *ninepListener
 	if *ninepAddr != "" {
 		l, err := listen9P(*ninepAddr, *ninepAllow)
+		if ue := (usageError{}); errors.As(err, &ue) {
+			return bad("%v", ue.err) // a bad -9p or -9p-allow, said like the other flags
+		}
 		if err != nil {
 			return err
 		}

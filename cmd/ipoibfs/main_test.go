@@ -109,16 +109,20 @@ func TestNinepAddressChecks(t *testing.T) {
 	}
 	sl.(*net.UnixListener).SetUnlinkOnClose(false)
 	sl.Close()
-	for _, tc := range []struct{ addr, want string }{
-		{"192.0.2.1:5640", "is not a loopback address: serving it needs -9p-allow"},
-		{"unix:" + precious, "exists and is not a socket; not removing it"},
-		{"unix:" + live, "is served by a running daemon"},
-		{"nowhere", "want HOST:PORT or unix:PATH"},
+	for _, tc := range []struct {
+		addr, allow, want string
+		code              int // a bad flag is a usage error; a socket in the way a failure
+	}{
+		{"192.0.2.1:5640", "", "is not a loopback address: serving it needs -9p-allow", exitUsage},
+		{"127.0.0.1:5640", "bogus", `-9p-allow "bogus"`, exitUsage},
+		{"unix:" + precious, "", "exists and is not a socket; not removing it", exitError},
+		{"unix:" + live, "", "is served by a running daemon", exitError},
+		{"nowhere", "", "want HOST:PORT or unix:PATH", exitUsage},
 	} {
 		var out, errb bytes.Buffer
-		code := cli([]string{"-9p", tc.addr, "-mount", "", "-netns", "", "-name", "chk"}, strings.NewReader(""), &out, &errb)
-		if code != exitError || !strings.Contains(errb.String(), tc.want) {
-			t.Errorf("-9p %s: exit %d, stderr %q; want exit 1 saying %q", tc.addr, code, errb.String(), tc.want)
+		code := cli([]string{"-9p", tc.addr, "-9p-allow", tc.allow, "-mount", "", "-netns", "", "-name", "chk"}, strings.NewReader(""), &out, &errb)
+		if code != tc.code || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("-9p %s: exit %d, stderr %q; want exit %d saying %q", tc.addr, code, errb.String(), tc.code, tc.want)
 		}
 	}
 	if b, err := os.ReadFile(precious); err != nil || string(b) != "keep me" {

@@ -62,7 +62,7 @@ func listen9P(addr, allow string) (*ninepListener, error) {
 		for _, c := range strings.Split(allow, ",") {
 			p, err := netip.ParsePrefix(strings.TrimSpace(c))
 			if err != nil {
-				return nil, fmt.Errorf("-9p-allow %q: %v", c, err)
+				return nil, usageError{fmt.Errorf("-9p-allow %q: %v", c, err)}
 			}
 			nl.allowed = append(nl.allowed, p)
 		}
@@ -76,10 +76,10 @@ func listen9P(addr, allow string) (*ninepListener, error) {
 	} else {
 		ap, err := netip.ParseAddrPort(addr)
 		if err != nil {
-			return nil, fmt.Errorf("-9p %q: want HOST:PORT or unix:PATH: %v", addr, err)
+			return nil, usageError{fmt.Errorf("-9p %q: want HOST:PORT or unix:PATH: %v", addr, err)}
 		}
 		if !ap.Addr().IsLoopback() && len(nl.allowed) == 0 {
-			return nil, fmt.Errorf("-9p %s is not a loopback address: serving it needs -9p-allow CIDR,...", addr)
+			return nil, usageError{fmt.Errorf("-9p %s is not a loopback address: serving it needs -9p-allow CIDR,...", addr)}
 		}
 		if ap.Addr().IsLoopback() && len(nl.allowed) == 0 {
 			nl.allowed = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
