@@ -212,20 +212,8 @@ func (t *Tree) ifDir(dir, name string, child bool) *Node {
 			out = append(out, t.ifFile(d, name, a))
 		}
 		out = append(out,
-			t.dir(d, "dhcp", func(d string) ([]*Node, error) {
-				out := make([]*Node, len(dhcpAttrs))
-				for k := range dhcpAttrs {
-					out[k] = t.ifFile(d, name, &dhcpAttrs[k])
-				}
-				return out, nil
-			}),
-			t.dir(d, "ethtool", func(d string) ([]*Node, error) {
-				out := make([]*Node, len(ethtoolAttrs))
-				for k := range ethtoolAttrs {
-					out[k] = t.ifFile(d, name, &ethtoolAttrs[k])
-				}
-				return out, nil
-			}),
+			t.attrDir(d, "dhcp", name, dhcpAttrs),
+			t.attrDir(d, "ethtool", name, ethtoolAttrs),
 			t.dir(d, "statistics", func(d string) ([]*Node, error) {
 				out := make([]*Node, 0, len(ipoib.StatNames)+len(zeroStats))
 				for k, s := range ipoib.StatNames {
@@ -242,6 +230,17 @@ func (t *Tree) ifDir(dir, name string, child bool) *Node {
 		return out, nil
 	})
 	return n
+}
+
+// attrDir is a directory of an interface's files from a table (ethtool/, dhcp/).
+func (t *Tree) attrDir(dir, name, ifname string, attrs []ifAttr) *Node {
+	return t.dir(dir, name, func(d string) ([]*Node, error) {
+		out := make([]*Node, len(attrs))
+		for k := range attrs {
+			out[k] = t.ifFile(d, ifname, &attrs[k])
+		}
+		return out, nil
+	})
 }
 
 func (t *Tree) ifFile(dir, ifname string, a *ifAttr) *Node {

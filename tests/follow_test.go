@@ -4,14 +4,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"ipoibfs/internal/testenv"
 
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -196,9 +194,9 @@ func TestFollowMulticastGroups(t *testing.T) {
 		{"ff05::1:3", "ff12:601b:ffff:0:0:0:1:3", ""},
 	} {
 		g := netip.MustParseAddr(tc.group)
-		rx := inNetns(t, nsB, func() (int, error) { return mcastReceiver(g, 5000) })
+		rx := testenv.InNetns(t, nsB, func() (int, error) { return mcastReceiver(g, 5000) })
 		waitUntil(t, tc.group+" in b's ib0_mcg", func() bool { return strings.Contains(mcg(), "GID: "+tc.mgid+"\n") })
-		tx := inNetns(t, nsA, func() (int, error) { return mcastSender(g) })
+		tx := testenv.InNetns(t, nsA, func() (int, error) { return mcastSender(g) })
 		got := false
 		buf := make([]byte, 64)
 		for try := 0; try < 50 && !got; try++ {
@@ -298,36 +296,6 @@ func ifIndex(name string) (int, error) {
 		}
 	}
 	return -1, os.ErrNotExist
-}
-
-// inNetns runs fn on a thread that entered the named namespace; sockets it opens
-// stay in that namespace. The thread is discarded afterwards.
-func inNetns(t *testing.T, name string, fn func() (int, error)) int {
-	t.Helper()
-	h, err := vnetns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := vnetns.Set(h); err != nil {
-			ch <- result{-1, err}
-			return
-		}
-		fd, err := fn()
-		ch <- result{fd, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("in netns %s: %v", name, r.err)
-	}
-	return r.fd
 }
 
 func waitUntil(t *testing.T, what string, ok func() bool) {

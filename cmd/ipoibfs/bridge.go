@@ -196,6 +196,13 @@ func isGroupReport(p []byte) bool {
 
 // Host methods: errors are logged, the data path goes on.
 
+// logErr logs a failed device operation under the interface's name.
+func (b *bridge) logErr(err error) {
+	if err != nil {
+		log.Printf("%s: %v", b.i.Name(), err)
+	}
+}
+
 func (b *bridge) Deliver(pkts [][]byte) {
 	if _, err := b.dev.Write(pkts); err != nil && !errors.Is(err, os.ErrClosed) {
 		log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
@@ -203,35 +210,25 @@ func (b *bridge) Deliver(pkts [][]byte) {
 }
 
 func (b *bridge) SetMTU(mtu int) {
-	if err := b.dev.SetMTU(mtu); err != nil {
-		log.Printf("%s: %v", b.i.Name(), err)
-	}
+	b.logErr(b.dev.SetMTU(mtu))
 }
 
 func (b *bridge) SetCarrier(on bool) {
-	if err := b.dev.SetCarrier(on); err != nil {
-		log.Printf("%s: %v", b.i.Name(), err)
-	}
+	b.logErr(b.dev.SetCarrier(on))
 }
 
 // SetTxQueueLen follows a tx_queue_len write.
 func (b *bridge) SetTxQueueLen(n uint32) {
-	if err := b.dev.SetTxQueueLen(int(n)); err != nil {
-		log.Printf("%s: %v", b.i.Name(), err)
-	}
+	b.logErr(b.dev.SetTxQueueLen(int(n)))
 }
 
 // SetAdminUp follows the interface's own up/down (a child following its parent).
 func (b *bridge) SetAdminUp(up bool) {
-	if err := b.dev.SetUp(up); err != nil {
-		log.Printf("%s: %v", b.i.Name(), err)
-	}
+	b.logErr(b.dev.SetUp(up))
 }
 
 func (b *bridge) SetOffloads(f ipoib.Features) {
-	if err := b.dev.SetOffloads(kernel.Offloads{Checksum: f.Checksum, TSO: f.TSO, GRO: f.GRO}); err != nil {
-		log.Printf("%s: %v", b.i.Name(), err)
-	}
+	b.logErr(b.dev.SetOffloads(kernel.Offloads{Checksum: f.Checksum, TSO: f.TSO, GRO: f.GRO}))
 }
 
 // bridges keeps one bridge per engine interface. The engine calls Create and Delete

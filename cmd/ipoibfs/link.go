@@ -5,11 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
-
-	"ipoibfs/fs/ninep"
 )
 
 // linkCommand is iproute2's `ip link add ... type ipoib` for our devices, which the
@@ -34,37 +30,21 @@ func linkCommand(args []string, stdout, stderr io.Writer) int {
 	if len(rest) == 0 {
 		rest = []string{"show"}
 	}
-	var read func() ([]byte, error)
-	var write func(string) error
-	if *addr != "" {
-		conn, err := dial9P(*addr)
-		if err != nil {
-			fmt.Fprintln(stderr, "ipoibfs link:", err)
-			return exitError
-		}
-		c, err := ninep.NewClient(conn)
-		if err != nil {
-			conn.Close()
-			fmt.Fprintln(stderr, "ipoibfs link:", err)
-			return exitError
-		}
-		defer c.Close()
-		read = func() ([]byte, error) { return c.ReadFile("link") }
-		write = func(s string) error { return c.WriteFile("link", []byte(s)) }
-	} else {
-		p := filepath.Join(*tree, "link")
-		read = func() ([]byte, error) { return os.ReadFile(p) }
-		write = func(s string) error { return os.WriteFile(p, []byte(s), 0) }
+	t, done, err := openTree(*tree, *addr)
+	if err != nil {
+		fmt.Fprintln(stderr, "ipoibfs link:", err)
+		return exitError
 	}
+	defer done()
 	switch rest[0] {
 	case "add", "del", "delete":
-		if err := write(strings.Join(rest, " ") + "\n"); err != nil {
+		if err := t.WriteFile("link", []byte(strings.Join(rest, " ")+"\n")); err != nil {
 			fmt.Fprintf(stderr, "ipoibfs link %s: %v (the daemon's log says why)\n", rest[0], err)
 			return exitError
 		}
 		return exitOK
 	case "show", "list", "ls":
-		b, err := read()
+		b, err := t.ReadFile("link")
 		if err != nil {
 			fmt.Fprintln(stderr, "ipoibfs link show:", err)
 			return exitError

@@ -29,9 +29,37 @@ type treeReader interface {
 	ReadDir(path string) ([]string, error)
 }
 
+// treeClient also writes; ninep.Client and dirTree are both.
+type treeClient interface {
+	treeReader
+	WriteFile(path string, data []byte) error
+}
+
+// openTree is the tree a subcommand's -tree DIR or -9p ADDR names (9P when addr is
+// set), and what closes it.
+func openTree(dir, addr string) (treeClient, func(), error) {
+	if addr == "" {
+		return dirTree(dir), func() {}, nil
+	}
+	conn, err := dial9P(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := ninep.NewClient(conn)
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return c, func() { c.Close() }, nil
+}
+
 type dirTree string
 
 func (d dirTree) ReadFile(p string) ([]byte, error) { return os.ReadFile(filepath.Join(string(d), p)) }
+
+func (d dirTree) WriteFile(p string, b []byte) error {
+	return os.WriteFile(filepath.Join(string(d), p), b, 0)
+}
 
 func (d dirTree) ReadDir(p string) ([]string, error) {
 	es, err := os.ReadDir(filepath.Join(string(d), p))
@@ -59,22 +87,12 @@ func statusCommand(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ipoibfs status: unexpected argument %q\n", fl.Arg(0))
 		return exitUsage
 	}
-	var r treeReader = dirTree(*tree)
-	if *addr != "" {
-		conn, err := dial9P(*addr)
-		if err != nil {
-			fmt.Fprintln(stderr, "ipoibfs status:", err)
-			return exitError
-		}
-		c, err := ninep.NewClient(conn)
-		if err != nil {
-			conn.Close()
-			fmt.Fprintln(stderr, "ipoibfs status:", err)
-			return exitError
-		}
-		defer c.Close()
-		r = c
+	r, done, err := openTree(*tree, *addr)
+	if err != nil {
+		fmt.Fprintln(stderr, "ipoibfs status:", err)
+		return exitError
 	}
+	defer done()
 	if err := printStatus(r, stdout); err != nil {
 		fmt.Fprintln(stderr, "ipoibfs status:", err)
 		return exitError

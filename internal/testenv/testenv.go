@@ -7,7 +7,10 @@ package testenv
 import (
 	"os"
 	"os/exec"
+	"runtime"
 	"testing"
+
+	"github.com/vishvananda/netns"
 )
 
 // InCI reports whether the CI environment variable is set to a non-empty value.
@@ -59,4 +62,35 @@ func Short(t testing.TB, why string) {
 		t.Fatalf("-short under CI would skip this test (%s); CI runs the whole suite", why)
 	}
 	t.Skipf("%s; skipped with -short", why)
+}
+
+// InNetns runs fn on an OS thread that entered the named network namespace and returns
+// what it returns (a socket it opened stays in that namespace); the thread is discarded
+// afterwards instead of returning to the scheduler in the wrong namespace.
+func InNetns(t testing.TB, name string, fn func() (int, error)) int {
+	t.Helper()
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := netns.Set(h); err != nil {
+			ch <- result{-1, err}
+			return
+		}
+		fd, err := fn()
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("in netns %s: %v", name, r.err)
+	}
+	return r.fd
 }

@@ -100,7 +100,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	}
 	// The handle's socket is created in the device's namespace by a throwaway thread
 	// (netlink's own NewHandleAt switches the calling thread there and back).
-	if err = inNetNS(d.ns, func() (e error) { d.h, e = netlink.NewHandle(unix.NETLINK_ROUTE); return e }); err != nil {
+	if d.h, err = newHandleIn(d.ns); err != nil {
 		if denied(err) {
 			return nil, fmt.Errorf("%w: %s%s: netlink: %w", ErrUnavailable, d.name, d.nsTag, err)
 		}
@@ -403,7 +403,7 @@ func (d *Device) SetOffloads(o Offloads) error {
 			return d.errorf("%w", err)
 		}
 		// What the kernel shows now is ours, not someone's ethtool -K.
-		if f, err := d.deviceFeatures(); err == nil {
+		if f, err := d.deviceFeatures(""); err == nil {
 			d.feat, d.featKnown = f, true
 		}
 		return nil
@@ -445,7 +445,7 @@ func (d *Device) Offloads() Offloads {
 // an address it already has is not an error.
 func (d *Device) AddAddr(p netip.Prefix, broadcast netip.Addr) error {
 	return d.control(func() error {
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+		a := nlAddr(p)
 		if broadcast.IsValid() {
 			a.Broadcast = broadcast.AsSlice()
 		}
@@ -459,8 +459,7 @@ func (d *Device) AddAddr(p netip.Prefix, broadcast netip.Addr) error {
 // DelAddr removes an address; one the device does not have is not an error.
 func (d *Device) DelAddr(p netip.Prefix) error {
 	return d.control(func() error {
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
-		if err := d.h.AddrDel(d.link, a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		if err := d.h.AddrDel(d.link, nlAddr(p)); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
 			return d.errorf("delete address %s: %w", p, err)
 		}
 		return nil
@@ -589,15 +588,28 @@ func (d *Device) Close() error {
 // fixed address (IPoIB derives it from the port GUID): address generation mode "none",
 // then addr/64 added without DAD. Call it before bringing the device up.
 func (d *Device) SetLinkLocal(addr netip.Addr) error {
-	return d.control(func() error {
-		const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE
-		if err := d.h.LinkSetIP6AddrGenMode(d.link, addrGenModeNone); err != nil {
-			return d.errorf("set IPv6 address generation mode none: %w", err)
-		}
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := d.h.AddrAdd(d.link, a); err != nil && !errors.Is(err, unix.EEXIST) {
-			return d.errorf("add link-local %s: %w", addr, err)
-		}
-		return nil
-	})
+	return d.control(func() error { return d.setLinkLocal(addr, nil) })
+}
+
+// setLinkLocal sets generation mode none, removes the stale link-local addresses and
+// adds addr/64 without DAD.
+func (d *Device) setLinkLocal(addr netip.Addr, stale []netlink.Addr) error {
+	const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE
+	if err := d.h.LinkSetIP6AddrGenMode(d.link, addrGenModeNone); err != nil {
+		return d.errorf("set IPv6 address generation mode none: %w", err)
+	}
+	for _, a := range stale {
+		_ = d.h.AddrDel(d.link, &a)
+	}
+	a := nlAddr(netip.PrefixFrom(addr, 64))
+	a.Flags = unix.IFA_F_NODAD
+	if err := d.h.AddrAdd(d.link, a); err != nil && !errors.Is(err, unix.EEXIST) {
+		return d.errorf("add link-local %s: %w", addr, err)
+	}
+	return nil
+}
+
+// nlAddr is a prefix as netlink takes it.
+func nlAddr(p netip.Prefix) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
 }

@@ -48,14 +48,16 @@ type ethtoolCmd struct {
 	reserved      [2]uint32
 }
 
-// ethtool runs SIOCETHTOOL requests for the device, from a socket in its namespace,
-// naming it by its current kernel name (it may have been renamed).
-func (d *Device) ethtool(fn func(ioctl func(data unsafe.Pointer) error) error) error {
-	l, err := d.h.LinkByIndex(d.index)
-	if err != nil {
-		return err
+// ethtool runs SIOCETHTOOL requests for the device, from a socket in its namespace.
+// name is the device's current kernel name ("": look it up; it may have been renamed).
+func (d *Device) ethtool(name string, fn func(ioctl func(data unsafe.Pointer) error) error) error {
+	if name == "" {
+		l, err := d.h.LinkByIndex(d.index)
+		if err != nil {
+			return err
+		}
+		name = l.Attrs().Name
 	}
-	name := l.Attrs().Name
 	return inNetNS(d.ns, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
@@ -79,15 +81,15 @@ func (d *Device) ethtool(fn func(ioctl func(data unsafe.Pointer) error) error) e
 func (d *Device) DeviceFeatures() (DevFeatures, error) {
 	var f DevFeatures
 	err := d.control(func() (err error) {
-		f, err = d.deviceFeatures()
+		f, err = d.deviceFeatures("")
 		return err
 	})
 	return f, err
 }
 
-func (d *Device) deviceFeatures() (DevFeatures, error) {
+func (d *Device) deviceFeatures(name string) (DevFeatures, error) {
 	var f DevFeatures
-	err := d.ethtool(func(ioctl func(unsafe.Pointer) error) error {
+	err := d.ethtool(name, func(ioctl func(unsafe.Pointer) error) error {
 		for _, q := range []struct {
 			cmd uint32
 			to  *bool
@@ -108,7 +110,7 @@ func (d *Device) deviceFeatures() (DevFeatures, error) {
 // keeps whatever it is given, so the device can show the port's rate.
 func (d *Device) SetSpeed(mbps int) error {
 	return d.control(func() error {
-		return d.ethtool(func(ioctl func(unsafe.Pointer) error) error {
+		return d.ethtool("", func(ioctl func(unsafe.Pointer) error) error {
 			c := ethtoolCmd{cmd: unix.ETHTOOL_GSET}
 			if err := ioctl(unsafe.Pointer(&c)); err != nil {
 				return d.errorf("ethtool get settings: %w", err)
@@ -134,7 +136,7 @@ func (d *Device) setFeatures(txCsum, tso bool) error {
 		}
 		return 0
 	}
-	return d.ethtool(func(ioctl func(unsafe.Pointer) error) error {
+	return d.ethtool("", func(ioctl func(unsafe.Pointer) error) error {
 		for _, q := range []ethtoolValue{{unix.ETHTOOL_STXCSUM, b(txCsum)}, {unix.ETHTOOL_STSO, b(tso && txCsum)}} {
 			if err := ioctl(unsafe.Pointer(&q)); err != nil {
 				return err

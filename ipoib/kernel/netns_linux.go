@@ -139,8 +139,8 @@ func nsHandle(netnsName string) (*netlink.Handle, func(), error) {
 			return nil, nil, err
 		}
 	}
-	var h *netlink.Handle
-	if err := inNetNS(ns, func() (e error) { h, e = netlink.NewHandle(unix.NETLINK_ROUTE); return e }); err != nil {
+	h, err := newHandleIn(ns)
+	if err != nil {
 		if ns.IsOpen() {
 			ns.Close()
 		}
@@ -152,4 +152,12 @@ func nsHandle(netnsName string) (*netlink.Handle, func(), error) {
 			ns.Close()
 		}
 	}, nil
+}
+
+// newHandleIn opens a netlink handle whose socket is created in ns by a throwaway
+// thread (netlink's own NewHandleAt switches the calling thread there and back).
+func newHandleIn(ns netns.NsHandle) (*netlink.Handle, error) {
+	var h *netlink.Handle
+	err := inNetNS(ns, func() (e error) { h, e = netlink.NewHandle(unix.NETLINK_ROUTE); return e })
+	return h, err
 }

@@ -8,7 +8,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -145,7 +144,7 @@ func (d *Device) linkState() (Link, error) {
 		l.UpChanged = l.Up != d.up
 		d.mtu.Store(int64(a.MTU))
 		d.up = l.Up
-		if f, err := d.deviceFeatures(); err == nil {
+		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
 			l.FeaturesChanged = d.featKnown && f != d.feat
 			d.feat, d.featKnown = f, true
@@ -263,17 +262,6 @@ func (d *Device) EnsureLinkLocal(addr netip.Addr) error {
 				others = append(others, a)
 			}
 		}
-		const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE
-		if err := d.h.LinkSetIP6AddrGenMode(d.link, addrGenModeNone); err != nil {
-			return d.errorf("set IPv6 address generation mode none: %w", err)
-		}
-		for _, a := range others {
-			_ = d.h.AddrDel(d.link, &a)
-		}
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := d.h.AddrAdd(d.link, a); err != nil && !errors.Is(err, unix.EEXIST) {
-			return d.errorf("add link-local %s: %w", addr, err)
-		}
-		return nil
+		return d.setLinkLocal(addr, others)
 	})
 }

@@ -5,7 +5,6 @@ package kernel
 import (
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	"ipoibfs/internal/testenv"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,43 +166,21 @@ func ipMust(t *testing.T, args ...string) {
 }
 
 // joinIn opens a UDP socket in namespace ns joined to group on the interface with
-// address local. The socket is made by a thread that entered ns and is then discarded.
+// address local.
 func joinIn(t *testing.T, ns string, group, local netip.Addr) int {
 	t.Helper()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := netns.Set(h); err != nil {
-			ch <- result{-1, err}
-			return
-		}
+	return testenv.InNetns(t, ns, func() (int, error) {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			ch <- result{-1, err}
-			return
+			return -1, err
 		}
 		mreq := &unix.IPMreq{Multiaddr: group.As4(), Interface: local.As4()}
 		if err := unix.SetsockoptIPMreq(fd, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
 			unix.Close(fd)
-			ch <- result{-1, err}
-			return
+			return -1, err
 		}
-		ch <- result{fd, nil}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("join %s in %s: %v", group, ns, r.err)
-	}
-	return r.fd
+		return fd, nil
+	})
 }
 
 func TestParseIGMP(t *testing.T) {
