@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strconv"
@@ -166,6 +167,15 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 	if t.sm != nil {
 		out = append(out, t.dir("", "sm", t.listSM))
 	}
+	// fabric: every node's view of the fabric, from SA queries (saquery's).
+	out = append(out, t.dir("", "fabric", static(
+		func(d string) *Node {
+			return t.file(d, "groups", 0444, func() (string, error) { return t.e.FabricGroupsText(context.Background()) }, nil)
+		},
+		func(d string) *Node {
+			return t.file(d, "nodes", 0444, func() (string, error) { return t.e.FabricNodesText(context.Background()) }, nil)
+		},
+	)))
 	// link: named children, as ip link add ... type ipoib makes them (the kernel
 	// refuses that for devices it does not drive); root's, with CAP_NET_ADMIN.
 	lk := t.file("", "link", 0600, t.linkText, t.linkWrite)

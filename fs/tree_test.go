@@ -82,7 +82,7 @@ func TestLayout(t *testing.T) {
 	v := newEnv(t)
 	tr := v.tree
 	for path, want := range map[string][]string{
-		"":                           {"class", "kernel", "link", "module", "sm"},
+		"":                           {"class", "fabric", "kernel", "link", "module", "sm"},
 		"class":                      {"infiniband", "net"},
 		"class/net":                  {"ib0"},
 		"class/infiniband":           {"n1"},
@@ -98,7 +98,8 @@ func TestLayout(t *testing.T) {
 			"rx_fifo_errors", "rx_frame_errors", "rx_length_errors", "rx_missed_errors", "rx_nohandler",
 			"rx_over_errors", "rx_packets", "tx_aborted_errors", "tx_bytes", "tx_carrier_errors", "tx_compressed",
 			"tx_dropped", "tx_errors", "tx_fifo_errors", "tx_heartbeat_errors", "tx_packets", "tx_window_errors"},
-		"sm": {"auth_failures", "faults", "groups", "nodes", "partitions"},
+		"sm":     {"auth_failures", "faults", "groups", "nodes", "partitions"},
+		"fabric": {"groups", "nodes"},
 	} {
 		if diff := cmp.Diff(want, names(t, tr, path)); diff != "" {
 			t.Errorf("ls %q (-want +got):\n%s", path, diff)
@@ -108,7 +109,7 @@ func TestLayout(t *testing.T) {
 		t.Errorf("pkeys: %d entries, want the table capacity 64", got)
 	}
 	// Without an SM there is no sm/.
-	if diff := cmp.Diff([]string{"class", "kernel", "link", "module"}, names(t, New(v.e, Options{}), "")); diff != "" {
+	if diff := cmp.Diff([]string{"class", "fabric", "kernel", "link", "module"}, names(t, New(v.e, Options{}), "")); diff != "" {
 		t.Errorf("root without SM: %s", diff)
 	}
 }
@@ -576,5 +577,27 @@ func TestOpenModes(t *testing.T) {
 		if n.Perm() != perm {
 			t.Errorf("%s perm %o want %o", path, n.Perm(), perm)
 		}
+	}
+}
+
+// fabric/ is the SA's answer to this node: the same ports and groups the SM's own
+// files list (members aside, which the SA shows only with the SM_Key).
+func TestFabricViewMatchesSM(t *testing.T) {
+	v := newEnv(t)
+	smNodes, _ := read(v.tree, "sm/nodes")
+	nodes, errno := read(v.tree, "fabric/nodes")
+	if errno != 0 || nodes != smNodes || nodes == "" {
+		t.Errorf("fabric/nodes (errno %v):\n%s\nsm/nodes:\n%s", errno, nodes, smNodes)
+	}
+	smGroups, _ := read(v.tree, "sm/groups")
+	var want strings.Builder
+	for _, l := range strings.SplitAfter(smGroups, "\n") {
+		if !strings.HasPrefix(l, "  members:") && !strings.HasPrefix(l, "    ") {
+			want.WriteString(l)
+		}
+	}
+	groups, errno := read(v.tree, "fabric/groups")
+	if errno != 0 || groups != want.String() || !strings.Contains(groups, "ff12:401b:ffff:0:0:0:ffff:ffff") {
+		t.Errorf("fabric/groups (errno %v):\n%s\nsm/groups without members:\n%s", errno, groups, want.String())
 	}
 }

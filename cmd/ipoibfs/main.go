@@ -226,7 +226,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	// up is handled (after setup) instead of killing the daemon.
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	cfg := soft.Config{Name: *name, Ports: *ports}
+	cfg := soft.Config{Name: *name, Ports: *ports, Logger: log.Default()}
 	if *fabricKey != "" {
 		key, err := loadFabricKey(*fabricKey)
 		if err != nil {

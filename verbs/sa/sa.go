@@ -36,9 +36,16 @@ func (e *StatusError) Error() string {
 var ErrBadResponse = errors.New("malformed SA response")
 
 func (c *Client) call(ctx context.Context, op string, req *mad.SAMAD) (*mad.SAMAD, error) {
+	resp, _, err := c.callRaw(ctx, op, req)
+	return resp, err
+}
+
+// callRaw is call that also returns the answer as received: one MAD, or the joined-up
+// RMPP transfer of a long GetTable answer.
+func (c *Client) callRaw(ctx context.Context, op string, req *mad.SAMAD) (*mad.SAMAD, []byte, error) {
 	attr := c.Port.Attr()
 	if attr.State != verbs.PortActive || attr.SMLID == 0 {
-		return nil, fmt.Errorf("sa %s: %w", op, verbs.ErrPortDown)
+		return nil, nil, fmt.Errorf("sa %s: %w", op, verbs.ErrPortDown)
 	}
 	timeout, retries := c.Timeout, c.Retries
 	if timeout == 0 {
@@ -50,16 +57,83 @@ func (c *Client) call(ctx context.Context, op string, req *mad.SAMAD) (*mad.SAMA
 	req.TID = tidSeq.Add(1) << 32
 	raw, err := c.Port.MAD().Call(ctx, attr.SMLID, req.Bytes(), timeout, retries)
 	if err != nil {
-		return nil, fmt.Errorf("sa %s: %w", op, err)
+		return nil, nil, fmt.Errorf("sa %s: %w", op, err)
 	}
 	var resp mad.SAMAD
 	if err := mad.ParseSA(raw, &resp); err != nil || !resp.IsResponse() || resp.AttrID != req.AttrID {
-		return nil, fmt.Errorf("sa %s: %w", op, ErrBadResponse)
+		return nil, nil, fmt.Errorf("sa %s: %w", op, ErrBadResponse)
 	}
 	if resp.Status != mad.StatusOK {
-		return &resp, &StatusError{Op: op, Status: resp.Status}
+		return &resp, raw, &StatusError{Op: op, Status: resp.Status}
 	}
-	return &resp, nil
+	return &resp, raw, nil
+}
+
+// GetTable asks for every record of attr matching rec (marshalled, up to 200 bytes)
+// under mask, as saquery does, and returns them: each the attribute's stride long,
+// from one MAD or a multi-segment RMPP answer. No records is an empty result, not an
+// error (the SA answers GetTable with status 0 and none).
+func (c *Client) GetTable(ctx context.Context, attr uint16, rec []byte, mask uint64) ([][]byte, error) {
+	req := mad.NewSARequest(mad.MethodGetTable, attr, 0, mask)
+	copy(req.Data[:], rec)
+	op := fmt.Sprintf("get table %#04x", attr)
+	_, raw, err := c.callRaw(ctx, op, &req)
+	if err != nil {
+		var se *StatusError
+		if errors.As(err, &se) && se.Status == mad.StatusSANoRecords {
+			return nil, nil
+		}
+		return nil, err
+	}
+	recs, err := mad.TableOf(raw)
+	if err != nil {
+		return nil, fmt.Errorf("sa %s: %w", op, ErrBadResponse)
+	}
+	return recs, nil
+}
+
+// Nodes is NodeRecord GetTable: every node port the SA lets this port see.
+func (c *Client) Nodes(ctx context.Context) ([]mad.NodeRecord, error) {
+	return table[mad.NodeRecord](ctx, c, mad.AttrNodeRecord, mad.NodeRecordSize)
+}
+
+// PortInfos is PortInfoRecord GetTable.
+func (c *Client) PortInfos(ctx context.Context) ([]mad.PortInfoRecord, error) {
+	return table[mad.PortInfoRecord](ctx, c, mad.AttrPortInfoRecord, mad.PortInfoRecordSize)
+}
+
+// PKeyTables is P_KeyTableRecord GetTable.
+func (c *Client) PKeyTables(ctx context.Context) ([]mad.PKeyTableRecord, error) {
+	return table[mad.PKeyTableRecord](ctx, c, mad.AttrPKeyTableRecord, mad.PKeyTableRecordSize)
+}
+
+// Groups is MCMemberRecord GetTable without an SM_Key: one record per multicast group
+// in the port's partitions, PortGID and JoinState zero (IBA p923).
+func (c *Client) Groups(ctx context.Context) ([]mad.MCMemberRecord, error) {
+	return table[mad.MCMemberRecord](ctx, c, mad.AttrMCMemberRecord, mad.MCMemberRecordSize)
+}
+
+// record is a pointer to a record type that decodes itself.
+type record[T any] interface {
+	*T
+	Unmarshal([]byte) error
+}
+
+func table[T any, P record[T]](ctx context.Context, c *Client, attr uint16, size int) ([]T, error) {
+	raw, err := c.GetTable(ctx, attr, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, len(raw))
+	for i, b := range raw {
+		if len(b) < size {
+			return nil, fmt.Errorf("sa get table %#04x: %w: record of %d bytes", attr, ErrBadResponse, len(b))
+		}
+		if err := P(&out[i]).Unmarshal(b); err != nil {
+			return nil, fmt.Errorf("sa get table %#04x: %w", attr, ErrBadResponse)
+		}
+	}
+	return out, nil
 }
 
 // Join sends an MCMemberRecord Set with the given component mask and returns the

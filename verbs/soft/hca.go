@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"log"
 	"math"
 	"net/netip"
 	"sync"
@@ -33,6 +34,8 @@ type Config struct {
 	// FabricKey, when set (MinFabricKeyLen bytes or more), authenticates every QP0
 	// control message and QP1 MAD (see fabrickey.go); the whole fabric must share it.
 	FabricKey []byte
+	// Logger receives the ports' lines about reaching the subnet manager (nil: none).
+	Logger *log.Logger
 }
 
 // HCA is a software host channel adapter implementing verbs.Device.

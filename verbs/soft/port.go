@@ -1,8 +1,6 @@
 package soft
 
 import (
-	"context"
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -33,6 +31,10 @@ type Port struct {
 	mgidLID  map[verbs.GID]verbs.LID
 	attached map[verbs.GID][]*QP // multicast attachments of this port's QPs
 	lastCfg  time.Time
+	// What the port last said about reaching its subnet manager (see watchSM).
+	smLost   bool
+	smWarned time.Time
+	started  time.Time
 
 	// sm is set when this port hosts the subnet manager: QP0 and SA traffic go to it.
 	sm atomic.Pointer[SM]
@@ -159,14 +161,56 @@ func (p *Port) heartbeat() {
 	defer p.hca.wg.Done()
 	t := time.NewTicker(p.hca.cfg.Heartbeat)
 	defer t.Stop()
+	p.mu.Lock()
+	p.started = time.Now()
+	p.mu.Unlock()
 	for {
 		p.sendHello()
 		select {
 		case <-p.hca.stop:
 			return
-		case <-t.C:
+		case now := <-t.C:
+			p.watchSM(now)
 		}
 	}
+}
+
+// The SM answers every hello with the port's configuration. A port that hears nothing
+// for smSilenceBeats says so, and again every smWarnBeats while it lasts, as a lost SM
+// deserves; the first configuration after that is logged too. The port's
+// state stays what the SM last set (an IB port stays ACTIVE when its SM dies), and is
+// DOWN until an SM has configured it at all. Both are counted in heartbeats: 2 s and
+// 5 s at the default 250 ms.
+const (
+	smSilenceBeats = 8
+	smWarnBeats    = 20
+)
+
+// watchSM logs the start of a silence of the subnet manager and, while it lasts, a
+// reminder every smWarnBeats.
+func (p *Port) watchSM(now time.Time) {
+	if p.sm.Load() != nil || p.hca.cfg.Logger == nil {
+		return
+	}
+	p.mu.Lock()
+	since := p.lastCfg
+	if since.IsZero() {
+		since = p.started
+	}
+	silent := now.Sub(since)
+	hb := p.hca.cfg.Heartbeat
+	if silent < smSilenceBeats*hb || now.Sub(p.smWarned) < smWarnBeats*hb {
+		p.mu.Unlock()
+		return
+	}
+	p.smLost, p.smWarned = true, now
+	state, never := p.attr.State, p.lastCfg.IsZero()
+	p.mu.Unlock()
+	what := "since it started"
+	if !never {
+		what = "for " + silent.Truncate(time.Second).String()
+	}
+	p.hca.cfg.Logger.Printf("%s: no answer from the subnet manager at %s %s; port state %s", p, p.hca.cfg.SM, what, state)
 }
 
 func (p *Port) sendHello() {
@@ -245,7 +289,12 @@ func (p *Port) applyConfig(c *ctlConfig) {
 	var evs []verbs.EventType
 	p.mu.Lock()
 	a := &p.attr
-	p.lastCfg = time.Now()
+	now := time.Now()
+	silent, wasLost := now.Sub(p.lastCfg), p.smLost
+	if p.lastCfg.IsZero() {
+		silent = now.Sub(p.started)
+	}
+	p.lastCfg, p.smLost, p.smWarned = now, false, time.Time{}
 	wasActive := a.State == verbs.PortActive
 	if a.LID != c.LID && a.LID != 0 {
 		evs = append(evs, verbs.EventLIDChange)
@@ -276,6 +325,10 @@ func (p *Port) applyConfig(c *ctlConfig) {
 	}
 	nowActive := a.State == verbs.PortActive
 	p.mu.Unlock()
+	if wasLost && p.hca.cfg.Logger != nil {
+		p.hca.cfg.Logger.Printf("%s: the subnet manager at %s answers after %s: LID %#x, SM LID %#x, state %s",
+			p, p.hca.cfg.SM, silent.Truncate(time.Millisecond), c.LID, c.SMLID, c.State)
+	}
 	if nowActive && !wasActive {
 		evs = append([]verbs.EventType{verbs.EventPortActive}, evs...)
 	}
@@ -454,132 +507,4 @@ func (p *Port) resolve(dlid verbs.LID, dst []Datagram) ([]Datagram, verbs.GID, b
 		return dst, verbs.GID{}, false
 	}
 	return append(dst, Datagram{Addr: r.Addr}), r.GID, true
-}
-
-// ---- QP1 general services agent ----
-
-type gsiAgent struct {
-	port    *Port
-	mu      sync.Mutex
-	pending map[uint32]chan []byte
-	tid     atomic.Uint32
-	hmu     sync.RWMutex
-	handler map[uint8]verbs.MADHandler
-}
-
-// Call sends a request MAD to QP1 at dlid and waits for the matching response.
-func (g *gsiAgent) Call(ctx context.Context, dlid verbs.LID, req []byte, timeout time.Duration, retries int) ([]byte, error) {
-	if len(req) < 24 {
-		return nil, &verbs.Error{Op: "mad_call", Obj: g.port.String(), Err: fmt.Errorf("%w: MAD of %d bytes", verbs.ErrInvalid, len(req))}
-	}
-	req = slices.Clone(req)
-	// The low 32 bits of the TID identify the request on this agent, as the kernel MAD
-	// layer does with its agent bits; the caller's high bits are kept.
-	tid := g.tid.Add(1)
-	binary.BigEndian.PutUint32(req[12:], tid)
-	ch := make(chan []byte, 1)
-	g.mu.Lock()
-	g.pending[tid] = ch
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		delete(g.pending, tid)
-		g.mu.Unlock()
-	}()
-	for try := 0; try <= retries; try++ {
-		if err := g.send(dlid, verbs.GSIQPN, req); err != nil {
-			return nil, &verbs.Error{Op: "mad_call", Obj: g.port.String(), Err: err}
-		}
-		t := time.NewTimer(timeout)
-		select {
-		case resp := <-ch:
-			t.Stop()
-			return resp, nil
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil, &verbs.Error{Op: "mad_call", Obj: fmt.Sprintf("%s to LID %#x", g.port, dlid), Err: verbs.ErrTimeout}
-}
-
-// send transmits a MAD from QP1 to dqp at dlid.
-func (g *gsiAgent) send(dlid verbs.LID, dqp verbs.QPN, mad []byte) error {
-	p := g.port
-	p.mu.RLock()
-	var pkey verbs.PKey = verbs.DefaultPKey
-	if len(p.pkeys) > 0 {
-		pkey = p.pkeys[0]
-	}
-	sgid := p.gid0()
-	p.mu.RUnlock()
-	dst, dgid, ok := p.resolve(dlid, nil)
-	if !ok {
-		p.cnt.xmitDisc.Add(1)
-		return fmt.Errorf("%w: no route to LID %#x", verbs.ErrPortDown, dlid)
-	}
-	if p.auth != nil && dqp == verbs.GSIQPN {
-		mad = p.auth.seal(mad, 1, guidOf(dgid))
-	}
-	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey), DestQP: uint32(dqp)},
-		DETH: wire.DETH{QKey: verbs.GSIQKey, SrcQP: uint32(verbs.GSIQPN)}, Payload: mad}
-	b := pkt.AppendTo(nil, sgid, dgid)
-	for i := range dst {
-		dst[i].Data = b
-	}
-	p.cnt.xmitPkts.Add(uint64(len(dst)))
-	p.cnt.xmitBytes.Add(uint64(len(b) * len(dst)))
-	return p.ep.Send(dst)
-}
-
-func (g *gsiAgent) receive(src ctlRoute, srcQP verbs.QPN, mad []byte) {
-	if len(mad) < 24 {
-		g.port.cnt.malformed.Add(1)
-		return
-	}
-	if mad[3]&0x80 != 0 { // response
-		tid := binary.BigEndian.Uint32(mad[12:])
-		g.mu.Lock()
-		ch := g.pending[tid]
-		g.mu.Unlock()
-		if ch != nil {
-			select {
-			case ch <- slices.Clone(mad):
-			default: // duplicate response
-			}
-			return
-		}
-	}
-	g.hmu.RLock()
-	h := g.handler[mad[1]]
-	g.hmu.RUnlock()
-	if h == nil {
-		return
-	}
-	if resp := h(verbs.MADSource{LID: src.LID, GID: src.GID, QPN: srcQP}, mad); resp != nil {
-		_ = g.send(src.LID, srcQP, resp)
-	}
-}
-
-// Send sends a MAD from QP1 to dqp at dlid.
-func (g *gsiAgent) Send(dlid verbs.LID, dqp verbs.QPN, mad []byte) error {
-	if err := g.send(dlid, dqp, mad); err != nil {
-		return &verbs.Error{Op: "mad_send", Obj: g.port.String(), Err: err}
-	}
-	return nil
-}
-
-// Register installs the handler of a management class.
-func (g *gsiAgent) Register(class uint8, h verbs.MADHandler) {
-	g.hmu.Lock()
-	defer g.hmu.Unlock()
-	if h == nil {
-		delete(g.handler, class)
-		return
-	}
-	if g.handler == nil {
-		g.handler = map[uint8]verbs.MADHandler{}
-	}
-	g.handler[class] = h
 }

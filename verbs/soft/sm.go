@@ -44,6 +44,7 @@ type smPort struct {
 	nodeGUID  verbs.GUID
 	guid      verbs.GUID
 	num       int
+	numPorts  uint8
 	desc      string
 	lid       verbs.LID
 	maxMTU    verbs.MTU
@@ -245,7 +246,7 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 		sm.byGUID[h.PortGUID] = sp
 		isNew = true
 	}
-	sp.nodeGUID, sp.num, sp.desc = h.NodeGUID, int(h.PortNum), h.NodeDesc
+	sp.nodeGUID, sp.num, sp.numPorts, sp.desc = h.NodeGUID, int(h.PortNum), h.NumPorts, h.NodeDesc
 	sp.maxMTU, sp.width, sp.laneMbps = h.MaxMTU, int(h.Width), int(h.LaneMbps)
 	sp.lastSeen = time.Now()
 	reregister := h.Epoch != sm.epoch
@@ -418,7 +419,34 @@ func (sm *SM) handleSA(src verbs.MADSource, req []byte) []byte {
 // sadbPort describes a port for the SA database. Called with sm.mu held.
 func (sm *SM) sadbPort(sp *smPort) sadb.Port {
 	return sadb.Port{GUID: sp.guid, GID: sp.gid(), LID: sp.lid, PKeys: slices.Clone(sp.pkeys),
-		MTU: sp.maxMTU, Rate: rateFor(sp.width, sp.laneMbps), IsSM: sp.isSM}
+		MTU: sp.maxMTU, Rate: rateFor(sp.width, sp.laneMbps), IsSM: sp.isSM,
+		NodeGUID: sp.nodeGUID, PortNum: uint8(sp.num), NumPorts: sp.numPorts, Desc: sp.desc,
+		MaxMTU: sp.maxMTU, Width: widthCode(sp.width), Speed: speedCode(sp.laneMbps)}
+}
+
+// widthCode is PortInfo's LinkWidthActive for a number of lanes.
+func widthCode(lanes int) uint8 {
+	switch lanes {
+	case 1:
+		return 1
+	case 8:
+		return 4
+	case 12:
+		return 8
+	}
+	return 2 // 4x
+}
+
+// speedCode is PortInfo's LinkSpeedActive for a lane speed (SDR, DDR, QDR; faster
+// lanes are extended speeds, which LinkSpeedActive reports as QDR-capable).
+func speedCode(laneMbps int) uint8 {
+	switch {
+	case laneMbps <= 2500:
+		return 1
+	case laneMbps <= 5000:
+		return 2
+	}
+	return 4
 }
 
 func (sm *SM) portByGID(g verbs.GID) (*smPort, bool) {
@@ -449,6 +477,18 @@ func (f smFabric) PortByGID(g verbs.GID) (sadb.Port, bool) {
 	f.sm.mu.Lock()
 	defer f.sm.mu.Unlock()
 	return f.sm.sadbPort(sp), true
+}
+
+// Ports lists every port the SM knows, for queries that cover the fabric (NodeRecord,
+// PortInfoRecord, P_KeyTableRecord, PathRecords with an open end).
+func (f smFabric) Ports() []sadb.Port {
+	f.sm.mu.Lock()
+	defer f.sm.mu.Unlock()
+	out := make([]sadb.Port, 0, len(f.sm.ports))
+	for _, sp := range f.sm.ports {
+		out = append(out, f.sm.sadbPort(sp))
+	}
+	return out
 }
 
 func (f smFabric) PortByLID(l verbs.LID) (sadb.Port, bool) {

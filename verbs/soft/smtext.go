@@ -3,10 +3,9 @@ package soft
 import (
 	"bytes"
 	"fmt"
-	"strconv"
 	"strings"
 
-	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/soft/partitions"
 	"ipoibfs/verbs/soft/sadb"
 )
@@ -50,13 +49,7 @@ func (sm *SM) NodesText() string { return nodesText(sm.Nodes()) }
 func nodesText(ns []NodeInfo) string {
 	var b strings.Builder
 	for _, n := range ns {
-		keys := make([]string, len(n.PKeys))
-		for k, p := range n.PKeys {
-			keys[k] = fmt.Sprintf("0x%04x", uint16(p))
-		}
-		fmt.Fprintf(&b, "%s node_guid 0x%016x port_guid 0x%016x port %d lid 0x%04x state %s pkeys %s\n",
-			strconv.Quote(n.Name), uint64(n.NodeGUID), uint64(n.PortGUID), n.Port, uint16(n.LID), n.State,
-			strings.Join(keys, ","))
+		b.WriteString(mad.NodeLine(n.Name, n.NodeGUID, n.PortGUID, n.Port, n.LID, n.State, n.PKeys))
 	}
 	return b.String()
 }
@@ -75,21 +68,12 @@ func joinStateString(s uint8) string {
 	return strings.Join(names, "+")
 }
 
-func rateText(r verbs.Rate) string {
-	m := r.Mbps()
-	if m == 0 {
-		return "unknown"
-	}
-	return strconv.FormatFloat(float64(m)/1000, 'f', -1, 64) + " Gb/sec"
-}
-
 // groupsText is sm/groups: one block per multicast group in MGID order.
 func groupsText(gs []sadb.Group) string {
 	var b strings.Builder
 	for _, g := range gs {
-		fmt.Fprintf(&b, "MGID: %s\n", g.MGID.KernelString())
-		fmt.Fprintf(&b, "  MLID: 0x%04x\n  P_Key: 0x%04x\n  Q_Key: 0x%08x\n", uint16(g.MLID), uint16(g.PKey), g.QKey)
-		fmt.Fprintf(&b, "  MTU: %d (%d)\n  rate: %d (%s)\n  SL: %d\n  scope: %d\n", g.MTU, g.MTU.Bytes(), g.Rate, rateText(g.Rate), g.SL, g.Scope)
+		b.WriteString(mad.GroupText(&mad.MCMemberRecord{MGID: g.MGID, MLID: g.MLID, PKey: g.PKey, QKey: g.QKey,
+			MTU: g.MTU, Rate: g.Rate, SL: g.SL, Scope: g.Scope}))
 		fmt.Fprintf(&b, "  members: %d\n", len(g.Members))
 		for _, m := range g.Members {
 			proxy := ""

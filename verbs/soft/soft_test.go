@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -541,4 +543,58 @@ func TestCQModerationAlwaysSignals(t *testing.T) {
 		}
 		c.Close()
 	}
+}
+
+// A port whose subnet manager does not answer says so (again every few seconds), and
+// says when it answers; meanwhile the port is DOWN.
+func TestUnreachableSMIsLogged(t *testing.T) {
+	n := NewMemNetwork()
+	logs := &lockedBuffer{}
+	lg := log.New(logs, "", 0)
+	// The SM's endpoint is taken before the SM exists: nothing answers there yet.
+	hold, err := n.Listen(netip.AddrPort{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	smAddr := hold.Addr()
+	h, err := New(Config{Name: "lonely", Network: n, SM: smAddr, Heartbeat: 20 * time.Millisecond, Logger: lg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	waitFor(t, "two lines about the silent SM", func() bool {
+		return strings.Count(logs.String(), "no answer from the subnet manager at "+smAddr.String()+" since it started") >= 2
+	})
+	if s := h.SoftPort(1).Attr().State; s != verbs.PortDown {
+		t.Fatalf("port state %v without an SM, want DOWN", s)
+	}
+	hold.Close()
+	smh, err := New(Config{Name: "sm", Network: n, Listen: smAddr, HostSM: true, Heartbeat: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	waitFor(t, "the SM's arrival logged", func() bool {
+		return strings.Contains(logs.String(), "the subnet manager at "+smAddr.String()+" answers after")
+	})
+	if s := h.SoftPort(1).Attr().State; s != verbs.PortActive {
+		t.Fatalf("port state %v after the SM answered", s)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

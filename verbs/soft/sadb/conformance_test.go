@@ -336,3 +336,48 @@ func view(req, resp []byte) (saView, error) {
 	}
 	return v, nil
 }
+
+// The NodeRecord and PortInfoRecord layouts of package mad read unmodified OpenSM's
+// answers for a port of the ibsim fabric as saquery -N / -p would print them.
+func TestRecordLayoutsAgainstOpenSM(t *testing.T) {
+	testenv.Short(t, "starts ibsim and OpenSM")
+	fab := ibsimsa.Start(t, conformancePartitions)
+	relay := fab.Relay(t, ibsimsa.HostHca2)
+	ask := func(attr uint16, mask uint64, rec []byte) mad.SAMAD {
+		t.Helper()
+		req := mad.NewSARequest(mad.MethodGet, attr, 0x7100, mask)
+		copy(req.Data[:], rec)
+		raw, err := relay.Do(req.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m mad.SAMAD
+		if err := mad.ParseSA(raw, &m); err != nil || m.Status != mad.StatusOK {
+			t.Fatalf("attribute %#x: status %v, %v", attr, m.Status, err)
+		}
+		return m
+	}
+	nb := make([]byte, mad.NodeRecordSize)
+	(&mad.NodeRecord{LID: simHca3.LID}).Marshal(nb)
+	m := ask(mad.AttrNodeRecord, compNodeLID, nb)
+	var n mad.NodeRecord
+	if err := n.Unmarshal(m.Data[:]); err != nil {
+		t.Fatal(err)
+	}
+	if n.LID != simHca3.LID || n.PortGUID != simHca3.GUID || n.NodeType != mad.NodeTypeCA || n.NumPorts != 1 ||
+		n.LocalPort != 1 || n.NodeGUID == 0 || !bytes.Contains([]byte(n.Desc), []byte(ibsimsa.HostHca3)) {
+		t.Errorf("OpenSM's NodeRecord of Hca3 read as %+v", n)
+	}
+	pb := make([]byte, mad.PortInfoRecordSize)
+	(&mad.PortInfoRecord{LID: simHca3.LID}).Marshal(pb)
+	m = ask(mad.AttrPortInfoRecord, compPIRLID, pb)
+	var p mad.PortInfoRecord
+	if err := p.Unmarshal(m.Data[:]); err != nil {
+		t.Fatal(err)
+	}
+	if p.LID != simHca3.LID || p.PortLID != simHca3.LID || p.MasterSMLID != simHca1.LID || p.State != verbs.PortActive ||
+		p.LinkWidthAct != 2 || p.LinkSpeedAct != 1 || p.MTUCap != verbs.MTU2048 || p.GIDPrefix != simHca3.GID.Prefix() ||
+		p.PhysState != physLinkUp {
+		t.Errorf("OpenSM's PortInfoRecord of Hca3 read as %+v", p)
+	}
+}

@@ -31,7 +31,10 @@ const (
 // or carries a non-zero SM_Key other than the DB's (OpenSM drops those).
 //
 // Supported: ClassPortInfo Get; MCMemberRecord Set (join/create), Delete (leave), Get
-// and GetTable; PathRecord Get and GetTable. Bad base or class version gets status
+// and GetTable; PathRecord Get and GetTable; NodeRecord, PortInfoRecord and
+// P_KeyTableRecord Get and GetTable (see nodes.go). A GetTable answer longer than one
+// MAD is returned whole (header, then every record): the caller's QP1 sends it as a
+// multi-segment RMPP transfer (mad.SplitRMPP). Bad base or class version gets status
 // 0x0004, an unknown method 0x0008, an unsupported method/attribute combination
 // 0x000c; error responses echo the request (header and data) like OpenSM's
 // osm_sa_send_error.
@@ -39,12 +42,10 @@ const (
 // Known differences from OpenSM 3.3.23:
 //   - OpenSM silently drops Set/Delete of ClassPortInfo and PathRecord, unknown
 //     attributes and unknown methods; this DB answers 0x000c/0x0008 instead. It also
-//     supports only the three attributes above (OpenSM answers NodeRecord,
-//     PortInfoRecord, ServiceRecord, InformInfo and more).
+//     supports only the attributes above (OpenSM answers ServiceRecord, InformInfo,
+//     LinkRecord and more), and knows channel adapters only (no switch records).
 //   - OpenSM under umad2sim does not look at the class version at all (a class
 //     version 1 request is processed); this DB answers 0x0004.
-//   - GetTable answers hold at most what fits in one MAD (3 records), marked as a
-//     single RMPP segment; OpenSM would send a multi-segment RMPP transfer.
 //   - PathRecords are computed from the two end ports only (no switch hops), and
 //     without a PortLister an unspecified end is the requester rather than "every
 //     port"; QoS policies, LMC > 0 and routers are not modelled.
@@ -95,6 +96,8 @@ func (db *DB) Handle(src Port, req []byte) []byte {
 		return db.mcMember(src, &m)
 	case mad.AttrPathRecord:
 		return db.pathRecord(src, &m)
+	case mad.AttrNodeRecord, mad.AttrPortInfoRecord, mad.AttrPKeyTableRecord:
+		return db.portRecords(src, &m)
 	}
 	return errorResp(&m, mad.StatusBadMethodAttr)
 }
@@ -144,6 +147,11 @@ func respond(m *mad.SAMAD, size int, recs [][]byte) []byte {
 		}
 	}
 	r := okResp(m)
+	if m.Method == mad.MethodGetTable && len(recs) > mad.SADataSize/(int(mad.AttrOffsetFor(size))*8) {
+		// More than one MAD holds: the long answer, which QP1 sends as an RMPP
+		// transfer (the agent cuts it into segments).
+		return mad.LongTable(&r, size, recs)
+	}
 	n := r.SetTableRecords(size, recs)
 	if n == 0 {
 		r.SA.AttrOffset = 0

@@ -101,15 +101,39 @@ func newTestDB(t testing.TB) *DB {
 var tidSeq atomic.Uint64 // request TIDs
 
 // send runs one request through db.Handle and decodes the response.
-func send(t testing.TB, db *DB, src Port, req mad.SAMAD) mad.SAMAD {
+// answer is an SA answer: one MAD, or (long set) a GetTable answer longer than one
+// MAD, which QP1 sends as an RMPP transfer.
+type answer struct {
+	mad.SAMAD
+	long []byte
+}
+
+func send(t testing.TB, db *DB, src Port, req mad.SAMAD) answer {
 	t.Helper()
 	b := req.Bytes()
 	resp := db.Handle(src, b)
+	var long []byte
+	if len(resp) > mad.Size && req.Method == mad.MethodGetTable {
+		// What the requester gets after the wire: the RMPP segments joined up.
+		segs, err := mad.SplitRMPP(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r mad.Reassembly
+		for _, s := range segs {
+			if _, _, err := r.Add(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		long = r.Long()
+		resp = segs[0]
+	}
 	if len(resp) != mad.Size {
 		t.Fatalf("Handle returned %d bytes for method %#x attr %#x", len(resp), req.Method, req.AttrID)
 	}
-	var m mad.SAMAD
-	if err := mad.ParseSA(resp, &m); err != nil {
+	var m answer
+	m.long = long
+	if err := mad.ParseSA(resp, &m.SAMAD); err != nil {
 		t.Fatal(err)
 	}
 	if m.TID != req.TID || m.AttrID != req.AttrID || m.MgmtClass != mad.ClassSA {
@@ -140,7 +164,7 @@ func withSMKey(m mad.SAMAD, k uint64) mad.SAMAD {
 
 // mcRecs decodes the MCMemberRecords of a response (one for Get/Set/Delete, the
 // RMPP-counted ones for GetTable).
-func mcRecs(t testing.TB, m mad.SAMAD) []mad.MCMemberRecord {
+func mcRecs(t testing.TB, m answer) []mad.MCMemberRecord {
 	t.Helper()
 	if m.Status != mad.StatusOK {
 		return nil
@@ -156,7 +180,7 @@ func mcRecs(t testing.TB, m mad.SAMAD) []mad.MCMemberRecord {
 	return out
 }
 
-func prRecs(t testing.TB, m mad.SAMAD) []mad.PathRecord {
+func prRecs(t testing.TB, m answer) []mad.PathRecord {
 	t.Helper()
 	if m.Status != mad.StatusOK {
 		return nil
@@ -172,8 +196,18 @@ func prRecs(t testing.TB, m mad.SAMAD) []mad.PathRecord {
 	return out
 }
 
-func dataRecs(t testing.TB, m mad.SAMAD, size int) [][]byte {
+func dataRecs(t testing.TB, m answer, size int) [][]byte {
 	t.Helper()
+	if m.long != nil {
+		if want := mad.AttrOffsetFor(size); m.SA.AttrOffset != want {
+			t.Errorf("AttributeOffset %d, want %d", m.SA.AttrOffset, want)
+		}
+		recs, err := mad.TableOf(m.long)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return recs
+	}
 	if m.Method == mad.MethodGetTableResp {
 		if m.SA.RMPPVersion != 1 || m.SA.RMPPRespTimeFlags&7 != 7 || m.SA.RMPPType != mad.RMPPTypeData || m.SA.SegNum != 1 {
 			t.Errorf("GetTableResp RMPP header %+v is not a single DATA segment", m.SA)
@@ -213,7 +247,7 @@ func ipoibCreate(mgid, port verbs.GID, js uint8) mad.MCMemberRecord {
 }
 
 // mustOK runs a request that has to succeed.
-func mustOK(t testing.TB, db *DB, src Port, req mad.SAMAD) mad.SAMAD {
+func mustOK(t testing.TB, db *DB, src Port, req mad.SAMAD) answer {
 	t.Helper()
 	m := send(t, db, src, req)
 	if m.Status != mad.StatusOK {

@@ -82,6 +82,9 @@ func TestPathRecord(t *testing.T) {
 				{DGID: portC.GID, SGID: portA.GID, DLID: 4, SLID: 1, Reversible: true, PKey: 0x8001, MTUSelector: 2, MTU: 4, RateSelector: 2, Rate: 3, PacketLifeTimeSelector: 2, PacketLifeTime: 18},
 				wantBC(0x8001),
 				{DGID: portC.GID, SGID: portC.GID, DLID: 4, SLID: 4, Reversible: true, PKey: 0x8001, MTUSelector: 2, MTU: 5, RateSelector: 2, Rate: 7, PacketLifeTimeSelector: 2},
+				// Beyond one MAD: the long answer (RMPP) carries the rest.
+				{DGID: portC.GID, SGID: portD.GID, DLID: 4, SLID: 5, Reversible: true, PKey: 0x7fff, MTUSelector: 2, MTU: 5, RateSelector: 2, Rate: 5, PacketLifeTimeSelector: 2, PacketLifeTime: 18},
+				{DGID: portC.GID, SGID: portE.GID, DLID: 4, SLID: 6, Reversible: true, PKey: 0x7fff, MTUSelector: 2, MTU: 4, RateSelector: 2, Rate: 3, PacketLifeTimeSelector: 2, PacketLifeTime: 18},
 			}},
 		{name: "only DLID Get with a PortLister: first source", fabric: listing, src: portB, req: get(mad.CompPRDLID, mad.PathRecord{DLID: 4}),
 			want: []mad.PathRecord{{DGID: portC.GID, SGID: portA.GID, DLID: 4, SLID: 1, Reversible: true, PKey: 0x8001, MTUSelector: 2, MTU: 4, RateSelector: 2, Rate: 3, PacketLifeTimeSelector: 2, PacketLifeTime: 18}}},

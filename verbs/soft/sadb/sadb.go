@@ -32,6 +32,15 @@ type Port struct {
 	MTU   verbs.MTU // active MTU
 	Rate  verbs.Rate
 	IsSM  bool
+
+	// What NodeRecord and PortInfoRecord show (zero values are answered as zero).
+	NodeGUID verbs.GUID
+	PortNum  uint8
+	NumPorts uint8
+	Desc     string    // NodeDescription
+	MaxMTU   verbs.MTU // MTUCap
+	Width    uint8     // LinkWidthActive code: 1 1x, 2 4x, 4 8x, 8 12x
+	Speed    uint8     // LinkSpeedActive code: 1 SDR, 2 DDR, 4 QDR
 }
 
 // Fabric is the SM's view of ports, supplied by the caller. The DB calls it without

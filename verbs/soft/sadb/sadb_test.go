@@ -1,6 +1,7 @@
 package sadb
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 	"testing"
@@ -56,7 +57,8 @@ func TestHandleGeneric(t *testing.T) {
 		{name: "method Send", mod: func(m *mad.SAMAD) { m.Method = mad.MethodSend }, status: mad.StatusBadMethod, respMethod: 0x83},
 		{name: "method 0x42", mod: func(m *mad.SAMAD) { m.Method = 0x42 }, status: mad.StatusBadMethod, respMethod: 0xc2},
 		{name: "unknown attribute", mod: func(m *mad.SAMAD) { m.AttrID = 0x99 }, status: mad.StatusBadMethodAttr, respMethod: mad.MethodGetResp},
-		{name: "NodeRecord", mod: func(m *mad.SAMAD) { m.AttrID, m.Method = mad.AttrNodeRecord, mad.MethodGetTable }, status: mad.StatusBadMethodAttr, respMethod: mad.MethodGetTableResp},
+		{name: "ServiceRecord", mod: func(m *mad.SAMAD) { m.AttrID, m.Method = mad.AttrServiceRecord, mad.MethodGetTable }, status: mad.StatusBadMethodAttr, respMethod: mad.MethodGetTableResp},
+		{name: "NodeRecord Set", mod: func(m *mad.SAMAD) { m.AttrID = mad.AttrNodeRecord }, status: mad.StatusBadMethodAttr, respMethod: mad.MethodGetResp},
 		{name: "response bit", mod: func(m *mad.SAMAD) { m.Method = mad.MethodGetResp }, nilResp: true},
 		{name: "SMP class", mod: func(m *mad.SAMAD) { m.MgmtClass = mad.ClassSubnLID }, nilResp: true},
 		{name: "wrong SM_Key", mod: func(m *mad.SAMAD) { m.SA.SMKey = 99 }, nilResp: true},
@@ -260,9 +262,9 @@ func TestConcurrent(t *testing.T) {
 					mcReq(mad.MethodGetTable, 0, mad.MCMemberRecord{}),
 					prReq(mad.MethodGet, ipoibPath, pathBC()),
 				} {
-					b := req.Bytes()
-					if r := db.Handle(src, b); len(r) != mad.Size {
-						t.Errorf("response of %d bytes", len(r))
+					// The GetTable of everything is longer than one MAD.
+					if m := send(t, db, src, req); req.Method == mad.MethodGetTable && m.long == nil {
+						t.Errorf("GetTable of every group answered in one MAD")
 					}
 				}
 				_ = db.Groups()
@@ -297,6 +299,26 @@ func FuzzHandle(f *testing.F) {
 			resp := db.Handle(src, b)
 			if resp == nil {
 				continue
+			}
+			if len(resp) > mad.Size {
+				// A long GetTable answer: it must cut into segments and join up again.
+				if resp[3] != mad.MethodGetTableResp {
+					t.Fatalf("long answer to method %#x", resp[3])
+				}
+				segs, err := mad.SplitRMPP(resp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var r mad.Reassembly
+				for _, s := range segs {
+					if _, _, err := r.Add(s); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if l := r.Long(); !bytes.Equal(l[mad.SADataOffset:], resp[mad.SADataOffset:]) || !bytes.Equal(l[:mad.HeaderSize], resp[:mad.HeaderSize]) {
+					t.Fatal("long answer does not survive RMPP")
+				}
+				resp = segs[0]
 			}
 			if len(resp) != mad.Size {
 				t.Fatalf("response of %d bytes", len(resp))
