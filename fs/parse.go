@@ -252,8 +252,8 @@ var featureNames = []struct {
 	get         func(ipoib.Features) bool
 	set         func(*ipoib.Features, bool)
 }{
-	{"rx-checksumming", "rx", func(f ipoib.Features) bool { return f.Checksum }, func(f *ipoib.Features, v bool) { f.Checksum = v }},
-	{"tx-checksumming", "tx", func(f ipoib.Features) bool { return f.Checksum }, func(f *ipoib.Features, v bool) { f.Checksum = v }},
+	{"rx-checksumming", "rx", func(f ipoib.Features) bool { return f.RxChecksum }, func(f *ipoib.Features, v bool) { f.RxChecksum = v }},
+	{"tx-checksumming", "tx", func(f ipoib.Features) bool { return f.TxChecksum }, func(f *ipoib.Features, v bool) { f.TxChecksum = v }},
 	{"tcp-segmentation-offload", "tso", func(f ipoib.Features) bool { return f.TSO }, func(f *ipoib.Features, v bool) { f.TSO = v }},
 	{"generic-receive-offload", "gro", func(f ipoib.Features) bool { return f.GRO }, func(f *ipoib.Features, v bool) { f.GRO = v }},
 }

@@ -50,6 +50,16 @@ func TestKernelSmallRules(t *testing.T) {
 		{follows: "netdev_store: kstrtoul -ERANGE", path: ib + "tx_queue_len", write: "18446744073709551616\n", errno: syscall.ERANGE},
 		{follows: "change_tx_queue_len", path: ib + "tx_queue_len", write: "0x800\n"},
 		{follows: "change_tx_queue_len", path: ib + "tx_queue_len", want: "2048\n"},
+		{follows: "ipoib_fix_features: connected mode drops IP_CSUM and TSO only", path: ib + "mode", write: "connected\n"},
+		{follows: "ipoib_fix_features: connected mode drops IP_CSUM and TSO only", path: ib + "ethtool/features",
+			want: "rx-checksumming: on\ntx-checksumming: off [requested on]\ntcp-segmentation-offload: off [requested on]\ngeneric-receive-offload: on\n"},
+		{follows: "ipoib_set_mode", path: ib + "mode", write: "datagram\n"},
+		{follows: "netdev_fix_features: no GRO_HW without RXCSUM", path: ib + "ethtool/features", write: "rx off\n"},
+		{follows: "netdev_fix_features: no GRO_HW without RXCSUM", path: ib + "ethtool/features",
+			want: "rx-checksumming: off\ntx-checksumming: on\ntcp-segmentation-offload: on\ngeneric-receive-offload: off [requested on]\n"},
+		{follows: "netdev_fix_features: no TSO without checksum offload", path: ib + "ethtool/features", write: "rx on tx off\n"},
+		{follows: "netdev_fix_features: no TSO without checksum offload", path: ib + "ethtool/features",
+			want: "rx-checksumming: on\ntx-checksumming: off\ntcp-segmentation-offload: off [requested on]\ngeneric-receive-offload: on\n"},
 	} {
 		if c.write != "" {
 			if errno := write(v.tree, c.path, c.write); errno != c.errno {

@@ -417,14 +417,15 @@ func TestMTURulesAndMode(t *testing.T) {
 	if err := i.SetMTU(1500); err != nil || i.MTU() != 1500 || nodes[0].host.state().mtu != 1500 {
 		t.Fatalf("SetMTU(1500): %v, %d, host %d", err, i.MTU(), nodes[0].host.state().mtu)
 	}
-	// Connected mode: MTU 65520 overwrites the admin MTU, checksum and large send off.
+	// Connected mode: MTU 65520 overwrites the admin MTU, tx checksum and large send
+	// off, receive side untouched (ipoib_fix_features).
 	if err := i.SetMode(Connected); err != nil {
 		t.Fatalf("connected: %v", err)
 	}
 	if i.MTU() != 65520 || nodes[0].host.state().mtu != 65520 || i.Mode() != Connected {
 		t.Fatalf("connected: MTU %d host %d mode %v", i.MTU(), nodes[0].host.state().mtu, i.Mode())
 	}
-	if f := nodes[0].host.state().feat; f.Checksum || f.TSO || !i.RequestedFeatures().TSO {
+	if f := nodes[0].host.state().feat; f.TxChecksum || f.TSO || !f.RxChecksum || !f.GRO || !i.RequestedFeatures().TSO {
 		t.Fatalf("connected-mode features %+v (requested %+v)", f, i.RequestedFeatures())
 	}
 	for _, bad := range []int{65521, 67} {
@@ -448,9 +449,15 @@ func TestMTURulesAndMode(t *testing.T) {
 	if err := i.SetCoalesce(Coalesce{RxUsecs: 10, RxFrames: 16}); err != nil || i.Coalesce().RxFrames != 16 {
 		t.Fatalf("coalesce: %v", err)
 	}
-	i.SetFeatures(Features{Checksum: false, TSO: true, GRO: true})
-	if f := nodes[0].host.state().feat; f.TSO || f.Checksum || !f.GRO {
-		t.Fatalf("host features %+v (TSO needs checksum)", f)
+	i.SetFeatures(Features{RxChecksum: true, TxChecksum: false, TSO: true, GRO: true})
+	if f := nodes[0].host.state().feat; f.TSO || f.TxChecksum || !f.GRO || !f.RxChecksum {
+		t.Fatalf("host features %+v (TSO needs tx checksum, nothing else changes)", f)
+	}
+	// Receive coalescing hands the kernel checksum-trusted super-packets: without rx
+	// checksumming it is off, as netdev_fix_features drops hardware GRO without RXCSUM.
+	i.SetFeatures(Features{RxChecksum: false, TxChecksum: true, TSO: true, GRO: true})
+	if f, req := nodes[0].host.state().feat, i.RequestedFeatures(); f.GRO || f.RxChecksum || !f.TSO || !f.TxChecksum || !req.GRO {
+		t.Fatalf("rx checksum off: host features %+v, requested %+v", f, req)
 	}
 }
 

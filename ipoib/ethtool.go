@@ -5,15 +5,25 @@ import (
 	"syscall"
 )
 
-// Features are the switchable stateless offloads (ethtool -k/-K). They exist only in
-// datagram mode: connected mode forces checksum and large send off.
+// Features are the switchable stateless offloads (ethtool -k/-K). Connected mode forces
+// transmit checksum and large send off and leaves the receive side alone, as the
+// driver's ipoib_fix_features does.
 type Features struct {
-	Checksum bool // tx/rx IP checksum offload
-	TSO      bool // large send: 64 KB units from the kernel, segmented to the MTU in memory
-	GRO      bool // receive coalescing back to the kernel
+	// RxChecksum: received packets may reach the kernel as checksum-verified, as the
+	// driver's CHECKSUM_UNNECESSARY after the HCA's check: the fabric's ICRC covers
+	// every packet end to end. The TUN device takes that only for super-packets (it
+	// ignores virtio-net's DATA_VALID on input), so GRO is what this switch governs:
+	// off, every packet's checksum is checked by the kernel.
+	RxChecksum bool
+	TxChecksum bool // the kernel hands over packets with partial checksums we complete
+	TSO        bool // large send: 64 KB units from the kernel, segmented to the MTU in memory
+	// GRO: receive coalescing back to the kernel. A coalesced packet's checksum is not
+	// checked again, so GRO needs RxChecksum, as the kernel's netdev_fix_features drops
+	// hardware GRO without NETIF_F_RXCSUM.
+	GRO bool
 }
 
-var defaultFeatures = Features{Checksum: true, TSO: true, GRO: true}
+var defaultFeatures = Features{RxChecksum: true, TxChecksum: true, TSO: true, GRO: true}
 
 // Features returns the enabled features (after the mode's constraints).
 func (i *Interface) Features() Features {
@@ -25,10 +35,13 @@ func (i *Interface) Features() Features {
 func (i *Interface) effectiveFeaturesLocked() Features {
 	f := i.features
 	if i.mode == Connected {
-		f.Checksum, f.TSO = false, false
+		f.TxChecksum, f.TSO = false, false
 	}
-	if !f.Checksum {
+	if !f.TxChecksum {
 		f.TSO = false // TSO needs checksum offload, as netdev_fix_features enforces
+	}
+	if !f.RxChecksum {
+		f.GRO = false
 	}
 	return f
 }

@@ -29,7 +29,7 @@ type bridge struct {
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
 	f := i.Features()
 	dev, err := kernel.Open(kernel.Config{Name: i.Name(), MTU: i.MTU(), NetNS: netns,
-		Offloads: kernel.Offloads{Checksum: f.Checksum, TSO: f.TSO, GRO: f.GRO}})
+		Offloads: offloads(f)})
 	if err != nil {
 		return nil, err
 	}
@@ -90,9 +90,11 @@ func (b *bridge) onLink(l kernel.Link) {
 	}
 	if l.FeaturesChanged {
 		// ethtool -K on the device: the request the engine keeps; the mode's
-		// constraints then apply (connected mode forces checksum and TSO off again).
+		// constraints then apply (connected mode forces tx checksum and TSO off again).
+		// The TUN device's rx-checksumming is fixed off (it has no NETIF_F_RXCSUM): the
+		// engine's receive checksum switch is the tree's alone.
 		f := l.Features
-		b.i.SetFeatures(ipoib.Features{Checksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO})
+		b.i.SetFeatures(ipoib.Features{RxChecksum: b.i.RequestedFeatures().RxChecksum, TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO})
 	}
 	if l.UpChanged {
 		if err := b.i.SetUp(l.Up); err != nil {
@@ -228,7 +230,11 @@ func (b *bridge) SetAdminUp(up bool) {
 }
 
 func (b *bridge) SetOffloads(f ipoib.Features) {
-	b.logErr(b.dev.SetOffloads(kernel.Offloads{Checksum: f.Checksum, TSO: f.TSO, GRO: f.GRO}))
+	b.logErr(b.dev.SetOffloads(offloads(f)))
+}
+
+func offloads(f ipoib.Features) kernel.Offloads {
+	return kernel.Offloads{TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO}
 }
 
 // bridges keeps one bridge per engine interface. The engine calls Create and Delete

@@ -393,7 +393,7 @@ func (d *Device) SetMTU(mtu int) error {
 
 // SetOffloads switches offloads at run time: checksum and TSO through TUNSETOFFLOAD
 // (the kernel stops/starts handing over super-packets at once, also on established
-// connections), GRO for the following Write calls. TSO without Checksum is recorded as
+// connections), GRO for the following Write calls. TSO without TxChecksum is recorded as
 // TSO off, as ethtool does.
 func (d *Device) SetOffloads(o Offloads) error {
 	return d.control(func() error {
@@ -426,7 +426,7 @@ func (d *Device) applyOffloads(o Offloads) error {
 	if err := d.ioctlOffload(flags); err != nil {
 		return fmt.Errorf("TUNSETOFFLOAD %#x (%v): %w", flags, o, err)
 	}
-	if err := d.setFeatures(o.Checksum, o.TSO); err != nil {
+	if err := d.setFeatures(o.TxChecksum, o.TSO); err != nil {
 		return fmt.Errorf("ethtool features (%v): %w", o, err)
 	}
 	d.offloads = o

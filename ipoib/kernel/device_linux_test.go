@@ -359,7 +359,7 @@ func mbps(size int, d time.Duration) string {
 func TestRelay(t *testing.T) {
 	prereqs(t)
 	const mtu = 4092 // IPoIB datagram mode on a 4K IB MTU
-	all := Offloads{Checksum: true, TSO: true, GRO: true}
+	all := Offloads{TxChecksum: true, TSO: true, GRO: true}
 	p := newPair(t, mtu, all)
 	size := 32 << 20
 	if raceEnabled {
@@ -418,7 +418,7 @@ func TestRelay(t *testing.T) {
 	t.Run("tcp6", func(t *testing.T) { checkTSO(t, "fd77::2", true) })
 
 	t.Run("offloads", func(t *testing.T) {
-		off := Offloads{Checksum: true, GRO: true}
+		off := Offloads{TxChecksum: true, GRO: true}
 		if err := p.a.SetOffloads(off); err != nil {
 			t.Fatal(err)
 		}
@@ -437,7 +437,7 @@ func TestRelay(t *testing.T) {
 		checkTSO(t, "10.77.0.2", false)
 
 		// GRO off on the writing side: every packet is its own skb.
-		if err := p.b.SetOffloads(Offloads{Checksum: true, TSO: true}); err != nil {
+		if err := p.b.SetOffloads(Offloads{TxChecksum: true, TSO: true}); err != nil {
 			t.Fatal(err)
 		}
 		p.ab.reset()
@@ -475,14 +475,14 @@ func TestTransferConfigurations(t *testing.T) {
 		mtu int
 		o   Offloads
 	}{
-		{1500, Offloads{Checksum: true, TSO: true, GRO: true}},
-		{2044, Offloads{Checksum: true, TSO: true, GRO: true}},
-		{4092, Offloads{Checksum: true, TSO: true, GRO: true}},
-		{4092, Offloads{Checksum: true, TSO: true}},
+		{1500, Offloads{TxChecksum: true, TSO: true, GRO: true}},
+		{2044, Offloads{TxChecksum: true, TSO: true, GRO: true}},
+		{4092, Offloads{TxChecksum: true, TSO: true, GRO: true}},
+		{4092, Offloads{TxChecksum: true, TSO: true}},
 		{4092, Offloads{}},
 		{65520, Offloads{}},
 	} {
-		t.Run(fmt.Sprintf("mtu%d_csum%v_tso%v_gro%v", tc.mtu, tc.o.Checksum, tc.o.TSO, tc.o.GRO), func(t *testing.T) {
+		t.Run(fmt.Sprintf("mtu%d_csum%v_tso%v_gro%v", tc.mtu, tc.o.TxChecksum, tc.o.TSO, tc.o.GRO), func(t *testing.T) {
 			p := newPair(t, tc.mtu, tc.o)
 			transfer(t, p.nsA, p.nsB, "10.77.0.2", size)
 		})
@@ -651,7 +651,7 @@ func TestReadWriteArguments(t *testing.T) {
 	// A packet the kernel refuses is dropped and reported; the device is down, so the
 	// kernel refuses everything (EIO), with and without GRO.
 	for _, gro := range []bool{true, false} {
-		if err := d.SetOffloads(Offloads{Checksum: true, TSO: true, GRO: gro}); err != nil {
+		if err := d.SetOffloads(Offloads{TxChecksum: true, TSO: true, GRO: gro}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := d.Write([][]byte{{0x45, 0, 0, 20}}); n != 1 || err == nil || !strings.Contains(err.Error(), d.Name()) {
@@ -754,7 +754,7 @@ func TestCurrentNamespace(t *testing.T) {
 }
 
 func currentNamespaceChild(t *testing.T, dev string) {
-	d, err := Open(Config{Name: dev, MTU: 1400, Offloads: Offloads{Checksum: true, TSO: true, GRO: true}})
+	d, err := Open(Config{Name: dev, MTU: 1400, Offloads: Offloads{TxChecksum: true, TSO: true, GRO: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,14 +56,15 @@ type Config struct {
 
 // Offloads are the offloads of a Device.
 type Offloads struct {
-	// Checksum: the kernel hands over packets with partial TCP/UDP checksums that Read
+	// TxChecksum: the kernel hands over packets with partial TCP/UDP checksums that Read
 	// completes (TUN_F_CSUM).
-	Checksum bool
+	TxChecksum bool
 	// TSO (large send): the kernel hands over super-packets of up to 64 KB that Read
 	// splits into MTU-sized packets (TUN_F_TSO4|TSO6, plus USO4|USO6 where the kernel
-	// supports UDP segmentation offload). Needs Checksum.
+	// supports UDP segmentation offload). Needs TxChecksum.
 	TSO bool
-	// GRO: Write coalesces TCP/UDP segments of one flow into super-packets.
+	// GRO: Write coalesces TCP/UDP segments of one flow into super-packets, which the
+	// kernel takes as checksum-verified (partial checksums, as after a NIC's GRO).
 	GRO bool
 }
 
@@ -76,13 +77,13 @@ func (o Offloads) String() string {
 		return "off"
 	}
 	return fmt.Sprintf("tx-checksumming: %s, tcp-segmentation-offload: %s, generic-receive-offload: %s",
-		onOff(o.Checksum), onOff(o.TSO), onOff(o.GRO))
+		onOff(o.TxChecksum), onOff(o.TSO), onOff(o.GRO))
 }
 
 // effective returns o with TSO cleared when checksum offload is off (ethtool's rule;
 // the kernel ignores TSO flags without TUN_F_CSUM).
 func (o Offloads) effective() Offloads {
-	o.TSO = o.TSO && o.Checksum
+	o.TSO = o.TSO && o.TxChecksum
 	return o
 }
 

@@ -40,16 +40,16 @@ func TestValidate(t *testing.T) {
 func TestOffloadsEffective(t *testing.T) {
 	for _, tc := range []struct{ in, want Offloads }{
 		{Offloads{}, Offloads{}},
-		{Offloads{Checksum: true, TSO: true, GRO: true}, Offloads{Checksum: true, TSO: true, GRO: true}},
+		{Offloads{TxChecksum: true, TSO: true, GRO: true}, Offloads{TxChecksum: true, TSO: true, GRO: true}},
 		{Offloads{TSO: true}, Offloads{}},
 		{Offloads{TSO: true, GRO: true}, Offloads{GRO: true}},
-		{Offloads{Checksum: true}, Offloads{Checksum: true}},
+		{Offloads{TxChecksum: true}, Offloads{TxChecksum: true}},
 	} {
 		if diff := cmp.Diff(tc.want, tc.in.effective()); diff != "" {
 			t.Errorf("%+v.effective() (-want +got):\n%s", tc.in, diff)
 		}
 	}
-	if got, want := (Offloads{Checksum: true}).String(), "tx-checksumming: on, tcp-segmentation-offload: off, generic-receive-offload: off"; got != want {
+	if got, want := (Offloads{TxChecksum: true}).String(), "tx-checksumming: on, tcp-segmentation-offload: off, generic-receive-offload: off"; got != want {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 }

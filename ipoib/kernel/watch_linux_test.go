@@ -205,7 +205,7 @@ func TestDeviceFeaturesAndSpeed(t *testing.T) {
 	prereqs(t)
 	ethtool := testenv.Tool(t, "ethtool")
 	ns := testNS(t, "e")
-	d := open(t, Config{Name: uniq("e"), MTU: 2044, NetNS: ns, Offloads: Offloads{Checksum: true, TSO: true, GRO: true}})
+	d := open(t, Config{Name: uniq("e"), MTU: 2044, NetNS: ns, Offloads: Offloads{TxChecksum: true, TSO: true, GRO: true}})
 	f, err := d.DeviceFeatures()
 	if err != nil {
 		t.Fatal(err)
