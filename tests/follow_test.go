@@ -80,6 +80,33 @@ func TestFollowLinkChanges(t *testing.T) {
 	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("tso on\n"), 0); err != nil {
 		t.Fatal(err)
 	}
+	// rx and tx checksumming are separate: tx off on the device leaves the engine's rx
+	// switch on (the TUN's own is fixed off) and takes TSO with it.
+	mustRun(t, "ip", "netns", "exec", ns, ethtool, "-K", "ib0", "tx", "off")
+	until("tx off in ethtool/features", func() bool {
+		return strings.HasPrefix(read("class/net/ib0/ethtool/features"), "rx-checksumming: on\ntx-checksumming: off\ntcp-segmentation-offload: off")
+	})
+	mustRun(t, "ip", "netns", "exec", ns, ethtool, "-K", "ib0", "tx", "on", "tso", "on")
+	until("tx and tso on in ethtool/features", func() bool {
+		return strings.Contains(read("class/net/ib0/ethtool/features"), "tx-checksumming: on\ntcp-segmentation-offload: on")
+	})
+	// rx off in the tree turns receive coalescing off, on the device too.
+	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("rx off\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, ethtool, "-k", "ib0"); !strings.Contains(out, "generic-receive-offload: off") ||
+		!strings.Contains(out, "tx-checksumming: on") {
+		t.Errorf("ethtool -k after writing rx off to the tree:\n%s", out)
+	}
+	if got := read("class/net/ib0/ethtool/features"); !strings.Contains(got, "rx-checksumming: off\ntx-checksumming: on\ntcp-segmentation-offload: on\ngeneric-receive-offload: off [requested on]") {
+		t.Errorf("features after rx off: %q", got)
+	}
+	if err := os.WriteFile(td.path("class/net/ib0/ethtool/features"), []byte("rx on\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, ethtool, "-k", "ib0"); !strings.Contains(out, "generic-receive-offload: on") {
+		t.Errorf("ethtool -k after rx on:\n%s", out)
+	}
 
 	// The transmit queue length: 1000 as an IPoIB netdev's, and the same both ways.
 	if out := ipOut(t, ns, "link", "show", "ib0"); !strings.Contains(out, "qlen 1000") {

@@ -426,7 +426,7 @@ func (d *Device) applyOffloads(o Offloads) error {
 	if err := d.ioctlOffload(flags); err != nil {
 		return fmt.Errorf("TUNSETOFFLOAD %#x (%v): %w", flags, o, err)
 	}
-	if err := d.setFeatures(o.TxChecksum, o.TSO); err != nil {
+	if err := d.setFeatures(o.TxChecksum, o.TSO, o.GRO); err != nil {
 		return fmt.Errorf("ethtool features (%v): %w", o, err)
 	}
 	d.offloads = o

@@ -127,9 +127,9 @@ func (d *Device) SetSpeed(mbps int) error {
 	})
 }
 
-// setFeatures switches transmit checksumming and TCP segmentation on the device, as
+// setFeatures switches transmit checksumming, TCP segmentation and GRO on the device, as
 // ethtool -K tx/tso does (tso after tx: the kernel refuses TSO without checksums).
-func (d *Device) setFeatures(txCsum, tso bool) error {
+func (d *Device) setFeatures(txCsum, tso, gro bool) error {
 	b := func(v bool) uint32 {
 		if v {
 			return 1
@@ -137,7 +137,8 @@ func (d *Device) setFeatures(txCsum, tso bool) error {
 		return 0
 	}
 	return d.ethtool("", func(ioctl func(unsafe.Pointer) error) error {
-		for _, q := range []ethtoolValue{{unix.ETHTOOL_STXCSUM, b(txCsum)}, {unix.ETHTOOL_STSO, b(tso && txCsum)}} {
+		// GRO too, so that ethtool -k on the device says what Write does.
+		for _, q := range []ethtoolValue{{unix.ETHTOOL_STXCSUM, b(txCsum)}, {unix.ETHTOOL_STSO, b(tso && txCsum)}, {unix.ETHTOOL_SGRO, b(gro)}} {
 			if err := ioctl(unsafe.Pointer(&q)); err != nil {
 				return err
 			}
