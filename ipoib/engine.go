@@ -71,7 +71,25 @@ type Options struct {
 	// MTU, mode, port events, joins and leaves, paths, connections, children. It must
 	// not block (the tree's EventLog does not). nil discards.
 	Event func(line string)
+
+	// wrapSA, for tests, stands between each interface and its SA client.
+	wrapSA func(saClient) saClient
 }
+
+// timers are the intervals the kernel driver has as constants. Engine.tm holds them so
+// that tests can shorten them.
+type timers struct {
+	arpInterval  time.Duration // between ARP requests / solicitations for a neighbour
+	pathRetry    time.Duration // a failed path query is not repeated sooner
+	joinBackoff  time.Duration // before the first retry of a failed join; then doubles
+	maxBackoff   time.Duration // IPOIB_MAX_BACKOFF_SECONDS
+	sendOnlyIdle time.Duration // send-only groups unused this long are left
+}
+
+// defaultTimers are the driver's: send-only groups go with their neighbour, reaped
+// after two ARP gc_intervals (30 s) idle.
+var defaultTimers = timers{arpInterval: arpInterval, pathRetry: time.Second,
+	joinBackoff: time.Second, maxBackoff: maxBackoff, sendOnlyIdle: 60 * time.Second}
 
 // Devices makes and removes the kernel device of each interface in step with the
 // engine, as the driver registers a netdev inside create_child: Create runs before
@@ -90,6 +108,8 @@ type Engine struct {
 	trace  *log.Logger
 	emit   func(string)
 	start  time.Time
+	tm     atomic.Pointer[timers]
+	wrapSA func(saClient) saClient
 
 	cms map[int]*cm.Manager // per port, when the HCA supports RC (connected mode)
 
@@ -119,7 +139,9 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 		o.Trace = o.Logger
 	}
 	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, start: time.Now(),
-		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{})}
+		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA}
+	tm := defaultTimers
+	e.tm.Store(&tm)
 	events, stop := dev.Subscribe(64)
 	e.stopEv, e.evDone = stop, make(chan struct{})
 	go e.eventLoop(events)

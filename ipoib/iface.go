@@ -12,6 +12,7 @@ import (
 
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/cm"
+	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/sa"
 )
 
@@ -44,13 +45,20 @@ const (
 	arpInterval = time.Second
 )
 
+// saClient is what an interface asks the SA (*sa.Client).
+type saClient interface {
+	Join(ctx context.Context, rec mad.MCMemberRecord, mask uint64) (mad.MCMemberRecord, error)
+	Leave(ctx context.Context, rec mad.MCMemberRecord, mask uint64) error
+	PathRecord(ctx context.Context, sgid, dgid verbs.GID, pkey verbs.PKey, tclass uint8) (mad.PathRecord, error)
+}
+
 // Interface is one IPoIB interface: a parent (one per port) or a P_Key child.
 type Interface struct {
 	e      *Engine
 	name   atomic.Pointer[string] // Name(); changes only through Engine.Rename
 	port   int
 	parent *Interface
-	sa     *sa.Client
+	sa     saClient
 
 	mu        sync.Mutex
 	pkey      verbs.PKey
@@ -138,6 +146,9 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	if e.wrapSA != nil {
+		i.sa = e.wrapSA(i.sa)
+	}
 	i.name.Store(&name)
 	i.ctx, i.cancel = context.WithCancel(context.Background())
 	if i.maxIBMTU == 0 {

@@ -120,6 +120,22 @@ func (i *Interface) mcastRound() time.Duration {
 		i.e.mtracef(1, "%s: deleting multicast group %s", i.Name(), mgid.KernelString())
 		i.dropGroupLocked(g)
 	}
+	// Send-only groups nobody sent to for a while are left: the kernel reaps them with
+	// their neighbour, idle for two ARP gc_intervals (__ipoib_reap_neigh,
+	// ipoib_check_and_add_mcast_sendonly).
+	idle := i.e.tm.Load().sendOnlyIdle
+	for _, g := range i.mcast {
+		if !g.sendOnly || g.joining {
+			continue
+		}
+		if left := idle - now.Sub(g.lastUse); left > 0 {
+			next = min(next, left)
+			continue
+		}
+		i.e.mtracef(1, "%s: reaping idle send-only group %s", i.Name(), g.mgid.KernelString())
+		i.stats.txDropped.Add(uint64(len(g.queue)))
+		i.dropGroupLocked(g)
+	}
 	for _, g := range i.mcast {
 		if due(g) {
 			i.startJoinLocked(g)
@@ -189,10 +205,10 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	}
 	if err != nil {
 		g.tries++
-		if g.backoff == 0 {
-			g.backoff = time.Second
+		if tm := i.e.tm.Load(); g.backoff == 0 {
+			g.backoff = tm.joinBackoff
 		} else {
-			g.backoff = min(2*g.backoff, maxBackoff)
+			g.backoff = min(2*g.backoff, tm.maxBackoff)
 		}
 		g.retryAt = time.Now().Add(g.backoff)
 		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.Name(), g.mgid.KernelString(), err)
@@ -201,6 +217,7 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 			g.queue = nil
 		}
 		i.mu.Unlock()
+		i.wake() // the task plans the retry (ipoib_mcast_join_complete reschedules)
 		return
 	}
 	g.rec, g.ah, g.backoff, g.tries = rec, ah, 0, 0

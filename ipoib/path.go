@@ -108,12 +108,14 @@ func (i *Interface) sendToHWLocked(hw HWAddr, frame [][]byte) (verbs.AH, verbs.Q
 	if p.ah != nil {
 		return p.ah, hw.QPN(), true
 	}
-	if len(p.queue) >= maxPathQ {
+	// Frames wait only behind a query under way, as in the driver: until a failed
+	// query's retry time, nothing would send or drop them.
+	if len(p.queue) >= maxPathQ || !p.querying && time.Now().Before(p.retryAt) {
 		i.stats.txDropped.Add(1)
 		return nil, 0, false
 	}
 	p.queue = append(p.queue, queuedFrame{joinFrame(frame), hw.QPN()})
-	if !p.querying && !time.Now().Before(p.retryAt) {
+	if !p.querying {
 		i.startPathQueryLocked(p)
 	}
 	return nil, 0, false
@@ -153,8 +155,16 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 	p.queue = nil
 	if err != nil {
 		i.e.tracef(1, "%s: path record query for %s failed: %v", i.Name(), p.dgid.KernelString(), err)
-		p.retryAt = time.Now().Add(time.Second)
+		p.retryAt = time.Now().Add(i.e.tm.Load().pathRetry)
 		i.stats.txDropped.Add(uint64(len(q)))
+		// Its neighbours are given up (ipoib_del_neighs_by_gid): the next packet
+		// resolves the address again.
+		for ip, n := range i.neigh {
+			if n.hw.GID() == p.dgid {
+				i.stats.txDropped.Add(uint64(len(n.queue)))
+				delete(i.neigh, ip)
+			}
+		}
 		i.mu.Unlock()
 		return
 	}
@@ -225,6 +235,7 @@ func (i *Interface) neighRound() time.Duration {
 		ip netip.Addr
 	}
 	var due []sol
+	tm := i.e.tm.Load()
 	i.mu.Lock()
 	if !i.up || !i.carrier {
 		i.mu.Unlock()
@@ -244,8 +255,8 @@ func (i *Interface) neighRound() time.Duration {
 			continue
 		}
 		n.tries++
-		n.solicit = now.Add(arpInterval)
-		next = min(next, arpInterval)
+		n.solicit = now.Add(tm.arpInterval)
+		next = min(next, tm.arpInterval)
 		due = append(due, sol{ip})
 	}
 	i.mu.Unlock()
