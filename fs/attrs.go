@@ -216,14 +216,15 @@ var ethtoolAttrs = []ifAttr{
 var dhcpAttrs = []ifAttr{
 	// The boot firmware's form: ff:00:00:00:00:00:02:00:00:02:c9:00: and the port GUID.
 	{name: "client_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		g := i.HWAddr().GID()
-		return colonHex(append([]byte{0xff, 0, 0, 0, 0, 0, 0x02, 0, 0, 0x02, 0xc9, 0}, g[8:]...)), nil
+		return colonHex(i.DHCPClientID()), nil
 	}},
 	// The older form: type 0x20 (InfiniBand) and the 20-byte hardware address.
 	{name: "client_id_hwaddr", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
 		hw := i.HWAddr()
 		return colonHex(append([]byte{0x20}, hw[:]...)), nil
 	}},
+	// The lease of the daemon's DHCP client (BOOTPROTO=dhcp); empty without one.
+	{name: "lease", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.DHCPLease(), nil }},
 }
 
 func colonHex(b []byte) string {

@@ -60,6 +60,8 @@ type Interface struct {
 	parent *Interface
 	sa     saClient
 
+	dhcpLease atomic.Pointer[string] // set by the daemon's DHCP client
+
 	mu        sync.Mutex
 	pkey      verbs.PKey
 	up        bool

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(tshark opensm ibsim-utils infiniband-diags libibumad-dev gcc make iperf3 iproute2 iputils-ping qemu-system-x86 busybox-static xz-utils diod systemd ethtool)
+pkgs=(tshark opensm ibsim-utils infiniband-diags libibumad-dev gcc make iperf3 iproute2 iputils-ping qemu-system-x86 busybox-static xz-utils diod systemd ethtool dnsmasq-base)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

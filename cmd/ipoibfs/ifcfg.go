@@ -3,15 +3,21 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"log"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"ipoibfs/ipoib"
+	"ipoibfs/ipoib/dhcp"
 	"ipoibfs/ipoib/kernel"
 	"ipoibfs/verbs"
 )
@@ -23,6 +29,8 @@ type ifcfg struct {
 	device    string
 	onboot    bool
 	addr      netip.Prefix // IPADDR with NETMASK/PREFIX; invalid: none
+	dhcp      bool         // BOOTPROTO=dhcp
+	clientID  []byte       // DHCP_CLIENT_ID; nil: the interface's dhcp/client_id
 	broadcast netip.Addr
 	mtu       int
 	mode      *ipoib.Mode // CONNECTED_MODE; nil: unchanged
@@ -84,7 +92,7 @@ func parseIfcfg(file string, b []byte) (*ifcfg, error) {
 	for k := range vals {
 		switch k {
 		case "DEVICE", "TYPE", "ONBOOT", "BOOTPROTO", "IPADDR", "NETMASK", "PREFIX", "BROADCAST", "NETWORK",
-			"MTU", "CONNECTED_MODE", "PKEY", "PKEY_ID", "PHYSDEV", "NAME", "USERCTL", "NM_CONTROLLED":
+			"MTU", "CONNECTED_MODE", "PKEY", "PKEY_ID", "PHYSDEV", "NAME", "USERCTL", "NM_CONTROLLED", "DHCP_CLIENT_ID":
 		case "MASTER", "SLAVE", "BONDING_OPTS":
 			return nil, bad(k, "bonding is not supported yet")
 		default:
@@ -109,12 +117,23 @@ func parseIfcfg(file string, b []byte) (*ifcfg, error) {
 	}
 	switch p := strings.ToLower(vals["BOOTPROTO"]); p {
 	case "", "none", "static":
-	case "dhcp", "bootp":
-		return nil, bad("BOOTPROTO", "%s is not supported yet (see class/net/%s/dhcp/ for the client identifiers)", p, c.device)
+	case "dhcp":
+		c.dhcp = true
+	case "bootp":
+		return nil, bad("BOOTPROTO", "bootp is not supported (dhcp is)")
 	default:
 		return nil, bad("BOOTPROTO", "%q: static, none or dhcp", vals["BOOTPROTO"])
 	}
-	if a, ok := vals["IPADDR"]; ok && a != "" {
+	if id, ok := vals["DHCP_CLIENT_ID"]; ok && id != "" {
+		// NetworkManager's key, as colon-separated hex like dhcp/client_id shows it.
+		b, err := hex.DecodeString(strings.ReplaceAll(id, ":", ""))
+		if err != nil || len(b) < 2 || len(b) > 255 {
+			return nil, bad("DHCP_CLIENT_ID", "%q is not 2 to 255 bytes of colon-separated hex", clipLine(id))
+		}
+		c.clientID = b
+	}
+	// With dhcp, initscripts ignore IPADDR and friends: the server gives the address.
+	if a, ok := vals["IPADDR"]; ok && a != "" && !c.dhcp {
 		ip, err := netip.ParseAddr(a)
 		if err != nil || !ip.Is4() {
 			return nil, bad("IPADDR", "%q is not an IPv4 address", a)
@@ -252,13 +271,22 @@ func loadIfcfgDir(dir string) ([]*ifcfg, []error) {
 }
 
 // ifcfgApplier applies ifcfg files to the engine and the kernel devices, remembering
-// the address it set on each interface so that an edited file replaces it.
+// the address it set on each interface so that an edited file replaces it, and the DHCP
+// client it runs for each BOOTPROTO=dhcp interface.
 type ifcfgApplier struct {
 	dir   string // a directory of ifcfg-* files, or one installer-style file
 	netns string // where the LAN interface of an installer file is
 	eng   *ipoib.Engine
 	brs   *bridges
 	addrs map[string]netip.Prefix
+	dhcp  map[string]*dhcpClient
+}
+
+// dhcpClient is the DHCP client of one interface and what it was started with.
+type dhcpClient struct {
+	i  *ipoib.Interface
+	id []byte
+	c  *dhcp.Client
 }
 
 // apply loads the directory and applies every good file; each problem is logged as
@@ -277,15 +305,27 @@ func (a *ifcfgApplier) apply(logf func(string, ...any)) {
 	} else {
 		cfgs, errs = loadIfcfgDir(a.dir)
 	}
+	// DHCP clients run on for files that still ask for them, and for bad files, of
+	// which nothing changes; the others stop and release their leases.
+	keep := map[string]bool{}
 	for _, err := range errs {
 		logf("%v; the file is not applied", err)
+		if fe := (*ifcfgError)(nil); errors.As(err, &fe) {
+			keep[strings.TrimPrefix(fe.file, "ifcfg-")] = true
+		}
 	}
 	for _, c := range cfgs {
 		for _, u := range c.unknown {
 			logf("%s: unknown key ignored", u)
 		}
+		keep[c.device] = keep[c.device] || c.dhcp && c.onboot
 		if err := a.applyOne(c); err != nil {
 			logf("%s: %v", filepath.Base(c.file), err)
+		}
+	}
+	for dev := range a.dhcp {
+		if !keep[dev] {
+			a.stopDHCP(dev)
 		}
 	}
 }
@@ -322,6 +362,18 @@ func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 		}
 	}
 	prev, had := a.addrs[c.device]
+	if c.dhcp {
+		if had { // the static address an earlier version of the file set
+			if dev := a.brs.device(i); dev != nil {
+				if err := dev.DelAddr(prev); err != nil {
+					return err
+				}
+			}
+			delete(a.addrs, c.device)
+		}
+		return a.startDHCP(c, i)
+	}
+	a.stopDHCP(c.device)
 	if !c.addr.IsValid() && !had {
 		return nil
 	}
@@ -342,6 +394,88 @@ func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 		a.addrs[c.device] = c.addr
 	}
 	return nil
+}
+
+// startDHCP runs the interface's DHCP client unless it runs already (with the same
+// identifier, on the same interface: a child deleted and made again is another).
+func (a *ifcfgApplier) startDHCP(c *ifcfg, i *ipoib.Interface) error {
+	id := c.clientID
+	if id == nil {
+		id = i.DHCPClientID()
+	}
+	if r := a.dhcp[c.device]; r != nil {
+		if r.i == i && bytes.Equal(r.id, id) {
+			return nil
+		}
+		a.stopDHCP(c.device)
+	}
+	if a.brs.device(i) == nil {
+		return fmt.Errorf("%s has no kernel device to run DHCP on", c.device)
+	}
+	tr, err := dhcp.Open(a.netns, i.Name)
+	if err != nil {
+		return err
+	}
+	if a.dhcp == nil {
+		a.dhcp = map[string]*dhcpClient{}
+	}
+	a.dhcp[c.device] = &dhcpClient{i: i, id: id, c: dhcp.Start(dhcp.Config{
+		ClientID: id, Transport: tr, Host: dhcpHost{a.brs, i},
+		OnLease: func(l *dhcp.Lease) {
+			if l == nil {
+				i.SetDHCPLease("")
+			} else {
+				i.SetDHCPLease(l.String())
+			}
+		},
+		Logf: func(format string, args ...any) { log.Printf("%s: %s", i.Name(), fmt.Sprintf(format, args...)) },
+	})}
+	return nil
+}
+
+// stopDHCP stops an interface's client, which releases its lease.
+func (a *ifcfgApplier) stopDHCP(device string) {
+	if r := a.dhcp[device]; r != nil {
+		r.c.Close()
+		delete(a.dhcp, device)
+	}
+}
+
+// close stops every DHCP client (daemon exit), releasing the leases while the devices
+// still exist.
+func (a *ifcfgApplier) close() {
+	var wg sync.WaitGroup
+	for _, r := range a.dhcp {
+		wg.Go(r.c.Close)
+	}
+	wg.Wait()
+	if len(a.dhcp) > 0 {
+		// A RELEASE is a datagram that the engine may still be resolving the server's
+		// address for; the devices and the engine go right after this.
+		time.Sleep(200 * time.Millisecond)
+	}
+	clear(a.dhcp)
+}
+
+// dhcpHost puts a DHCP client's address on the interface's kernel device, whichever
+// device it has at the time (ip link del ib0 makes it again).
+type dhcpHost struct {
+	brs *bridges
+	i   *ipoib.Interface
+}
+
+func (h dhcpHost) AddAddr(p netip.Prefix, broadcast netip.Addr) error {
+	if d := h.brs.device(h.i); d != nil {
+		return d.AddAddr(p, broadcast)
+	}
+	return fmt.Errorf("%s has no kernel device to put %s on", h.i.Name(), p)
+}
+
+func (h dhcpHost) DelAddr(p netip.Prefix) error {
+	if d := h.brs.device(h.i); d != nil {
+		return d.DelAddr(p)
+	}
+	return nil // the address went with the device
 }
 
 // parseInstallerFile reads the installer-style static file the vendor guide shows

@@ -37,11 +37,18 @@ HWADDR=whatever
 	if c, err := parseIfcfg("ifcfg-ib0", []byte("IPADDR=172.16.1.1\n")); err != nil || c.addr.Bits() != 16 {
 		t.Errorf("classful default: %+v %v", c, err)
 	}
+	// DHCP: the server gives the address, as initscripts ignore IPADDR with dhcp.
+	c, err = parseIfcfg("ifcfg-ib0", []byte("BOOTPROTO=dhcp\nIPADDR=10.0.0.1\nDHCP_CLIENT_ID=20:00:55:04:01\n"))
+	if err != nil || !c.dhcp || c.addr.IsValid() || string(c.clientID) != "\x20\x00\x55\x04\x01" {
+		t.Errorf("BOOTPROTO=dhcp: %+v %v", c, err)
+	}
 	for _, tc := range []struct{ text, want string }{
 		{"DEVICE=ib0\nIPADDR=10.0.0.300\n", "ifcfg-ib0:2: IPADDR: "},
 		{"NETMASK=255.0.255.0\nIPADDR=10.0.0.1\n", "ifcfg-ib0:1: NETMASK: "},
 		{"MTU=9\n", "ifcfg-ib0:1: MTU: "},
-		{"BOOTPROTO=dhcp\n", "ifcfg-ib0:1: BOOTPROTO: dhcp is not supported yet"},
+		{"BOOTPROTO=bootp\n", "ifcfg-ib0:1: BOOTPROTO: bootp is not supported"},
+		{"BOOTPROTO=dhcp\nDHCP_CLIENT_ID=ff:zz\n", "ifcfg-ib0:2: DHCP_CLIENT_ID: "},
+		{"BOOTPROTO=dhcp\nDHCP_CLIENT_ID=ff\n", "ifcfg-ib0:2: DHCP_CLIENT_ID: "},
 		{"MASTER=bond0\n", "ifcfg-ib0:1: MASTER: bonding is not supported yet"},
 		{"DEVICE=ib1\n", "ifcfg-ib0:1: DEVICE: "},
 		{"garbage line\n", "ifcfg-ib0:1: "},

@@ -302,6 +302,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	var ifcfgs *ifcfgApplier
 	if *configDir != "" {
 		ifcfgs = &ifcfgApplier{dir: *configDir, netns: *netns, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}}
+		defer ifcfgs.close() // DHCP releases, before the devices go
 		ifcfgs.apply(log.Printf)
 	}
 	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog}
