@@ -390,7 +390,8 @@ func TestSMRestartMakesPortsReregister(t *testing.T) {
 		return h
 	}
 	smh := start()
-	node, err := New(Config{Name: "a", Network: n, SM: smAddr, Heartbeat: testHB})
+	logs := &lockedBuffer{}
+	node, err := New(Config{Name: "a", Network: n, SM: smAddr, Heartbeat: testHB, Logger: log.New(logs, "", 0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,13 +400,20 @@ func TestSMRestartMakesPortsReregister(t *testing.T) {
 	ev, cancel := node.Subscribe(16)
 	defer cancel()
 	smh.Close()
-	time.Sleep(5 * testHB)
+	// The SM comes back only after the node has noticed it was gone.
+	waitFor(t, "the node noticing the SM's silence", func() bool {
+		return strings.Contains(logs.String(), "no answer from the subnet manager at "+smAddr.String()+" for ")
+	})
+	if node.SoftPort(1).Attr().State != verbs.PortActive {
+		t.Fatal("port left ACTIVE when its SM went silent (an IB port stays ACTIVE)")
+	}
 	smh = start()
 	defer smh.Close()
 	waitForEvent(t, ev, verbs.EventClientReregister)
 	if node.SoftPort(1).Attr().State != verbs.PortActive {
 		t.Fatal("port not active after the SM came back")
 	}
+	waitFor(t, "the SM's return logged", func() bool { return strings.Contains(logs.String(), "answers after") })
 }
 
 func TestFaultInjection(t *testing.T) {
