@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -138,6 +140,37 @@ func (n *Node) Size() uint64 {
 // ModTime is every node's access, modification and change time: when the tree was
 // built (content is generated on read, so there is no better answer).
 func (n *Node) ModTime() time.Time { return n.t.start }
+
+// DynamicDirs are the directories whose entries come and go while the daemon runs
+// (interfaces: created, deleted, renamed). Every other name in the tree is fixed for
+// the daemon's life, and every node's attributes are: a front end whose client caches
+// names (the kernel's dentry cache behind FUSE) may keep the others for good, and these
+// only while it drops the ones Tree.Changes names, as the kernel drops a netdev's sysfs
+// dentries when it goes.
+var DynamicDirs = []string{"class/net", "kernel/debug/ipoib"}
+
+// Entry is a name in a directory of the tree.
+type Entry struct{ Dir, Name string }
+
+// InterfaceEntries are the names interface ifname has in DynamicDirs.
+func InterfaceEntries(ifname string) []Entry {
+	return []Entry{{"class/net", ifname}, {"kernel/debug/ipoib", ifname + "_mcg"}, {"kernel/debug/ipoib", ifname + "_path"}}
+}
+
+// Changes returns a channel naming each interface that was added, removed or renamed
+// (both names; "" when names went missing: all of DynamicDirs may have changed), and a
+// cancel function.
+func (t *Tree) Changes() (<-chan string, func()) { return t.e.Watch() }
+
+// InDynamicDir reports whether n's name is one that may vanish (see DynamicDirs).
+func (n *Node) InDynamicDir() bool {
+	dir, _ := path.Split(n.path)
+	return slices.Contains(DynamicDirs, strings.TrimSuffix(dir, "/"))
+}
+
+// NeedsNetAdmin reports whether writes to the file need CAP_NET_ADMIN, so a front end
+// need not find out for other opens (it costs a read of /proc).
+func (n *Node) NeedsNetAdmin() bool { return n.netAdmin }
 
 // Children lists a directory's entries.
 func (n *Node) Children() ([]*Node, error) {

@@ -248,7 +248,9 @@ func (e *Engine) Interface(name string) (*Interface, bool) {
 }
 
 // Watch returns a channel that receives an interface name whenever an interface is
-// added or removed, and a cancel function.
+// added, removed or renamed (both names), and a cancel function. Nothing is lost: when
+// the channel is full its oldest name is replaced by "", which means "names changed that
+// are not listed: look at all of them".
 func (e *Engine) Watch() (<-chan string, func()) {
 	ch := make(chan string, 64)
 	e.mu.Lock()
@@ -265,6 +267,16 @@ func (e *Engine) notifyLocked(name string) {
 	for ch := range e.subs {
 		select {
 		case ch <- name:
+			continue
+		default:
+		}
+		// Full: the reader is behind. Make room and say that a name went missing.
+		select {
+		case <-ch:
+		default:
+		}
+		select {
+		case ch <- "":
 		default:
 		}
 	}

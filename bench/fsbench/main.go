@@ -7,6 +7,8 @@
 //     `echo datagram > mode` does), beside the same cycle writing /sys/class/net/lo/mtu's
 //     current value back (a no-op for the kernel) when that file is writable, otherwise
 //     on a file in a tmpfs. The table says which reference was used.
+//     1b, 2b. The same two cycles beside a minimal go-fuse server with the daemon's mount
+//     options (minimal.go), in its own process: what FUSE itself costs.
 //  3. 9P walk+lopen+read+clunk of class/net/ib0/pkey over TCP loopback against the
 //     daemon's 9P server, beside diod serving a tmpfs tree of the same shape
 //     (class/net/ib0/pkey containing "0xffff\n"), with the same Go client code
@@ -83,6 +85,10 @@ func main() {
 	if flag.NArg() > 0 {
 		die("unexpected argument %q", flag.Arg(0))
 	}
+	if *minimalDir != "" {
+		serveMinimal(*minimalDir)
+		return
+	}
 	checkPrereqs()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -112,6 +118,7 @@ func main() {
 
 	d := startDaemon(bin, tmp)
 	ref := startReference(tmp)
+	minimal := startMinimal(tmp)
 
 	fmt.Printf("fsbench: single-threaded loops, %v per measurement, reference measured in the same run\n", *dur)
 	fmt.Printf("daemon: %s (FUSE at %s, 9P on %s, netns %s)\n", bin, d.mnt, d.addr, d.netns)
@@ -138,6 +145,10 @@ func main() {
 	rows = append(rows, measureRow("FUSE open+read+close", "ib0/pkey", "sysfs "+sysfsMTU,
 		func() error { return openReadClose(fuseRead) },
 		func() error { return openReadClose(sysfsMTU) }))
+	minRead := filepath.Join(minimal, pkeyPath)
+	rows = append(rows, measureRow("FUSE open+read+close", "ib0/pkey", "minimal go-fuse server, same mount options",
+		func() error { return openReadClose(fuseRead) },
+		func() error { return openReadClose(minRead) }))
 
 	// 2. FUSE write vs sysfs write of the same value (or a tmpfs file).
 	fuseMode := filepath.Join(d.mnt, modePath)
@@ -158,6 +169,10 @@ func main() {
 	rows = append(rows, measureRow("FUSE open(O_TRUNC)+write+close", "ib0/mode", wRefName,
 		func() error { return openWriteClose(fuseMode, []byte(modeWrite)) },
 		func() error { return openWriteClose(wRefPath, wRefData) }))
+	minMode := filepath.Join(minimal, modePath)
+	rows = append(rows, measureRow("FUSE open(O_TRUNC)+write+close", "ib0/mode", "minimal go-fuse server, same mount options",
+		func() error { return openWriteClose(fuseMode, []byte(modeWrite)) },
+		func() error { return openWriteClose(minMode, []byte(modeWrite)) }))
 
 	// 3. 9P walk+open+read+clunk vs diod, same client code.
 	dc, err := dial9P(d.addr, "/")

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"ipoibfs/fs/fuse"
 )
 
 // Checks made before the daemon touches anything, so that a second daemon started by
@@ -31,7 +32,7 @@ func checkMountPoint(dir string) error {
 	if err != nil || len(mounts) == 0 {
 		return nil // no mount table to read, or nothing mounted there
 	}
-	if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTCONN) {
+	if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) || fuse.Dead(abs) {
 		return nil // dead mount: mountTree cleans it up
 	}
 	m := mounts[len(mounts)-1]

@@ -31,8 +31,10 @@ func mountTree(tree *fs.Tree, dir string) func() {
 		log.Printf("FUSE mount off: %v", err)
 		return nil
 	}
-	srv, err := fuse.Mount(dir, tree.Root(), fuse.Options{Log: func(l string) { log.Print(l) }})
+	changes, cancel := tree.Changes()
+	srv, err := fuse.Mount(dir, tree.Root(), fuse.Options{Log: func(l string) { log.Print(l) }, Changes: changes})
 	if err != nil {
+		cancel()
 		log.Printf("FUSE mount off: %v", err)
 		return nil
 	}
@@ -41,6 +43,7 @@ func mountTree(tree *fs.Tree, dir string) func() {
 		if err := srv.Unmount(); err != nil {
 			log.Printf("unmount %s: %v", dir, err)
 		}
+		cancel()
 	}
 }
 

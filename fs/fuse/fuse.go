@@ -4,9 +4,13 @@
 //
 // Mount choices: mount(2) directly (DirectMountStrict: the daemon runs as root, and a
 // failed mount reports its own error rather than a fusermount fallback's); xattrs off;
-// every attribute file opened with FOPEN_DIRECT_IO so each read reaches the model; entry
-// and attribute timeouts 0, so interfaces created or deleted in the engine are seen at
-// the next lookup with no invalidation calls needed; Setattr accepts everything as a
+// every attribute file opened with FOPEN_DIRECT_IO so each read reaches the model (no
+// content is ever cached); names and attributes cached as the kernel caches sysfs
+// dentries, so a path walk costs no request: fixed names and all attributes for an hour,
+// the interfaces' names (fs.DynamicDirs) too when Options.Changes says which ones to
+// drop, and not at all without it. A dropped name is gone from the kernel's cache before
+// the write that removed or renamed it returns (delete_child, link del), and within a
+// scheduling delay when the change came from elsewhere (ip link del); Setattr accepts everything as a
 // no-op (the truncate of `echo x > file` included); allow_other plus
 // default_permissions, so other users can read 0444 files and the kernel enforces the
 // 0200/0644 modes (files are owned by root); the tree applies the same rules again to
@@ -26,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,12 +48,19 @@ type Options struct {
 	Debug bool
 	// Log receives diagnostic lines (nil discards).
 	Log func(string)
+	// Changes names the interfaces that were added, removed or renamed (fs.Tree.Changes).
+	// With it the kernel may cache the names of fs.DynamicDirs, and the server drops
+	// them from its cache as they change; without it those names are looked up every
+	// time.
+	Changes <-chan string
 }
 
 // Server is a mounted tree.
 type Server struct {
-	dir string
-	srv *gofuse.Server
+	dir  string
+	srv  *gofuse.Server
+	inv  *invalidator // nil without Options.Changes
+	stop chan struct{}
 }
 
 // Mount mounts the tree whose root is root at dir and serves it until Unmount. dir must
@@ -58,7 +70,11 @@ func Mount(dir string, root *fs.Node, o Options) (*Server, error) {
 	if o.FsName == "" {
 		o.FsName = "ipoibfs"
 	}
-	zero := time.Duration(0)
+	zero := time.Duration(0) // the default, for names in fs.DynamicDirs; see fixedTTL
+	var inv *invalidator
+	if o.Changes != nil {
+		inv = &invalidator{changes: o.Changes, flush: make(chan chan struct{}), stop: make(chan struct{})}
+	}
 	opts := &gofs.Options{
 		MountOptions: gofuse.MountOptions{
 			DirectMountStrict: true,
@@ -76,11 +92,17 @@ func Mount(dir string, root *fs.Node, o Options) (*Server, error) {
 		RootStableAttr:  &gofs.StableAttr{Ino: root.Ino()},
 		Logger:          newLogger(o.Log),
 	}
-	srv, err := gofs.Mount(dir, &node{m: root}, opts)
+	rootNode := &node{m: root, inv: inv}
+	srv, err := gofs.Mount(dir, rootNode, opts)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	return &Server{dir: dir, srv: srv}, nil
+	if inv != nil {
+		inv.root = rootNode.EmbeddedInode()
+		inv.done = make(chan struct{})
+		go inv.run()
+	}
+	return &Server{dir: dir, srv: srv, inv: inv}, nil
 }
 
 // Dir returns the mount point.
@@ -99,6 +121,9 @@ func (s *Server) Wait() { s.srv.Wait() }
 // kernel's fuse connection control file system), so the daemon never hangs on exit
 // waiting for requests that cannot come.
 func (s *Server) Unmount() error {
+	if s.inv != nil {
+		s.inv.close()
+	}
 	var dev uint64
 	var st syscall.Stat_t
 	if syscall.Stat(s.dir, &st) == nil {
@@ -148,13 +173,19 @@ func abortConn(dev uint64) error {
 	return os.WriteFile(abort, []byte("1"), 0)
 }
 
+// Dead reports whether dir is a FUSE mount whose server is gone.
+func Dead(dir string) bool {
+	var st syscall.Statfs_t
+	return errors.Is(syscall.Statfs(dir, &st), syscall.ENOTCONN)
+}
+
 // CleanupStale lazily unmounts a dead FUSE mount at dir: one whose daemon died, which
-// answers every access with ENOTCONN ("Transport endpoint is not connected"). It
+// answers every request with ENOTCONN ("Transport endpoint is not connected"). It
 // reports whether it unmounted something; a healthy mount or a plain directory is left
-// alone.
+// alone. Dead asks with statfs, which FUSE always sends to the server (a stat may be
+// answered from the kernel's attribute cache, also for a dead mount).
 func CleanupStale(dir string) (bool, error) {
-	_, err := os.Stat(dir)
-	if err == nil || !errors.Is(err, syscall.ENOTCONN) {
+	if !Dead(dir) {
 		return false, nil
 	}
 	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
@@ -166,7 +197,8 @@ func CleanupStale(dir string) (bool, error) {
 // node adapts one fs.Node.
 type node struct {
 	gofs.Inode
-	m *fs.Node
+	m   *fs.Node
+	inv *invalidator // shared by all nodes of the mount; nil: names in DynamicDirs uncached
 }
 
 var (
@@ -198,12 +230,15 @@ var (
 // caller is the process the kernel says made the request. The kernel has already
 // applied the modes (default_permissions); the tree checks them again the same way it
 // does for 9P, and names the caller in its log lines.
-func caller(ctx context.Context) fs.Caller {
+// Whether it holds CAP_NET_ADMIN is read from /proc only when netAdmin says the open
+// needs to know (a write to a file that requires it).
+func caller(ctx context.Context, netAdmin bool) fs.Caller {
 	c, ok := gofuse.FromContext(ctx)
 	if !ok {
 		return fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "fuse"}
 	}
-	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid), NetAdmin: fs.ProcNetAdmin(c.Pid)}
+	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid),
+		NetAdmin: netAdmin && fs.ProcNetAdmin(c.Pid)}
 }
 
 func errno(err error) syscall.Errno {
@@ -234,13 +269,21 @@ func fill(m *fs.Node, a *gofuse.Attr) {
 	a.SetTimes(&t, &t, &t)
 }
 
+// fixedTTL is how long the kernel keeps a fixed name and any node's attributes: they
+// do not change while the daemon runs (fs.DynamicDirs' names are looked up every time).
+const fixedTTL = time.Hour
+
 func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	c, err := n.m.Lookup(name)
 	if err != nil {
 		return nil, errno(err)
 	}
 	fill(c, &out.Attr)
-	return n.NewInode(ctx, &node{m: c}, gofs.StableAttr{Mode: kind(c), Ino: c.Ino()}), 0
+	out.SetAttrTimeout(fixedTTL)
+	if n.inv != nil || !c.InDynamicDir() {
+		out.SetEntryTimeout(fixedTTL)
+	}
+	return n.NewInode(ctx, &node{m: c, inv: n.inv}, gofs.StableAttr{Mode: kind(c), Ino: c.Ino()}), 0
 }
 
 func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
@@ -259,6 +302,7 @@ func (n *node) Opendir(ctx context.Context) syscall.Errno { return 0 }
 
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
 	fill(n.m, &out.Attr)
+	out.SetTimeout(fixedTTL)
 	return 0
 }
 
@@ -308,7 +352,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	h, err := n.m.Open(caller(ctx), int(flags))
+	h, err := n.m.Open(caller(ctx, n.m.NeedsNetAdmin() && flags&syscall.O_ACCMODE != syscall.O_RDONLY), int(flags))
 	if err != nil {
 		return nil, 0, errno(err)
 	}
@@ -338,6 +382,9 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if err != nil {
 		return 0, errno(err)
 	}
+	// A write may have removed or renamed an interface (delete_child, link): its names
+	// leave the kernel's cache before the writer hears back, as with sysfs.
+	h.n.inv.sync()
 	return uint32(k), 0
 }
 
@@ -353,4 +400,90 @@ func (h *handle) Getattr(ctx context.Context, out *gofuse.AttrOut) syscall.Errno
 
 func (h *handle) Setattr(ctx context.Context, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	return h.n.Setattr(ctx, nil, in, out)
+}
+
+// invalidator drops the names of interfaces that changed from the kernel's dentry
+// cache (FUSE_NOTIFY_INVAL_ENTRY). One goroutine owns the change channel, so a write
+// handler's sync sees every change made before it, in order.
+type invalidator struct {
+	changes <-chan string
+	flush   chan chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	root    *gofs.Inode
+}
+
+func (v *invalidator) run() {
+	defer close(v.done)
+	for {
+		select {
+		case name := <-v.changes:
+			v.drop(name)
+		case done := <-v.flush:
+			for more := true; more; {
+				select {
+				case name := <-v.changes:
+					v.drop(name)
+				default:
+					more = false
+				}
+			}
+			close(done)
+		case <-v.stop:
+			return
+		}
+	}
+}
+
+// sync returns once every change queued so far has been dropped from the cache.
+func (v *invalidator) sync() {
+	if v == nil {
+		return
+	}
+	done := make(chan struct{})
+	select {
+	case v.flush <- done:
+		<-done
+	case <-v.stop:
+	}
+}
+
+func (v *invalidator) close() {
+	select {
+	case <-v.stop:
+	default:
+		close(v.stop)
+		<-v.done
+	}
+}
+
+// drop invalidates the kernel's entries for interface name ("": every cached name in
+// fs.DynamicDirs). Invalidating a name that still exists only costs a lookup.
+func (v *invalidator) drop(name string) {
+	if name != "" {
+		for _, e := range fs.InterfaceEntries(name) {
+			if d := v.dir(e.Dir); d != nil && d.GetChild(e.Name) != nil {
+				d.NotifyEntry(e.Name)
+			}
+		}
+		return
+	}
+	for _, dir := range fs.DynamicDirs {
+		if d := v.dir(dir); d != nil {
+			for c := range d.Children() {
+				d.NotifyEntry(c)
+			}
+		}
+	}
+}
+
+// dir is the Inode of a directory the kernel has looked up, nil if it has not.
+func (v *invalidator) dir(path string) *gofs.Inode {
+	d := v.root
+	for _, c := range strings.Split(path, "/") {
+		if d = d.GetChild(c); d == nil {
+			return nil
+		}
+	}
+	return d
 }

@@ -308,3 +308,91 @@ func TestUnmountBusy(t *testing.T) {
 	}
 	f.Close()
 }
+
+// mountChanges is mount with Options.Changes: the kernel caches interface names too.
+func mountChanges(t *testing.T, root *fs.Node, changes <-chan string) (string, *Server) {
+	t.Helper()
+	testenv.Root(t)
+	testenv.File(t, "/dev/fuse")
+	dir := t.TempDir()
+	srv, err := Mount(dir, root, Options{Log: func(s string) { t.Log(s) }, Changes: changes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+			syscall.Unmount(dir, syscall.MNT_DETACH)
+		}
+	})
+	return dir, srv
+}
+
+// With Changes, names are cached as sysfs dentries are: a removed interface's names
+// stay in the kernel's cache until the change names it (which is what makes the test
+// able to fail), and go when it does: a name, or "" for all of them.
+func TestCachedNamesDroppedOnChange(t *testing.T) {
+	v := newEnv(t)
+	changes := make(chan string, 4)
+	dir, srv := mountChanges(t, v.tree.Root(), changes)
+	exists := func(p string) bool {
+		_, _, code := sh(t, dir, "test -e "+p, nil)
+		return code == 0
+	}
+	for round, name := range []string{"ib0.8001", ""} {
+		if _, err := v.ib0.CreateChild(0x8001); err != nil {
+			t.Fatal(err)
+		}
+		if out, _, code := sh(t, dir, "cat class/net/ib0.8001/pkey kernel/debug/ipoib/ib0.8001_mcg >/dev/null && echo ok", nil); code != 0 || out != "ok\n" {
+			t.Fatalf("round %d: reading the child: %q %d", round, out, code)
+		}
+		c, _ := v.e.Interface("ib0.8001")
+		if err := v.ib0.RemoveChild(c); err != nil {
+			t.Fatal(err)
+		}
+		if !exists("class/net/ib0.8001") {
+			t.Fatalf("round %d: the removed child's name left the cache with no change sent: names are not cached", round)
+		}
+		changes <- name
+		srv.inv.sync()
+		for _, p := range []string{"class/net/ib0.8001", "kernel/debug/ipoib/ib0.8001_mcg", "kernel/debug/ipoib/ib0.8001_path"} {
+			if exists(p) {
+				t.Errorf("round %d (change %q): %s still there", round, name, p)
+			}
+		}
+	}
+	if !exists("class/net/ib0/pkey") {
+		t.Error("ib0 lost")
+	}
+}
+
+// Through the engine's own changes: a child deleted by a write is gone when the write
+// returns; one deleted or renamed elsewhere (as ip link does) is gone soon after.
+func TestCachedNamesFollowTheEngine(t *testing.T) {
+	v := newEnv(t)
+	changes, cancel := v.tree.Changes()
+	defer cancel()
+	dir, _ := mountChanges(t, v.tree.Root(), changes)
+	script := `echo 0x8002 > class/net/ib0/create_child && cat class/net/ib0.8002/pkey &&
+echo 0x8002 > class/net/ib0/delete_child && if test -e class/net/ib0.8002; then echo stale; else echo gone; fi`
+	if out, errb, code := sh(t, dir, script, nil); code != 0 || out != "0x8002\ngone\n" {
+		t.Fatalf("create, read, delete, test: %q %q %d", out, errb, code)
+	}
+	if _, err := v.ib0.CreateChild(0x8003); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code := sh(t, dir, "cat class/net/ib0.8003/pkey", nil); code != 0 {
+		t.Fatal("new child not readable")
+	}
+	c, _ := v.e.Interface("ib0.8003")
+	if err := v.e.Rename(c, "storage3"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the old name gone from the cache", func() bool {
+		_, _, code := sh(t, dir, "test -e class/net/ib0.8003", nil)
+		return code != 0
+	})
+	if out, _, code := sh(t, dir, "cat class/net/storage3/pkey", nil); code != 0 || out != "0x8003\n" {
+		t.Errorf("renamed child: %q %d", out, code)
+	}
+}
