@@ -186,18 +186,26 @@ func (i *Interface) createQP() error {
 	}
 	i.qp, err = dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: i.port, SendCQ: i.scq, RecvCQ: i.rcq,
 		MaxSendWR: q.SendQueueSize, MaxRecvWR: q.RecvQueueSize})
-	if err != nil {
-		return err
+	return err
+}
+
+// allocRecvRingLocked makes the receive ring the first time the QP is opened, as the
+// driver allocates its ring in ipoib_ib_dev_open: a child created down, and never
+// brought up, holds no buffers. One slab: a large allocation is mapped and unmapped
+// whole, so a deleted child's ring goes back to the system instead of fragmenting the
+// heap. The ring stays until the interface goes (the receive loop may still hold
+// completions for it after a stop).
+func (i *Interface) allocRecvRingLocked() {
+	if i.recvBufs != nil {
+		return
 	}
-	i.recvBufs = make([][]byte, q.RecvQueueSize)
-	// One slab for the ring: a large allocation is mapped and unmapped whole, so a
-	// deleted child's ring goes back to the system instead of fragmenting the heap.
+	bufs := make([][]byte, i.e.params.RecvQueueSize)
 	sz := grhLen + i.maxIBMTU
-	slab := make([]byte, len(i.recvBufs)*sz)
-	for k := range i.recvBufs {
-		i.recvBufs[k] = slab[k*sz : (k+1)*sz : (k+1)*sz]
+	slab := make([]byte, len(bufs)*sz)
+	for k := range bufs {
+		bufs[k] = slab[k*sz : (k+1)*sz : (k+1)*sz]
 	}
-	return nil
+	i.recvBufs = bufs
 }
 
 // Name returns the interface name.
@@ -455,6 +463,7 @@ func (i *Interface) restartQP() {
 		}
 	}
 	i.qpGen++
+	i.allocRecvRingLocked()
 	wrs := make([]verbs.RecvWR, len(i.recvBufs))
 	for k, b := range i.recvBufs {
 		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: b}

@@ -142,6 +142,16 @@ func (b *bridge) txLoop() {
 		if b.dev.Offloads().TSO {
 			n = b.dev.BatchSize()
 		}
+		if bufs == nil {
+			// No buffers until the device first has something to send: a child
+			// that is never used costs none (n x MTU each, 256 KiB at 2044).
+			if err := b.dev.WaitReadable(); err != nil {
+				if errors.Is(err, os.ErrClosed) {
+					return
+				}
+				log.Printf("%s: wait for the kernel: %v", b.i.Name(), err)
+			}
+		}
 		if mtu := b.i.MTU(); len(bufs) != n || len(bufs[0]) < mtu {
 			bufs = segmentBuffers(mtu, n)
 		}

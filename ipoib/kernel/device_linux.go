@@ -351,6 +351,29 @@ func (d *Device) Write(pkts [][]byte) (n int, err error) {
 	return n, nil
 }
 
+// WaitReadable returns when the kernel has a packet for Read, or with an error wrapping
+// os.ErrClosed once the device is closed: a reader can hold no buffers while its device
+// is idle (a child created and never used).
+func (d *Device) WaitReadable() error {
+	err := d.rc.Read(func(fd uintptr) bool {
+		// Readable now? (The poller waits for the next edge otherwise; a packet left
+		// queued by an earlier Read makes no new one.)
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		return n > 0
+	})
+	if err != nil {
+		d.mu.RLock()
+		closed := d.closed
+		d.mu.RUnlock()
+		if closed { // the file's "use of closed file" is not os.ErrClosed
+			err = os.ErrClosed
+		}
+		return d.ioErr("wait", err)
+	}
+	return nil
+}
+
 func isClosed(err error) bool {
 	return errors.Is(err, os.ErrClosed) || errors.Is(err, unix.EBADFD)
 }

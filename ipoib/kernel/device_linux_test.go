@@ -795,3 +795,76 @@ func currentNamespaceChild(t *testing.T, dev string) {
 		t.Error("device still exists after Close")
 	}
 }
+
+// WaitReadable returns when the kernel has a packet for the device, also for one that
+// was already queued when it was called (no new readiness edge comes for that), and
+// with os.ErrClosed when the device closes.
+func TestWaitReadable(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "w")
+	d := open(t, Config{Name: uniq("w"), MTU: 1500, NetNS: ns})
+	addAddr(t, ns, d.Name(), "10.78.0.1/24")
+	// No IPv6 on it: bringing it up would queue solicitations and MLD reports.
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	fd := testenv.InNetns(t, ns, func() (int, error) { return unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0) })
+	defer unix.Close(fd)
+	send := func() {
+		t.Helper()
+		if err := unix.Sendto(fd, []byte("x"), 0, &unix.SockaddrInet4{Port: 9, Addr: [4]byte{10, 78, 0, 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- d.WaitReadable() }()
+	select {
+	case err := <-waited:
+		t.Fatalf("WaitReadable returned %v with nothing queued", err)
+	case <-time.After(50 * time.Millisecond): // (a wrong early return shows here; a correct wait cannot be proven by time)
+	}
+	send()
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	// Two queued; reading one leaves the other, for which no new edge comes.
+	send()
+	bufs := [][]byte{make([]byte, 1500)}
+	if _, err := d.Read(bufs, make([]int, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Read(bufs, make([]int, 1)); err != nil { // the second packet of the two above
+		t.Fatal(err)
+	}
+	send()
+	send()
+	if _, err := d.Read(bufs, make([]int, 1)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.WaitReadable() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitReadable blocked with a packet queued")
+	}
+	if _, err := d.Read(bufs, make([]int, 1)); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- d.WaitReadable() }()
+	d.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Errorf("WaitReadable during Close = %v, want os.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitReadable still blocked after Close")
+	}
+}

@@ -32,6 +32,9 @@ func (d *Device) BatchSize() int { return 1 }
 // Read is not supported.
 func (d *Device) Read(bufs [][]byte, sizes []int) (int, error) { return 0, d.unsupported() }
 
+// WaitReadable is not supported.
+func (d *Device) WaitReadable() error { return d.unsupported() }
+
 // Write is not supported.
 func (d *Device) Write(pkts [][]byte) (int, error) { return 0, d.unsupported() }
 
