@@ -26,3 +26,6 @@ require (
 
 // third_party/p9/PATCH.md: the server must learn who attaches (Tattach uname/n_uname).
 replace github.com/hugelgupf/p9 => ./third_party/p9
+
+// third_party/wireguard/PATCH.md: TUN devices allocate their GRO tables and read buffer on first use.
+replace golang.zx2c4.com/wireguard => ./third_party/wireguard
