@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(tshark opensm ibsim-utils infiniband-diags libibumad-dev gcc make iperf3 iproute2 iputils-ping qemu-system-x86 busybox-static xz-utils diod systemd ethtool dnsmasq-base)
+pkgs=(tshark opensm ibsim-utils infiniband-diags libibumad-dev libibverbs-dev ibverbs-providers rdma-core gcc make iperf3 iproute2 iputils-ping qemu-system-x86 busybox-static xz-utils diod systemd ethtool dnsmasq-base)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,3 +32,7 @@ echo "== go test -race"
 go test -json -race -count=1 -timeout 15m ./... "$@" | /tmp/ipoibfs-testsum
 echo "== go test -tags ipoib_debug_data (data-path tracing build)"
 go test -json -race -count=1 -tags ipoib_debug_data -run DataDebug ./ipoib/ | /tmp/ipoibfs-testsum
+echo "== go test -tags rdma (the rdma-core provider: cgo, libibverbs, libibumad)"
+go vet -tags rdma ./verbs/rdma/... ./cmd/ipoibfs
+go test -json -race -count=1 -tags rdma ./verbs/rdma/... | /tmp/ipoibfs-testsum
+go test -json -race -count=1 -tags rdma -run HCA ./cmd/ipoibfs | /tmp/ipoibfs-testsum

@@ -162,6 +162,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
 	fabricKey := fl.String("fabric-key", "", "authenticate fabric management messages with the key in `file` (0600, at least 16 random bytes; the same on every node)")
 	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
+	hcaName := fl.String("hca", "", "run on this rdma-core `device` instead of the soft HCA (\"list\" prints the devices libibverbs sees; needs a build with -tags rdma)")
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
 	if err := fl.Parse(args); err != nil {
@@ -173,6 +174,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *showVersion {
 		fmt.Fprintln(stdout, version())
 		return nil
+	}
+	if *hcaName != "" {
+		return hcaCommand(*hcaName, stdout)
 	}
 	bad := func(format string, a ...any) error {
 		err := fmt.Errorf(format, a...)

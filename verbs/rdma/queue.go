@@ -1,0 +1,529 @@
+//go:build rdma && linux
+
+package rdma
+
+/*
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+int ipoibfs_wait_fd(int fd, int wakefd);
+
+static int ipoibfs_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) { return ibv_poll_cq(cq, n, wc); }
+static int ipoibfs_arm_cq(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
+static int ipoibfs_moderate_cq(struct ibv_cq *cq, uint16_t count, uint16_t usecs) {
+	struct ibv_modify_cq_attr a;
+	memset(&a, 0, sizeof a);
+	a.attr_mask = IBV_CQ_ATTR_MODERATE;
+	a.moderate.cq_count = count;
+	a.moderate.cq_period = usecs;
+	return ibv_modify_cq(cq, &a);
+}
+
+// ipoibfs_cq_event takes one completion event off the channel, acknowledges it and
+// re-arms the CQ: 0, or -errno.
+static int ipoibfs_cq_event(struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq;
+	void *ctx;
+	if (ibv_get_cq_event(ch, &cq, &ctx))
+		return errno ? -errno : -EIO;
+	ibv_ack_cq_events(cq, 1);
+	return ibv_req_notify_cq(cq, 0) ? -EIO : 0;
+}
+
+static struct ibv_wc *ipoibfs_wc_at(struct ibv_wc *w, int i) { return &w[i]; }
+static uint32_t ipoibfs_wc_imm(struct ibv_wc *w) { return be32toh(w->imm_data); }
+
+static int ipoibfs_post_send(struct ibv_qp *qp, uint64_t id, void *addr, uint32_t len, uint32_t lkey,
+                             struct ibv_ah *ah, uint32_t rqpn, uint32_t rqkey, int signaled, int with_imm, uint32_t imm) {
+	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
+	struct ibv_send_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = with_imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+	wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+	wr.imm_data = htobe32(imm);
+	if (ah) {
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = rqpn;
+		wr.wr.ud.remote_qkey = rqkey;
+	}
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int ipoibfs_post_recv(struct ibv_qp *qp, uint64_t id, void *addr, uint32_t len, uint32_t lkey) {
+	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
+	struct ibv_recv_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+static int ipoibfs_modify_qp(struct ibv_qp *qp, int state, int pkey_index, int port, uint32_t qkey, int mask) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = state;
+	a.pkey_index = pkey_index;
+	a.port_num = port;
+	a.qkey = qkey;
+	a.sq_psn = 0;
+	return ibv_modify_qp(qp, &a, mask);
+}
+
+static struct ibv_ah *ipoibfs_create_ah(struct ibv_pd *pd, int port, int dlid, int sl, int rate, int grh,
+                                        const void *dgid, int sgid_index, uint32_t flow, int hop, int tclass) {
+	struct ibv_ah_attr a;
+	memset(&a, 0, sizeof a);
+	a.dlid = dlid;
+	a.sl = sl;
+	a.static_rate = rate;
+	a.port_num = port;
+	if (grh) {
+		a.is_global = 1;
+		memcpy(a.grh.dgid.raw, dgid, 16);
+		a.grh.sgid_index = sgid_index;
+		a.grh.flow_label = flow;
+		a.grh.hop_limit = hop;
+		a.grh.traffic_class = tclass;
+	}
+	return ibv_create_ah(pd, &a);
+}
+
+static int ipoibfs_mcast(struct ibv_qp *qp, const void *gid, int lid, int attach) {
+	union ibv_gid g;
+	memcpy(g.raw, gid, 16);
+	return attach ? ibv_attach_mcast(qp, &g, lid) : ibv_detach_mcast(qp, &g, lid);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"ipoibfs/verbs"
+)
+
+// CQ is a completion queue with its own completion channel: a goroutine blocks in
+// poll(2) on the channel and signals Notify when the CQ has completions, re-arming it
+// first, so nothing is lost and nothing spins.
+type CQ struct {
+	dev    *Device
+	cq     *C.struct_ibv_cq
+	ch     *C.struct_ibv_comp_channel
+	notify chan struct{}
+	wake   [2]int
+	done   chan struct{}
+
+	mu  sync.Mutex // wcs
+	wcs *C.struct_ibv_wc
+	n   int
+
+	overruns  atomic.Uint64
+	closeOnce sync.Once
+}
+
+const wcBatch = 64
+
+func (d *Device) CreateCQ(attr verbs.CQAttr) (verbs.CQ, error) {
+	entries := max(attr.Entries, 1)
+	c := &CQ{dev: d, notify: make(chan struct{}, 1), done: make(chan struct{}), n: wcBatch}
+	c.ch = C.ibv_create_comp_channel(d.ctx)
+	if c.ch == nil {
+		return nil, &verbs.Error{Op: "ibv_create_comp_channel", Obj: d.name, Err: syscall.ENOMEM}
+	}
+	c.cq = C.ibv_create_cq(d.ctx, C.int(entries), nil, c.ch, 0)
+	if c.cq == nil {
+		C.ibv_destroy_comp_channel(c.ch)
+		return nil, &verbs.Error{Op: "ibv_create_cq", Obj: fmt.Sprintf("%s %d entries", d.name, entries), Err: syscall.ENOMEM}
+	}
+	if err := syscall.Pipe2(c.wake[:], syscall.O_CLOEXEC); err != nil {
+		C.ibv_destroy_cq(c.cq)
+		C.ibv_destroy_comp_channel(c.ch)
+		return nil, err
+	}
+	c.wcs = (*C.struct_ibv_wc)(C.calloc(C.size_t(c.n), C.size_t(unsafe.Sizeof(C.struct_ibv_wc{}))))
+	C.ipoibfs_arm_cq(c.cq)
+	go c.loop()
+	return c, nil
+}
+
+func (c *CQ) loop() {
+	defer close(c.done)
+	for {
+		w := C.ipoibfs_wait_fd(c.ch.fd, C.int(c.wake[0]))
+		if w != 1 {
+			return
+		}
+		if C.ipoibfs_cq_event(c.ch) < 0 {
+			continue
+		}
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *CQ) Notify() <-chan struct{} { return c.notify }
+
+var wcStatus = map[C.enum_ibv_wc_status]verbs.WCStatus{
+	C.IBV_WC_SUCCESS: verbs.WCSuccess, C.IBV_WC_LOC_LEN_ERR: verbs.WCLocLenErr, C.IBV_WC_LOC_QP_OP_ERR: verbs.WCLocQPOpErr,
+	C.IBV_WC_LOC_PROT_ERR: verbs.WCLocProtErr, C.IBV_WC_WR_FLUSH_ERR: verbs.WCWRFlushErr, C.IBV_WC_LOC_ACCESS_ERR: verbs.WCLocProtErr,
+	C.IBV_WC_REM_INV_REQ_ERR: verbs.WCRemInvReqErr, C.IBV_WC_REM_ACCESS_ERR: verbs.WCRemAccessErr,
+	C.IBV_WC_RETRY_EXC_ERR: verbs.WCRetryExcErr, C.IBV_WC_RNR_RETRY_EXC_ERR: verbs.WCRNRRetryExcErr,
+}
+
+// Poll moves up to len(wc) completions out. Receive data is copied from the queue
+// pair's registered slot into the buffer PostRecv was given.
+func (c *CQ) Poll(wc []verbs.WC) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.wcs == nil {
+		return 0
+	}
+	done := 0
+	for done < len(wc) {
+		k := min(c.n, len(wc)-done)
+		n := int(C.ipoibfs_poll_cq(c.cq, C.int(k), c.wcs))
+		if n < 0 {
+			c.overruns.Add(1)
+			return done
+		}
+		for i := range n {
+			w := C.ipoibfs_wc_at(c.wcs, C.int(i))
+			out := &wc[done]
+			st, ok := wcStatus[w.status]
+			if !ok {
+				st = verbs.WCGeneralErr
+			}
+			*out = verbs.WC{Status: st, QPN: verbs.QPN(w.qp_num), SrcQP: verbs.QPN(w.src_qp), SLID: verbs.LID(w.slid),
+				SL: uint8(w.sl), PKeyIndex: int(w.pkey_index), ByteLen: int(w.byte_len),
+				GRH: w.wc_flags&C.IBV_WC_GRH != 0, WithImm: w.wc_flags&C.IBV_WC_WITH_IMM != 0}
+			if out.WithImm {
+				out.Imm = uint32(C.ipoibfs_wc_imm(w))
+			}
+			if qp := c.dev.qpByNum(uint32(w.qp_num)); qp != nil {
+				qp.complete(uint64(w.wr_id), out)
+			} else {
+				out.WRID = uint64(w.wr_id)
+			}
+			done++
+		}
+		if n < k {
+			break
+		}
+	}
+	return done
+}
+
+func (c *CQ) SetModeration(count, usecs uint16) error {
+	if r := C.ipoibfs_moderate_cq(c.cq, C.uint16_t(count), C.uint16_t(usecs)); r != 0 {
+		return &verbs.Error{Op: "ibv_modify_cq", Obj: c.dev.name, Err: syscall.Errno(max(int(r), 1))}
+	}
+	return nil
+}
+
+func (c *CQ) Overruns() uint64 { return c.overruns.Load() }
+
+func (c *CQ) Close() error {
+	c.closeOnce.Do(func() {
+		_, _ = syscall.Write(c.wake[1], []byte{1})
+		<-c.done
+		syscall.Close(c.wake[0])
+		syscall.Close(c.wake[1])
+		c.mu.Lock()
+		C.ibv_destroy_cq(c.cq)
+		C.ibv_destroy_comp_channel(c.ch)
+		C.free(unsafe.Pointer(c.wcs))
+		c.wcs = nil
+		c.mu.Unlock()
+	})
+	return nil
+}
+
+// slotSize is one registered buffer slot: a 4096-byte IB MTU payload plus the 40-byte
+// GRH a UD receive starts with, rounded up.
+const slotSize = 4224
+
+// recvBit marks receive work request IDs (the slot index is below it): flushed
+// completions do not say their opcode.
+const recvBit = 1 << 63
+
+// QP is a UD queue pair with one registered memory region of send and receive slots.
+type QP struct {
+	dev    *Device
+	qp     *C.struct_ibv_qp
+	port   int
+	num    verbs.QPN
+	mem    unsafe.Pointer
+	mr     *C.struct_ibv_mr
+	nsend  int
+	sigAll bool
+
+	mu       sync.Mutex
+	state    verbs.QPState
+	sendFree []int
+	sendQ    []int    // slots in posting order (unsignaled sends free with the next completion)
+	sendID   []uint64 // by slot
+	recvFree []int
+	recvID   []uint64
+	recvBuf  [][]byte
+	closed   bool
+}
+
+func (d *Device) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
+	if attr.Type != verbs.QPTypeUD {
+		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: fmt.Errorf("%w: %v queue pairs are not implemented by verbs/rdma yet", verbs.ErrInvalid, attr.Type)}
+	}
+	scq, ok1 := attr.SendCQ.(*CQ)
+	rcq, ok2 := attr.RecvCQ.(*CQ)
+	if !ok1 || !ok2 || attr.Port < 1 || attr.Port > len(d.ports) {
+		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: verbs.ErrInvalid}
+	}
+	ns, nr := max(attr.MaxSendWR, 1), max(attr.MaxRecvWR, 1)
+	var init C.struct_ibv_qp_init_attr
+	init.send_cq, init.recv_cq = scq.cq, rcq.cq
+	init.cap.max_send_wr, init.cap.max_recv_wr = C.uint32_t(ns), C.uint32_t(nr)
+	init.cap.max_send_sge, init.cap.max_recv_sge = 1, 1
+	init.qp_type = C.IBV_QPT_UD
+	if attr.SigAll {
+		init.sq_sig_all = 1
+	}
+	q := &QP{dev: d, port: attr.Port, nsend: ns, sigAll: attr.SigAll,
+		sendID: make([]uint64, ns), recvID: make([]uint64, nr), recvBuf: make([][]byte, nr)}
+	size := C.size_t((ns + nr) * slotSize)
+	q.mem = C.calloc(1, size)
+	if q.mem == nil {
+		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: syscall.ENOMEM}
+	}
+	q.mr = C.ibv_reg_mr(d.pd, q.mem, size, C.IBV_ACCESS_LOCAL_WRITE)
+	if q.mr == nil {
+		C.free(q.mem)
+		return nil, &verbs.Error{Op: "ibv_reg_mr", Obj: d.name, Err: syscall.ENOMEM}
+	}
+	q.qp = C.ibv_create_qp(d.pd, &init)
+	if q.qp == nil {
+		C.ibv_dereg_mr(q.mr)
+		C.free(q.mem)
+		return nil, &verbs.Error{Op: "ibv_create_qp", Obj: d.name, Err: syscall.ENOMEM}
+	}
+	q.num = verbs.QPN(q.qp.qp_num)
+	for i := range ns {
+		q.sendFree = append(q.sendFree, i)
+	}
+	for i := range nr {
+		q.recvFree = append(q.recvFree, i)
+	}
+	d.qpMu.Lock()
+	d.qps[uint32(q.num)] = q
+	d.qpMu.Unlock()
+	return q, nil
+}
+
+func (q *QP) String() string {
+	return fmt.Sprintf("%s port %d qp %#x", q.dev.name, q.port, uint32(q.num))
+}
+func (q *QP) Num() verbs.QPN            { return q.num }
+func (q *QP) Type() verbs.QPType        { return verbs.QPTypeUD }
+func (q *QP) State() verbs.QPState      { q.mu.Lock(); defer q.mu.Unlock(); return q.state }
+func (q *QP) slot(i int) unsafe.Pointer { return unsafe.Add(q.mem, i*slotSize) }
+
+var qpStates = map[verbs.QPState]C.int{verbs.QPReset: C.IBV_QPS_RESET, verbs.QPInit: C.IBV_QPS_INIT,
+	verbs.QPRTR: C.IBV_QPS_RTR, verbs.QPRTS: C.IBV_QPS_RTS, verbs.QPSQD: C.IBV_QPS_SQD, verbs.QPErr: C.IBV_QPS_ERR}
+
+// Modify moves the UD queue pair through its states: INIT takes the P_Key index and
+// Q_Key (and the port it was created on), RTS starts the send PSN at 0.
+func (q *QP) Modify(m verbs.QPModify) error {
+	st, ok := qpStates[m.State]
+	if m.Mask&verbs.QPMaskState == 0 || !ok {
+		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: verbs.ErrInvalid}
+	}
+	mask := C.int(C.IBV_QP_STATE)
+	if m.Mask&verbs.QPMaskPKeyIndex != 0 {
+		mask |= C.IBV_QP_PKEY_INDEX
+	}
+	if m.Mask&verbs.QPMaskQKey != 0 {
+		mask |= C.IBV_QP_QKEY
+	}
+	switch m.State {
+	case verbs.QPInit:
+		mask |= C.IBV_QP_PORT | C.IBV_QP_PKEY_INDEX | C.IBV_QP_QKEY
+	case verbs.QPRTS:
+		mask |= C.IBV_QP_SQ_PSN
+	}
+	if r := C.ipoibfs_modify_qp(q.qp, st, C.int(m.PKeyIndex), C.int(q.port), C.uint32_t(m.QKey), mask); r != 0 {
+		return &verbs.Error{Op: "ibv_modify_qp", Obj: fmt.Sprintf("%s to %v", q, m.State), Err: syscall.Errno(r)}
+	}
+	q.mu.Lock()
+	q.state = m.State
+	q.mu.Unlock()
+	return nil
+}
+
+// PostSend copies each request's gather list into a send slot and posts it.
+func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrClosed}
+	}
+	for i, wr := range wrs {
+		if len(q.sendFree) == 0 {
+			return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrQueueFull}
+		}
+		ah, _ := wr.AH.(*AH)
+		if ah == nil {
+			return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: fmt.Errorf("%w: UD send without an address handle", verbs.ErrInvalid)}
+		}
+		s := q.sendFree[len(q.sendFree)-1]
+		buf := unsafe.Slice((*byte)(q.slot(s)), slotSize)
+		n := 0
+		for _, d := range wr.Data {
+			if n+len(d) > slotSize {
+				return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: fmt.Errorf("%w: %d bytes exceed a slot", verbs.ErrInvalid, n+len(d))}
+			}
+			n += copy(buf[n:], d)
+		}
+		sig, imm := 0, 0
+		if wr.Signaled || q.sigAll {
+			sig = 1
+		}
+		if wr.WithImm {
+			imm = 1
+		}
+		r := C.ipoibfs_post_send(q.qp, C.uint64_t(s), q.slot(s), C.uint32_t(n), q.mr.lkey, ah.ah,
+			C.uint32_t(wr.RemoteQPN), C.uint32_t(wr.RemoteQKey), C.int(sig), C.int(imm), C.uint32_t(wr.Imm))
+		if r != 0 {
+			return i, &verbs.Error{Op: "ibv_post_send", Obj: q.String(), Err: syscall.Errno(r)}
+		}
+		q.sendFree = q.sendFree[:len(q.sendFree)-1]
+		q.sendID[s] = wr.ID
+		q.sendQ = append(q.sendQ, s)
+	}
+	return len(wrs), nil
+}
+
+// PostRecv posts a registered slot for each buffer; the data is copied into the
+// buffer when Poll returns its completion.
+func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrClosed}
+	}
+	for i, wr := range wrs {
+		if len(q.recvFree) == 0 {
+			return i, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrQueueFull}
+		}
+		s := q.recvFree[len(q.recvFree)-1]
+		n := min(len(wr.Buf), slotSize)
+		if r := C.ipoibfs_post_recv(q.qp, C.uint64_t(s)|recvBit, q.slot(s+q.nsend), C.uint32_t(n), q.mr.lkey); r != 0 {
+			return i, &verbs.Error{Op: "ibv_post_recv", Obj: q.String(), Err: syscall.Errno(r)}
+		}
+		q.recvFree = q.recvFree[:len(q.recvFree)-1]
+		q.recvID[s], q.recvBuf[s] = wr.ID, wr.Buf
+	}
+	return len(wrs), nil
+}
+
+// complete turns a hardware work request ID back into the caller's, frees the slot
+// and, for a receive, copies the data out.
+func (q *QP) complete(id uint64, wc *verbs.WC) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if id&recvBit != 0 {
+		s := int(id &^ recvBit)
+		if s >= len(q.recvID) {
+			return
+		}
+		wc.Opcode, wc.WRID = verbs.WCRecv, q.recvID[s]
+		if wc.Status == verbs.WCSuccess {
+			copy(q.recvBuf[s], unsafe.Slice((*byte)(q.slot(s+q.nsend)), min(wc.ByteLen, slotSize)))
+		}
+		q.recvBuf[s] = nil
+		q.recvFree = append(q.recvFree, s)
+		return
+	}
+	s := int(id)
+	if s >= len(q.sendID) {
+		return
+	}
+	wc.Opcode, wc.WRID = verbs.WCSend, q.sendID[s]
+	// This completion also retires every unsignaled send posted before it.
+	for len(q.sendQ) > 0 {
+		f := q.sendQ[0]
+		q.sendQ = q.sendQ[1:]
+		q.sendFree = append(q.sendFree, f)
+		if f == s {
+			break
+		}
+	}
+}
+
+func (q *QP) AttachMcast(gid verbs.GID, lid verbs.LID) error {
+	if r := C.ipoibfs_mcast(q.qp, unsafe.Pointer(&gid[0]), C.int(lid), 1); r != 0 {
+		return &verbs.Error{Op: "ibv_attach_mcast", Obj: fmt.Sprintf("%s %v", q, gid), Err: syscall.Errno(r)}
+	}
+	return nil
+}
+
+func (q *QP) DetachMcast(gid verbs.GID, lid verbs.LID) error {
+	if r := C.ipoibfs_mcast(q.qp, unsafe.Pointer(&gid[0]), C.int(lid), 0); r != 0 {
+		return &verbs.Error{Op: "ibv_detach_mcast", Obj: fmt.Sprintf("%s %v", q, gid), Err: syscall.Errno(r)}
+	}
+	return nil
+}
+
+func (q *QP) Close() error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	q.mu.Unlock()
+	q.dev.qpMu.Lock()
+	delete(q.dev.qps, uint32(q.num))
+	q.dev.qpMu.Unlock()
+	C.ibv_destroy_qp(q.qp)
+	C.ibv_dereg_mr(q.mr)
+	C.free(q.mem)
+	return nil
+}
+
+// AH is an address handle.
+type AH struct {
+	ah   *C.struct_ibv_ah
+	attr verbs.AHAttr
+}
+
+func (d *Device) CreateAH(attr verbs.AHAttr) (verbs.AH, error) {
+	grh := 0
+	if attr.GRH {
+		grh = 1
+	}
+	ah := C.ipoibfs_create_ah(d.pd, C.int(attr.Port), C.int(attr.DLID), C.int(attr.SL), C.int(attr.StaticRate), C.int(grh),
+		unsafe.Pointer(&attr.DGID[0]), C.int(attr.SGIDIndex), C.uint32_t(attr.FlowLabel), C.int(attr.HopLimit), C.int(attr.TClass))
+	if ah == nil {
+		return nil, &verbs.Error{Op: "ibv_create_ah", Obj: fmt.Sprintf("%s LID %#x", d.name, attr.DLID), Err: syscall.EINVAL}
+	}
+	return &AH{ah: ah, attr: attr}, nil
+}
+
+func (a *AH) Attr() verbs.AHAttr { return a.attr }
+func (a *AH) Close() error {
+	if a.ah != nil {
+		C.ibv_destroy_ah(a.ah)
+		a.ah = nil
+	}
+	return nil
+}
