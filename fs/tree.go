@@ -27,6 +27,9 @@ type Options struct {
 	// Events, if set, adds the root file `events` (root's only, as debugfs): every
 	// open follows the lines emitted from then on. Every write's log line goes there too.
 	Events *EventLog
+	// Bonds, if set, adds the bonding driver's files: class/net/bonding_masters and the
+	// bonds' directories (bonding.go).
+	Bonds *ipoib.Bonds
 }
 
 // Tree is the control tree of one engine.
@@ -35,6 +38,7 @@ type Tree struct {
 	sm     SubnetManager
 	log    func(string)
 	events *EventLog
+	bonds  *ipoib.Bonds
 
 	start time.Time // every node's mtime/ctime/atime
 
@@ -61,7 +65,7 @@ type SubnetManager interface {
 
 // New builds the tree of engine e.
 func New(e *ipoib.Engine, o Options) *Tree {
-	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2}
+	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2}
 	if o.Events != nil {
 		log := t.log
 		t.log = func(l string) {
@@ -199,6 +203,10 @@ func (t *Tree) listNet(dir string) ([]*Node, error) {
 	for _, i := range ifs {
 		out = append(out, t.ifDir(dir, i.Name(), i.Parent() != nil))
 	}
+	if t.bonds != nil {
+		out = append(out, t.bondNodes(dir)...)
+		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+	}
 	return out, nil
 }
 
@@ -236,6 +244,7 @@ func (t *Tree) ifDir(dir, name string, child bool) *Node {
 				return out, nil
 			}),
 		)
+		out = append(out, t.bondingSlaveDir(d, name)...) // while a bond's slave (bonding.go)
 		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 		return out, nil
 	})

@@ -263,6 +263,14 @@ func (e *Engine) Watch() (<-chan string, func()) {
 	}
 }
 
+// notifyName tells the watchers that a name in class/net came or went outside the
+// interface table (a bond), so caches of names drop it too.
+func (e *Engine) notifyName(name string) {
+	e.mu.Lock()
+	e.notifyLocked(name)
+	e.mu.Unlock()
+}
+
 func (e *Engine) notifyLocked(name string) {
 	for ch := range e.subs {
 		select {

@@ -328,7 +328,7 @@ type rxBatch struct {
 func (i *Interface) deliverLoop(batches <-chan *rxBatch, free chan<- *rxBatch) {
 	for b := range batches {
 		i.mu.Lock()
-		host := i.host
+		host := i.upperHostLocked() // its own, or its bond's (bond.go)
 		i.mu.Unlock()
 		if host != nil {
 			host.Deliver(b.pkts)

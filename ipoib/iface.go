@@ -91,6 +91,7 @@ type Interface struct {
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	closed        bool
+	bond          atomic.Pointer[Bond] // the bond this interface is a slave of (bond.go)
 
 	qp        verbs.QP
 	scq, rcq  verbs.CQ
@@ -351,6 +352,9 @@ func (i *Interface) AttachHost(h Host) {
 // SetHostAddrs tells the engine which addresses the kernel has on the interface; the
 // engine answers ARP and ND for them and joins their multicast groups.
 func (i *Interface) SetHostAddrs(p []netip.Prefix) {
+	if i.slaveHostAddrs(p) {
+		return // a slave answers for its bond's addresses (bond.go)
+	}
 	i.mu.Lock()
 	i.hostAddrs = slices.Clone(p)
 	i.mu.Unlock()
@@ -361,6 +365,9 @@ func (i *Interface) SetHostAddrs(p []netip.Prefix) {
 // is joined on the fabric as a full member, and groups that leave the list are left, as
 // the driver's multicast restart does with the netdev's list.
 func (i *Interface) SetHostGroups(g []netip.Addr) {
+	if i.slaveHostGroups(g) {
+		return // a slave joins its bond's groups (bond.go)
+	}
 	i.mu.Lock()
 	i.hostGroups = slices.Clone(g)
 	i.hostGroupsSet = true
@@ -371,6 +378,9 @@ func (i *Interface) SetHostGroups(g []netip.Addr) {
 // ownAddrs returns the kernel's addresses plus the GUID-derived IPv6 link-local one.
 func (i *Interface) ownAddrsLocked() []netip.Addr {
 	out := addrsOf(i.hostAddrs)
+	if i.bond.Load() != nil {
+		return out // a slave has no IPv6 of its own; the active one has its bond's (bond.go)
+	}
 	ll := linkLocal(i.hw.GID().GUID())
 	if !slices.Contains(out, ll) {
 		out = append(out, ll)

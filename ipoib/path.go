@@ -89,7 +89,7 @@ func (i *Interface) tooLongLocked(frame [][]byte) {
 // flushICMP hands queued ICMP errors to the host. Called without i.mu.
 func (i *Interface) flushICMP() {
 	i.mu.Lock()
-	m, h := i.icmpOut, i.host
+	m, h := i.icmpOut, i.upperHostLocked()
 	i.icmpOut = nil
 	i.mu.Unlock()
 	if len(m) > 0 && h != nil {

@@ -35,8 +35,8 @@ func loadFabricKey(file string) ([]byte, error) {
 func reportInactive(hca *soft.HCA, sm string, keyed bool) {
 	for n := 1; n <= hca.NumPorts(); n++ {
 		p := hca.SoftPort(n)
-		if p.Attr().State == verbs.PortActive {
-			continue
+		if a := p.Attr(); a.State == verbs.PortActive || a.LID != 0 && a.PhysState == verbs.PhysPolling {
+			continue // active, or configured with its link down (a link fault): the SM answers
 		}
 		why := "is the subnet manager running there?"
 		if keyed {

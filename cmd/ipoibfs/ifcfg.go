@@ -37,6 +37,8 @@ type ifcfg struct {
 	pkey      int64       // PKEY=yes: the child's P_Key (PKEY_ID), full-member bit set
 	physdev   string
 	unknown   []string // "file:line: KEY" of keys ignored
+	bond      *bondCfg // a bond's file (bond.go)
+	master    string   // a slave's MASTER
 }
 
 // ifcfgError is "file:line: reason".
@@ -93,8 +95,7 @@ func parseIfcfg(file string, b []byte) (*ifcfg, error) {
 		switch k {
 		case "DEVICE", "TYPE", "ONBOOT", "BOOTPROTO", "IPADDR", "NETMASK", "PREFIX", "BROADCAST", "NETWORK",
 			"MTU", "CONNECTED_MODE", "PKEY", "PKEY_ID", "PHYSDEV", "NAME", "USERCTL", "NM_CONTROLLED", "DHCP_CLIENT_ID":
-		case "MASTER", "SLAVE", "BONDING_OPTS":
-			return nil, bad(k, "bonding is not supported yet")
+		case "MASTER", "SLAVE", "BONDING_OPTS", "BONDING_MASTER": // parseIfcfgBonding (bond.go)
 		default:
 			c.unknown = append(c.unknown, fmt.Sprintf("%s:%d: %s", base, lines[k], k))
 		}
@@ -105,7 +106,7 @@ func parseIfcfg(file string, b []byte) (*ifcfg, error) {
 			return nil, bad("DEVICE", "%q is not the file's interface %q", d, c.device)
 		}
 	}
-	if t, ok := vals["TYPE"]; ok && !strings.EqualFold(t, "InfiniBand") {
+	if t, ok := vals["TYPE"]; ok && !strings.EqualFold(t, "InfiniBand") && !(strings.EqualFold(t, "Bond") && isBondMaster(vals)) {
 		return nil, bad("TYPE", "%q: only InfiniBand interfaces are ipoibfs's", t)
 	}
 	if _, ok := vals["ONBOOT"]; ok {
@@ -218,6 +219,9 @@ func parseIfcfg(file string, b []byte) (*ifcfg, error) {
 			}
 		}
 	}
+	if err := parseIfcfgBonding(c, vals, lines, bad); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -280,6 +284,7 @@ type ifcfgApplier struct {
 	brs   *bridges
 	addrs map[string]netip.Prefix
 	dhcp  map[string]*dhcpClient
+	bonds *bondBridges // ifcfg-bond<n> and slaves (bond.go); nil: no bonding
 }
 
 // dhcpClient is the DHCP client of one interface and what it was started with.
@@ -323,6 +328,7 @@ func (a *ifcfgApplier) apply(logf func(string, ...any)) {
 			logf("%s: %v", filepath.Base(c.file), err)
 		}
 	}
+	a.applyBonds(cfgs, logf)
 	for dev := range a.dhcp {
 		if !keep[dev] {
 			a.stopDHCP(dev)
@@ -333,6 +339,9 @@ func (a *ifcfgApplier) apply(logf func(string, ...any)) {
 func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 	if !c.onboot {
 		return nil // ONBOOT=no: left to the administrator
+	}
+	if c.bond != nil || c.master != "" {
+		return nil // bonds and their slaves: applyBonds, after the others
 	}
 	i, ok := a.eng.Interface(c.device)
 	if !ok && c.pkey != 0 {

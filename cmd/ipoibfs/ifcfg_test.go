@@ -49,7 +49,7 @@ HWADDR=whatever
 		{"BOOTPROTO=bootp\n", "ifcfg-ib0:1: BOOTPROTO: bootp is not supported"},
 		{"BOOTPROTO=dhcp\nDHCP_CLIENT_ID=ff:zz\n", "ifcfg-ib0:2: DHCP_CLIENT_ID: "},
 		{"BOOTPROTO=dhcp\nDHCP_CLIENT_ID=ff\n", "ifcfg-ib0:2: DHCP_CLIENT_ID: "},
-		{"MASTER=bond0\n", "ifcfg-ib0:1: MASTER: bonding is not supported yet"},
+		{"MASTER=bond0\n", "ifcfg-ib0:1: MASTER: MASTER=bond0 needs SLAVE=yes"},
 		{"DEVICE=ib1\n", "ifcfg-ib0:1: DEVICE: "},
 		{"garbage line\n", "ifcfg-ib0:1: "},
 		{"IPADDR=10.0.0.1 $(reboot)\n", "ifcfg-ib0:1: IPADDR: unbalanced quotes or shell syntax"},

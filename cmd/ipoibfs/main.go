@@ -162,6 +162,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
 	fabricKey := fl.String("fabric-key", "", "authenticate fabric management messages with the key in `file` (0600, at least 16 random bytes; the same on every node)")
 	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
+	loadBonding := fl.Bool("bonding", false, "load the bonding driver: class/net/bonding_masters in the tree (implied by bonding files in -config)")
 	hcaName := fl.String("hca", "", "run on this rdma-core `device` instead of the soft HCA (\"list\" prints the devices libibverbs sees; needs a build with -tags rdma)")
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
@@ -297,6 +298,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	brs := startBridges(eng, *netns)
 	defer brs.close()
+	bonds := startBonds(eng, *netns) // bond.go
+	defer bonds.close()              // slaves released before their devices go
+	if *loadBonding {
+		bonds.bonds.Load()
+	}
 	for _, i := range eng.Interfaces() {
 		if err := i.SetUp(true); err != nil {
 			return err
@@ -305,11 +311,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var ifcfgs *ifcfgApplier
 	if *configDir != "" {
-		ifcfgs = &ifcfgApplier{dir: *configDir, netns: *netns, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}}
+		ifcfgs = &ifcfgApplier{dir: *configDir, netns: *netns, eng: eng, brs: brs, addrs: map[string]netip.Prefix{}, bonds: bonds}
 		defer ifcfgs.close() // DHCP releases, before the devices go
 		ifcfgs.apply(log.Printf)
 	}
-	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog}
+	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog, Bonds: bonds.bonds}
 	if sm := hca.SM(); sm != nil { // a nil *soft.SM in the interface would not be nil
 		topts.SM = sm
 	}

@@ -322,6 +322,8 @@ func (p *Port) applyConfig(c *ctlConfig) {
 	a.State = c.State
 	if a.State == verbs.PortActive {
 		a.PhysState = verbs.PhysLinkUp
+	} else if a.State == verbs.PortDown {
+		a.PhysState = verbs.PhysPolling // a link fault: no link, as with the cable out
 	}
 	nowActive := a.State == verbs.PortActive
 	p.mu.Unlock()

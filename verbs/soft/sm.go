@@ -34,6 +34,7 @@ type SM struct {
 	routesV  uint64
 	dbV      uint64
 	faults   Faults
+	down     map[linkKey]bool // ports whose link a link fault took down (linkfault.go)
 	closed   bool
 	stop     chan struct{}
 	done     chan struct{}
@@ -169,7 +170,7 @@ func (sm *SM) Nodes() []NodeInfo {
 	out := make([]NodeInfo, 0, len(sm.ports))
 	for _, sp := range sm.ports {
 		out = append(out, NodeInfo{Name: sp.desc, NodeGUID: sp.nodeGUID, PortGUID: sp.guid, Port: sp.num,
-			LID: sp.lid, State: verbs.PortActive, Addr: sp.addr, PKeys: slices.Clone(sp.pkeys)})
+			LID: sp.lid, State: sm.portStateLocked(sp), Addr: sp.addr, PKeys: slices.Clone(sp.pkeys)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].LID < out[j].LID })
 	return out
@@ -288,7 +289,7 @@ func (sm *SM) smLID() verbs.LID {
 
 func (sm *SM) sendConfig(sp *smPort, reregister bool) {
 	sm.mu.Lock()
-	c := ctlConfig{LID: sp.lid, SMLID: sm.smLID(), State: verbs.PortActive, ActiveMTU: sp.maxMTU,
+	c := ctlConfig{LID: sp.lid, SMLID: sm.smLID(), State: sm.portStateLocked(sp), ActiveMTU: sp.maxMTU,
 		Rate: rateFor(sp.width, sp.laneMbps), Reregister: reregister, SMEpoch: sm.epoch,
 		SMGID: verbs.MakeGID(verbs.DefaultGIDPrefix, sm.port.guid), GIDPrefix: verbs.DefaultGIDPrefix,
 		PKeys: slices.Clone(sp.pkeys)}
@@ -312,6 +313,9 @@ func (sm *SM) routesMsg() []byte {
 	sm.mu.Lock()
 	r := ctlRoutes{Version: sm.routesV, Faults: sm.faults}
 	for _, sp := range sm.ports {
+		if sm.linkDownLocked(sp) {
+			continue // gone from the fabric while its link is down
+		}
 		r.Uni = append(r.Uni, ctlRoute{LID: sp.lid, GID: sp.gid(), Addr: sp.addr})
 	}
 	sm.mu.Unlock()
@@ -403,6 +407,9 @@ func (sm *SM) checkDB() {
 func (sm *SM) handleSA(src verbs.MADSource, req []byte) []byte {
 	sm.mu.Lock()
 	sp := sm.byGUID[src.GID.GUID()]
+	if sm.linkDownLocked(sp) {
+		sp = nil // a port without a link sends nothing
+	}
 	var port sadb.Port
 	if sp != nil {
 		port = sm.sadbPort(sp)
@@ -453,14 +460,14 @@ func (sm *SM) portByGID(g verbs.GID) (*smPort, bool) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	sp := sm.byGUID[g.GUID()]
-	return sp, sp != nil && g.Prefix() == verbs.DefaultGIDPrefix
+	return sp, sp != nil && g.Prefix() == verbs.DefaultGIDPrefix && !sm.linkDownLocked(sp)
 }
 
 func (sm *SM) routeByAddr(a netip.AddrPort) (ctlRoute, bool) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	sp := sm.ports[a]
-	if sp == nil {
+	if sp == nil || sm.linkDownLocked(sp) {
 		return ctlRoute{}, false
 	}
 	return ctlRoute{LID: sp.lid, GID: sp.gid(), Addr: sp.addr}, true
@@ -486,7 +493,9 @@ func (f smFabric) Ports() []sadb.Port {
 	defer f.sm.mu.Unlock()
 	out := make([]sadb.Port, 0, len(f.sm.ports))
 	for _, sp := range f.sm.ports {
-		out = append(out, f.sm.sadbPort(sp))
+		if !f.sm.linkDownLocked(sp) {
+			out = append(out, f.sm.sadbPort(sp))
+		}
 	}
 	return out
 }
@@ -495,7 +504,7 @@ func (f smFabric) PortByLID(l verbs.LID) (sadb.Port, bool) {
 	f.sm.mu.Lock()
 	defer f.sm.mu.Unlock()
 	for _, sp := range f.sm.ports {
-		if sp.lid == l {
+		if sp.lid == l && !f.sm.linkDownLocked(sp) {
 			return f.sm.sadbPort(sp), true
 		}
 	}

@@ -28,16 +28,11 @@ func (sm *SM) SetPartitionsText(name string, conf []byte) error {
 }
 
 // FaultsText is the fault injection in force ("loss 0.02 reorder 0 ...").
-func (sm *SM) FaultsText() string { return sm.Faults().String() }
+func (sm *SM) FaultsText() string { return sm.Faults().String() + sm.linksText() }
 
-// SetFaultsText changes the fault injection with ParseFaults's syntax.
-func (sm *SM) SetFaultsText(spec string) error {
-	f, err := ParseFaults(sm.Faults(), spec)
-	if err != nil {
-		return err
-	}
-	return sm.SetFaults(f)
-}
+// SetFaultsText changes the fault injection with ParseFaults's syntax, and takes
+// links down and up with `link NODE PORT down|up` lines (linkfault.go).
+func (sm *SM) SetFaultsText(spec string) error { return sm.setFaultsText(spec) }
 
 // GroupsText is sm/groups: every multicast group and its members.
 func (sm *SM) GroupsText() string { return groupsText(sm.DB().Groups()) }

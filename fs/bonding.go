@@ -1,0 +1,172 @@
+package fs
+
+import (
+	"fmt"
+	"sort"
+	"syscall"
+
+	"ipoibfs/ipoib"
+)
+
+// The bonding driver's files (drivers/net/bonding/bond_sysfs.c), for the tree's bonds
+// (Options.Bonds): class/net/bonding_masters, and per bond class/net/<bond>/ with the
+// net-sysfs files a bond has and bonding/. Writes parse as the driver parses them
+// (ipoib.Bond.SetOption) and give its errnos. The driver checks no capability beyond
+// the files' root ownership; here, as for every file that changes the network, writes
+// also need CAP_NET_ADMIN.
+
+// bondNodes are class/net's bonding entries: bonding_masters and a directory per bond.
+func (t *Tree) bondNodes(dir string) []*Node {
+	if t.bonds == nil || !t.bonds.Loaded() {
+		return nil // no bonding module: no bonding_masters
+	}
+	bs := t.bonds
+	m := t.file(dir, "bonding_masters", 0644, func() (string, error) { return bs.MastersText(), nil }, bs.WriteMasters)
+	m.netAdmin = true
+	out := []*Node{m}
+	for _, b := range bs.List() {
+		out = append(out, t.bondDir(dir, b.Name()))
+	}
+	return out
+}
+
+// bond resolves a live bond by name: ENODEV once it is gone.
+func (t *Tree) bond(name string) (*ipoib.Bond, error) {
+	b, ok := t.bonds.Bond(name)
+	if !ok {
+		return nil, errorf(syscall.ENODEV, "bond %s no longer exists", name)
+	}
+	return b, nil
+}
+
+// bondAttr is one file of class/net/<bond>/.
+type bondAttr struct {
+	name  string
+	perm  uint32
+	read  func(b *ipoib.Bond) (string, error)
+	write func(b *ipoib.Bond, p []byte) error
+}
+
+var bondAttrs = []bondAttr{
+	{name: "addr_len", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.AddrLen()), nil }},
+	{name: "address", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return b.HWAddrText() + "\n", nil }},
+	{name: "broadcast", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return b.BroadcastText() + "\n", nil }},
+	{name: "carrier", perm: 0644, read: func(b *ipoib.Bond) (string, error) {
+		if !b.IsUp() {
+			return "", errorf(syscall.EINVAL, "%s is down", b.Name())
+		}
+		return yes01(b.Carrier()), nil
+	}, write: func(b *ipoib.Bond, p []byte) error {
+		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the slaves' links; it cannot be set", b.Name())
+	}},
+	{name: "flags", perm: 0644, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%#x\n", b.Flags()), nil },
+		write: func(b *ipoib.Bond, p []byte) error {
+			v, err := kstrtoul(p)
+			if err != nil {
+				return err
+			}
+			if v > 1<<32-1 {
+				return errorf(syscall.EINVAL, "%q is beyond the 32 bits of the flags", clip(p))
+			}
+			b.SetUp(v&0x1 != 0)
+			return nil
+		}},
+	{name: "ifindex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		if b.IfIndex() == 0 {
+			return "", errorf(syscall.ENODEV, "%s has no kernel device", b.Name())
+		}
+		return fmt.Sprintf("%d\n", b.IfIndex()), nil
+	}},
+	{name: "mtu", perm: 0644, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.MTU()), nil },
+		write: func(b *ipoib.Bond, p []byte) error {
+			v, err := parseMTU(p)
+			if err != nil {
+				return err
+			}
+			return b.SetMTU(v)
+		}},
+	{name: "operstate", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return b.OperState() + "\n", nil }},
+	{name: "type", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.Type()), nil }},
+}
+
+func (t *Tree) bondFile(dir, bond, name string, perm uint32, read func(b *ipoib.Bond) (string, error), write func(b *ipoib.Bond, p []byte) error) *Node {
+	var w func([]byte) error
+	if write != nil {
+		w = func(p []byte) error {
+			b, err := t.bond(bond)
+			if err != nil {
+				return err
+			}
+			return write(b, p)
+		}
+	}
+	n := t.file(dir, name, perm, func() (string, error) {
+		b, err := t.bond(bond)
+		if err != nil {
+			return "", err
+		}
+		return read(b)
+	}, w)
+	n.netAdmin = write != nil
+	return n
+}
+
+func (t *Tree) bondDir(dir, name string) *Node {
+	return t.dir(dir, name, func(d string) ([]*Node, error) {
+		out := make([]*Node, 0, len(bondAttrs)+1)
+		for _, a := range bondAttrs {
+			out = append(out, t.bondFile(d, name, a.name, a.perm, a.read, a.write))
+		}
+		out = append(out, t.dir(d, "bonding", func(d string) ([]*Node, error) {
+			var out []*Node
+			for _, opt := range ipoib.OptionNames {
+				out = append(out, t.bondFile(d, name, opt, 0644,
+					func(b *ipoib.Bond) (string, error) { return b.Option(opt) },
+					func(b *ipoib.Bond, p []byte) error { return b.SetOption(opt, string(p)) }))
+			}
+			out = append(out, t.bondFile(d, name, "mii_status", 0444,
+				func(b *ipoib.Bond) (string, error) { return b.Option("mii_status") }, nil))
+			sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+			return out, nil
+		}))
+		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+		return out, nil
+	})
+}
+
+// bondingSlaveDir is class/net/<if>/bonding_slave/ while the interface is a slave
+// (bond_sysfs_slave.c): state, mii_status, link_failure_count, perm_hwaddr.
+func (t *Tree) bondingSlaveDir(dir, ifname string) []*Node {
+	if t.bonds == nil {
+		return nil
+	}
+	i, ok := t.e.Interface(ifname)
+	if !ok || i.Master() == nil {
+		return nil
+	}
+	info := func(f func(s ipoib.SlaveInfo) string) func() (string, error) {
+		return func() (string, error) {
+			i, err := t.iface(ifname)
+			if err != nil {
+				return "", err
+			}
+			b := i.Master()
+			if b == nil {
+				return "", errorf(syscall.ENODEV, "%s is no longer a slave", ifname)
+			}
+			s, ok := b.SlaveInfo(i)
+			if !ok {
+				return "", errorf(syscall.ENODEV, "%s is no longer a slave", ifname)
+			}
+			return f(s), nil
+		}
+	}
+	return []*Node{t.dir(dir, "bonding_slave", func(d string) ([]*Node, error) {
+		return []*Node{
+			t.file(d, "link_failure_count", 0444, info(func(s ipoib.SlaveInfo) string { return fmt.Sprintf("%d\n", s.LinkFailures) }), nil),
+			t.file(d, "mii_status", 0444, info(func(s ipoib.SlaveInfo) string { return s.MIIStatus + "\n" }), nil),
+			t.file(d, "perm_hwaddr", 0444, info(func(s ipoib.SlaveInfo) string { return s.PermHWAddr.String() + "\n" }), nil),
+			t.file(d, "state", 0444, info(func(s ipoib.SlaveInfo) string { return s.State + "\n" }), nil),
+		}, nil
+	})}
+}
