@@ -66,10 +66,49 @@ type ctlMRoute struct {
 }
 
 type ctlRoutes struct {
-	Version uint64
-	Faults  Faults
-	Uni     []ctlRoute
-	Multi   []ctlMRoute
+	Version     uint64
+	Part, Parts uint16 // this message is part Part (0-based) of Parts of Version's tables
+	Faults      Faults
+	Uni         []ctlRoute
+	Multi       []ctlMRoute
+}
+
+// maxRoutesPart bounds the encoded size of one routes message, well inside a UDP
+// datagram (65507 bytes) with room for the header and a fabric-key MAC: larger tables
+// go out in several parts (a fabric of thousands of ports or groups).
+const maxRoutesPart = 48 << 10
+
+// split cuts the tables into parts of at most maxRoutesPart bytes each, every part
+// carrying the version, the faults and its place among the parts.
+func (m *ctlRoutes) split() []ctlRoutes {
+	const fixed = 8 + 4 + 12 + 8 + 4
+	var parts []ctlRoutes
+	cur := ctlRoutes{Version: m.Version, Faults: m.Faults}
+	size := fixed
+	flush := func() {
+		parts = append(parts, cur)
+		cur = ctlRoutes{Version: m.Version, Faults: m.Faults}
+		size = fixed
+	}
+	for _, r := range m.Uni {
+		n := 2 + 16 + 1 + len(r.Addr.Addr().Unmap().AsSlice()) + 2
+		if size+n > maxRoutesPart {
+			flush()
+		}
+		cur.Uni, size = append(cur.Uni, r), size+n
+	}
+	for _, r := range m.Multi {
+		n := 2 + 16 + 2 + 2*len(r.Members)
+		if size+n > maxRoutesPart && (len(cur.Uni) > 0 || len(cur.Multi) > 0) {
+			flush()
+		}
+		cur.Multi, size = append(cur.Multi, r), size+n
+	}
+	flush()
+	for k := range parts {
+		parts[k].Part, parts[k].Parts = uint16(k), uint16(len(parts))
+	}
+	return parts
 }
 
 func putCtlHeader(b []byte, attr uint16, tid uint64) []byte {
@@ -185,6 +224,8 @@ func appendAddr(b []byte, a netip.AddrPort) []byte {
 
 func (m *ctlRoutes) append(b []byte) []byte {
 	b = binary.BigEndian.AppendUint64(b, m.Version)
+	b = binary.BigEndian.AppendUint16(b, m.Part)
+	b = binary.BigEndian.AppendUint16(b, m.Parts)
 	for _, p := range []float64{m.Faults.Loss, m.Faults.Dup, m.Faults.Reorder} {
 		b = binary.BigEndian.AppendUint32(b, uint32(p*1e6+0.5))
 	}
@@ -208,11 +249,16 @@ func (m *ctlRoutes) append(b []byte) []byte {
 }
 
 func (m *ctlRoutes) parse(b []byte) error {
-	const fixed = 8 + 12 + 8 + 4
+	const fixed = 8 + 4 + 12 + 8 + 4
 	if len(b) < fixed {
 		return errCtlShort
 	}
 	m.Version = binary.BigEndian.Uint64(b)
+	m.Part, m.Parts = binary.BigEndian.Uint16(b[8:]), binary.BigEndian.Uint16(b[10:])
+	if m.Parts == 0 || m.Part >= m.Parts {
+		return fmt.Errorf("routes: part %d of %d", m.Part, m.Parts)
+	}
+	b = b[4:] // the rest as before parts existed
 	m.Faults.Loss = float64(binary.BigEndian.Uint32(b[8:])) / 1e6
 	m.Faults.Dup = float64(binary.BigEndian.Uint32(b[12:])) / 1e6
 	m.Faults.Reorder = float64(binary.BigEndian.Uint32(b[16:])) / 1e6
@@ -221,7 +267,7 @@ func (m *ctlRoutes) parse(b []byte) error {
 		return err
 	}
 	nu, nm := int(binary.BigEndian.Uint16(b[28:])), int(binary.BigEndian.Uint16(b[30:]))
-	b = b[fixed:]
+	b = b[fixed-4:]
 	if nu > maxCtlEntries || nm > maxCtlEntries {
 		return errors.New("routes: too many entries")
 	}

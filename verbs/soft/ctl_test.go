@@ -29,7 +29,7 @@ func TestCtlRoundTrip(t *testing.T) {
 	if err := c2.parse(body); err != nil || !cmp.Equal(c, c2) {
 		t.Fatalf("config: %v %v", err, cmp.Diff(c, c2))
 	}
-	r := ctlRoutes{Version: 3, Faults: Faults{Loss: 0.25, Dup: 0.5, Reorder: 0.125, Delay: time.Millisecond},
+	r := ctlRoutes{Version: 3, Part: 1, Parts: 2, Faults: Faults{Loss: 0.25, Dup: 0.5, Reorder: 0.125, Delay: time.Millisecond},
 		Uni:   []ctlRoute{{LID: 1, GID: verbs.MakeGID(verbs.DefaultGIDPrefix, 1), Addr: netip.MustParseAddrPort("127.0.0.1:4791")}},
 		Multi: []ctlMRoute{{MLID: 0xc000, MGID: verbs.GID{0xff, 0x12}, Members: []verbs.LID{1, 2}}}}
 	var r2 ctlRoutes
@@ -46,7 +46,7 @@ func FuzzCtl(f *testing.F) {
 	f.Add(h.append(putCtlHeader(nil, ctlAttrHello, 0)))
 	c := ctlConfig{LID: 2, State: 4, ActiveMTU: 4, PKeys: []verbs.PKey{0xffff}}
 	f.Add(c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
-	r := ctlRoutes{Uni: []ctlRoute{{LID: 1, Addr: netip.MustParseAddrPort("127.0.0.1:1")}}, Multi: []ctlMRoute{{MLID: 0xc000, Members: []verbs.LID{1}}}}
+	r := ctlRoutes{Parts: 1, Uni: []ctlRoute{{LID: 1, Addr: netip.MustParseAddrPort("127.0.0.1:1")}}, Multi: []ctlMRoute{{MLID: 0xc000, Members: []verbs.LID{1}}}}
 	f.Add(r.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		attr, body, err := parseCtl(b)
@@ -77,6 +77,53 @@ func FuzzCtl(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Tables larger than a datagram go in parts, each small enough, which join up to the
+// whole; a port applies them when every part of one version is there, whatever the
+// order, and a newer version's part drops an unfinished older one.
+func TestRoutesInParts(t *testing.T) {
+	r := ctlRoutes{Version: 7, Faults: Faults{Loss: 0.5}}
+	for k := range 300 {
+		r.Uni = append(r.Uni, ctlRoute{LID: verbs.LID(k + 1), Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, byte(k >> 8), byte(k)}), 4791)})
+	}
+	for k := range 4000 {
+		r.Multi = append(r.Multi, ctlMRoute{MLID: verbs.LID(0xc000 + k), MGID: verbs.GID{0xff, 0x12, byte(k >> 8), byte(k)}, Members: []verbs.LID{1, 2, 3}})
+	}
+	parts := r.split()
+	if len(parts) < 3 {
+		t.Fatalf("%d parts", len(parts))
+	}
+	var whole ctlRoutes
+	for k, part := range parts {
+		b := part.append(putCtlHeader(nil, ctlAttrRoutes, 0))
+		if len(b) > maxRoutesPart+ctlHeaderLen {
+			t.Errorf("part %d: %d bytes", k, len(b))
+		}
+		var back ctlRoutes
+		_, body, _ := parseCtl(b)
+		if err := back.parse(body); err != nil || back.Part != uint16(k) || back.Parts != uint16(len(parts)) || back.Version != 7 || back.Faults != r.Faults {
+			t.Fatalf("part %d: %v %+v", k, err, back.Faults)
+		}
+		whole.Uni = append(whole.Uni, back.Uni...)
+		whole.Multi = append(whole.Multi, back.Multi...)
+	}
+	if !cmp.Equal(r.Uni, whole.Uni, addrCmp) || !cmp.Equal(r.Multi, whole.Multi) {
+		t.Fatal("the parts do not join up to the tables")
+	}
+
+	p := newPort(&HCA{}, 1, nil)
+	older := ctlRoutes{Version: 6, Part: 0, Parts: 2, Uni: []ctlRoute{{LID: 99}}}
+	p.applyRoutes(&older)
+	for k := len(parts) - 1; k >= 0; k-- { // backwards, and the older version left unfinished
+		if p.routesV == 7 {
+			t.Fatalf("applied before part %d arrived", k)
+		}
+		p.applyRoutes(&parts[k])
+	}
+	if p.routesV != 7 || len(p.uni) != 300 || len(p.multi) != 4000 || p.uni[99].LID != 99 || p.partial != nil {
+		t.Fatalf("after all parts: version %d, %d unicast, %d multicast routes", p.routesV, len(p.uni), len(p.multi))
+	}
 }
 
 func TestParseFaults(t *testing.T) {

@@ -31,6 +31,8 @@ type Port struct {
 	mgidLID  map[verbs.GID]verbs.LID
 	attached map[verbs.GID][]*QP // multicast attachments of this port's QPs
 	lastCfg  time.Time
+	partial  []*ctlRoutes // the parts of routes version partialV received so far (applyRoutes)
+	partialV uint64
 	// What the port last said about reaching its subnet manager (see watchSM).
 	smLost   bool
 	smWarned time.Time
@@ -342,9 +344,28 @@ func (p *Port) applyConfig(c *ctlConfig) {
 	}
 }
 
+// applyRoutes takes one routes message. Tables in several parts are applied once every
+// part of one version is here; a part of a newer version drops an unfinished older
+// one. A lost part leaves the port's routes version behind, which its next hello
+// tells the SM, and the SM sends the tables again.
 func (p *Port) applyRoutes(r *ctlRoutes) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if r.Parts > 1 {
+		if p.partial == nil || p.partialV != r.Version || len(p.partial) != int(r.Parts) {
+			p.partial, p.partialV = make([]*ctlRoutes, r.Parts), r.Version
+		}
+		p.partial[r.Part] = r
+		whole := ctlRoutes{Version: r.Version, Faults: r.Faults}
+		for _, part := range p.partial {
+			if part == nil {
+				return // more to come
+			}
+			whole.Uni = append(whole.Uni, part.Uni...)
+			whole.Multi = append(whole.Multi, part.Multi...)
+		}
+		p.partial, r = nil, &whole
+	}
 	p.routesV = r.Version
 	p.uni = make(map[verbs.LID]ctlRoute, len(r.Uni))
 	p.byAddr = make(map[netip.AddrPort]ctlRoute, len(r.Uni))

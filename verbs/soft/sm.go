@@ -309,7 +309,8 @@ func (sm *SM) sendCtl(dst netip.AddrPort, dstGUID verbs.GUID, body []byte) {
 // want of a valid fabric-key MAC.
 func (sm *SM) AuthFailures() uint64 { return sm.port.AuthFailures() }
 
-func (sm *SM) routesMsg() []byte {
+// routesMsgs are the forwarding tables as routes messages, in as many parts as needed.
+func (sm *SM) routesMsgs() [][]byte {
 	sm.mu.Lock()
 	r := ctlRoutes{Version: sm.routesV, Faults: sm.faults}
 	for _, sp := range sm.ports {
@@ -333,14 +334,22 @@ func (sm *SM) routesMsg() []byte {
 		r.Multi = append(r.Multi, m)
 	}
 	sort.Slice(r.Uni, func(i, j int) bool { return r.Uni[i].LID < r.Uni[j].LID })
-	return r.append(putCtlHeader(nil, ctlAttrRoutes, 0))
+	var msgs [][]byte
+	for _, part := range r.split() {
+		msgs = append(msgs, part.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
+	}
+	return msgs
 }
 
-func (sm *SM) sendRoutes(sp *smPort) { sm.sendCtl(sp.addr, sp.guid, sm.routesMsg()) }
+func (sm *SM) sendRoutes(sp *smPort) {
+	for _, m := range sm.routesMsgs() {
+		sm.sendCtl(sp.addr, sp.guid, m)
+	}
+}
 
 // publish sends the forwarding tables to every port.
 func (sm *SM) publish() {
-	msg := sm.routesMsg()
+	msgs := sm.routesMsgs()
 	sm.mu.Lock()
 	type dest struct {
 		addr netip.AddrPort
@@ -352,7 +361,9 @@ func (sm *SM) publish() {
 	}
 	sm.mu.Unlock()
 	for _, d := range dests {
-		sm.sendCtl(d.addr, d.guid, msg)
+		for _, m := range msgs {
+			sm.sendCtl(d.addr, d.guid, m)
+		}
 	}
 }
 
