@@ -152,6 +152,7 @@ type DB struct {
 
 	mu      sync.Mutex
 	groups  map[verbs.GID]*group
+	byMGID  []*group // groups in MGID order, nil when a group came or went (sorted)
 	mlids   map[verbs.LID]*group
 	version uint64
 	mgidSeq uint32 // OpenSM's uniq_count for SA-assigned MGIDs
@@ -198,13 +199,20 @@ func (db *DB) Group(mgid verbs.GID) (Group, bool) {
 	return g.export(), true
 }
 
-// sorted returns the groups in MGID byte order (OpenSM's mgrp_mgid_tbl order).
+// sorted returns the groups in MGID byte order (OpenSM's mgrp_mgid_tbl order). The
+// order is kept until a group comes or goes: the SM lists the groups after every
+// join (its forwarding tables), and sorting ten thousand groups each time was most of
+// what a join cost. Callers must not modify the slice.
 func (db *DB) sorted() []*group {
+	if db.byMGID != nil {
+		return db.byMGID
+	}
 	gs := make([]*group, 0, len(db.groups))
 	for _, g := range db.groups {
 		gs = append(gs, g)
 	}
 	slices.SortFunc(gs, func(a, b *group) int { return bytes.Compare(a.rec.MGID[:], b.rec.MGID[:]) })
+	db.byMGID = gs
 	return gs
 }
 
@@ -311,12 +319,14 @@ func (db *DB) RemovePort(gid verbs.GID) bool {
 
 // insert adds a new group.
 func (db *DB) insert(g *group) {
+	db.byMGID = nil
 	db.groups[g.rec.MGID] = g
 	db.mlids[g.rec.MLID] = g
 }
 
 // remove deletes a group and frees its MLID.
 func (db *DB) remove(g *group) {
+	db.byMGID = nil
 	delete(db.groups, g.rec.MGID)
 	if db.mlids[g.rec.MLID] == g {
 		delete(db.mlids, g.rec.MLID)
