@@ -67,6 +67,8 @@ type Options struct {
 	Trace *log.Logger
 	// NameTemplate for parents, "%d" replaced by port-1 (default "ib%d").
 	NameTemplate string
+	// PortNames, by port number, names those ports' parents instead (names.go).
+	PortNames map[int]string
 	// Event receives one line per state change ("ib0: carrier on"): carrier, up/down,
 	// MTU, mode, port events, joins and leaves, paths, connections, children. It must
 	// not block (the tree's EventLog does not). nil discards.
@@ -138,6 +140,10 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 	if o.Trace == nil {
 		o.Trace = o.Logger
 	}
+	names, err := o.parentNames(dev.NumPorts())
+	if err != nil {
+		return nil, err
+	}
 	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, start: time.Now(),
 		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA}
 	tm := defaultTimers
@@ -157,7 +163,7 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 		}
 	}
 	for n := 1; n <= dev.NumPorts(); n++ {
-		name := fmt.Sprintf(o.NameTemplate, n-1)
+		name := names[n-1]
 		i, err := newInterface(e, name, n, nil, 0)
 		if err != nil {
 			e.Close()

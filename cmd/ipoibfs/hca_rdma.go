@@ -9,20 +9,22 @@ import (
 	"ipoibfs/verbs/rdma"
 )
 
-// hcaCommand serves -hca: "list" prints what libibverbs sees; a device name is
-// opened and checked, but the daemon does not run the engine on it yet (its wiring
-// still assumes the soft HCA's subnet manager and endpoints), so it says so and
-// fails.
-func hcaCommand(name string, stdout io.Writer) error {
-	if name == "list" {
-		return listHCAs(stdout)
-	}
+// hcaCommand serves -hca list: what libibverbs sees.
+func hcaCommand(name string, stdout io.Writer) error { return listHCAs(stdout) }
+
+// planRDMA opens the named device, so its ports are known before anything starts;
+// the daemon runs the engine on it as on the soft HCA.
+func planRDMA(name string) (*hcaPlan, error) {
 	dev, err := rdma.Open(name)
 	if err != nil {
-		return fmt.Errorf("-hca %s: %w", name, err)
+		return nil, fmt.Errorf("-hca %s: %w", name, err)
 	}
-	defer dev.Close()
-	return fmt.Errorf("-hca %s: device opened (%d ports, firmware %s), but running the engine on an rdma-core device is not wired into the daemon yet", dev.Name(), dev.NumPorts(), dev.FWVersion())
+	h := plainHCA{dev: dev}
+	return &hcaPlan{
+		ports:   dev.NumPorts(),
+		open:    func() (daemonHCA, error) { return h, nil },
+		release: func() { dev.Close() },
+	}, nil
 }
 
 // listHCAs prints one line per device and one per port, like ibv_devinfo in short.

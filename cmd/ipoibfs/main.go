@@ -1,7 +1,7 @@
 // Command ipoibfs runs the ipoibfs daemon: a soft HCA on its fabric (hosting or joining
-// a subnet manager), the IPoIB engine with one interface per port, and a TUN device per
-// interface so the kernel's IP stack uses them. SIGHUP reloads the partition file;
-// SIGINT/SIGTERM remove the devices and exit 0.
+// a subnet manager), or with -hca an rdma-core device, the IPoIB engine with one
+// interface per port, and a TUN device per interface so the kernel's IP stack uses
+// them. SIGHUP reloads the partition file; SIGINT/SIGTERM remove the devices and exit 0.
 package main
 
 import (
@@ -25,8 +25,6 @@ import (
 	"ipoibfs/fs"
 	"ipoibfs/ipoib"
 	"ipoibfs/ipoib/kernel"
-	"ipoibfs/verbs/soft"
-	"ipoibfs/verbs/soft/partitions"
 )
 
 func main() {
@@ -164,6 +162,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
 	loadBonding := fl.Bool("bonding", false, "load the bonding driver: class/net/bonding_masters in the tree (implied by bonding files in -config)")
 	hcaName := fl.String("hca", "", "run on this rdma-core `device` instead of the soft HCA (\"list\" prints the devices libibverbs sees; needs a build with -tags rdma)")
+	var ifnames ifnameFlags
+	fl.Var(&ifnames, "ifname", "rename a port's interface: `ibN=NAME` (repeatable or comma-separated), e.g. ib0=uib0 where the kernel's ib_ipoib has ib0")
 	var params paramFlags
 	fl.Var(&params, "param", "ib_ipoib module parameter `name=value` at load time (repeatable), e.g. recv_queue_size=1024")
 	if err := fl.Parse(args); err != nil {
@@ -176,13 +176,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, version())
 		return nil
 	}
-	if *hcaName != "" {
-		return hcaCommand(*hcaName, stdout)
-	}
 	bad := func(format string, a ...any) error {
 		err := fmt.Errorf(format, a...)
 		fmt.Fprintln(stderr, "ipoibfs:", err)
 		return usageError{err}
+	}
+	if err := checkHCAFlags(fl, *hcaName); err != nil {
+		return bad("%v", err)
+	}
+	if *hcaName == "list" {
+		return hcaCommand(*hcaName, stdout)
 	}
 	if fl.NArg() > 0 {
 		return bad("unexpected argument %q (subcommands: %s)", fl.Arg(0), subcommandNames())
@@ -192,6 +195,32 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *ports < 1 || *ports > 254 {
 		return bad("-ports %d: an HCA has 1..254 ports", *ports)
+	}
+	var plan *hcaPlan
+	if *hcaName != "" {
+		p, err := planDevice(*hcaName) // opens the device: its ports name the interfaces
+		if err != nil {
+			return err
+		}
+		plan = p
+	} else {
+		p, err := planSoft(softFlags{name: *name, ports: *ports, sm: *smAddr, fabric: *fabric, listen: *listen,
+			partFile: *partFile, fabricKey: *fabricKey}, bad)
+		if err != nil {
+			return err
+		}
+		plan = p
+	}
+	if plan.release != nil {
+		defer func() {
+			if plan != nil { // not opened: startup failed before
+				plan.release()
+			}
+		}()
+	}
+	names, err := ifnames.names(plan.ports)
+	if err != nil {
+		return bad("%v", err)
 	}
 	if err := kernel.ValidNetNS(*netns); err != nil {
 		return bad("-netns: %v", err)
@@ -203,10 +232,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if err := checkMountPoint(*mountDir); err != nil {
 		return err
-	}
-	var names []string
-	for p := range *ports {
-		names = append(names, fmt.Sprintf("ib%d", p)) // ipoib.Options' default NameTemplate
 	}
 	if err := checkDevices(*netns, names); err != nil {
 		return err
@@ -231,58 +256,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	// up is handled (after setup) instead of killing the daemon.
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	cfg := soft.Config{Name: *name, Ports: *ports, Logger: log.Default()}
-	if *fabricKey != "" {
-		key, err := loadFabricKey(*fabricKey)
-		if err != nil {
-			return err
-		}
-		cfg.FabricKey = key
-	}
-	var parts *partitions.Config
-	if *partFile != "" {
-		p, err := loadPartitions(*partFile)
-		if err != nil {
-			return err
-		}
-		parts = p
-	}
-	switch {
-	case *smAddr != "":
-		a, err := netip.ParseAddrPort(*smAddr)
-		if err != nil {
-			return bad("-sm %q: %v", *smAddr, err)
-		}
-		cfg.Network, cfg.Listen, cfg.HostSM, cfg.Partitions = soft.UDPNetwork{}, a, true, parts
-	case *fabric != "":
-		a, err := netip.ParseAddrPort(*fabric)
-		if err != nil {
-			return bad("-fabric %q: %v", *fabric, err)
-		}
-		l, err := netip.ParseAddrPort(*listen)
-		if err != nil {
-			return bad("-listen %q: %v", *listen, err)
-		}
-		if parts != nil {
-			return bad("-partitions needs -sm or the embedded fabric: only the subnet manager reads it")
-		}
-		cfg.Network, cfg.Listen, cfg.SM = soft.UDPNetwork{}, l, a
-	default:
-		cfg.Network, cfg.HostSM, cfg.Partitions = soft.NewMemNetwork(), true, parts
-	}
-	hca, err := soft.New(cfg)
+	hca, err := plan.open()
+	plan = nil
 	if err != nil {
 		return err
 	}
-	defer hca.Close()
-	events, cancel := hca.Subscribe(64)
+	dev := hca.device()
+	defer dev.Close()
+	events, cancel := dev.Subscribe(64)
 	defer cancel()
-	for i := 1; i <= hca.NumPorts(); i++ {
-		log.Printf("port %d: endpoint %s", i, hca.Endpoint(i))
-	}
-	if sm := hca.SM(); sm != nil {
-		log.Printf("subnet manager on %s", sm.Addr())
-	}
+	hca.started()
 	mp, warnings, err := params.build()
 	if err != nil {
 		return err
@@ -291,7 +274,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		log.Print(w)
 	}
 	evlog := fs.NewEventLog()
-	eng, err := ipoib.New(hca, ipoib.Options{Params: mp, Event: evlog.Emit, Trace: traceLog})
+	eng, err := ipoib.New(dev, ipoib.Options{Params: mp, Event: evlog.Emit, Trace: traceLog, PortNames: ifnames.byPort})
 	if err != nil {
 		return err
 	}
@@ -315,10 +298,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer ifcfgs.close() // DHCP releases, before the devices go
 		ifcfgs.apply(log.Printf)
 	}
-	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog, Bonds: bonds.bonds}
-	if sm := hca.SM(); sm != nil { // a nil *soft.SM in the interface would not be nil
-		topts.SM = sm
-	}
+	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog, Bonds: bonds.bonds, SM: hca.treeSM()}
 	tree := fs.New(eng, topts)
 	if ninepLn != nil {
 		defer ninepLn.serve(tree, *trustUname)()
@@ -336,27 +316,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	sdNotify("READY=1\nSTATUS=" + readyStatus(eng, mounted, *ninepAddr))
 	defer sdNotify("STOPPING=1")
 
-	if cfg.FabricKey == nil {
-		log.Printf("fabric unauthenticated: management messages are not signed (see -fabric-key)")
-	}
+	hca.ready()
 	// A port that never becomes ACTIVE says why, every few seconds.
 	inactive := time.NewTicker(5 * time.Second)
 	defer inactive.Stop()
 	for {
 		select {
 		case <-inactive.C:
-			if *fabric != "" {
-				reportInactive(hca, *fabric, cfg.FabricKey != nil)
-			}
+			hca.tick()
 		case ev := <-events:
-			p, _ := hca.Port(ev.Port)
-			a := p.Attr()
-			log.Printf("port %d: %v (state %v, LID %#x, SM LID %#x, P_Keys %v)", ev.Port, ev.Type, a.State, a.LID, a.SMLID, p.PKeyTable())
+			logPortEvent(dev, ev)
 		case s := <-sig:
 			if s != syscall.SIGHUP {
 				log.Printf("%v: shutting down", s)
-				for n := 1; n <= hca.NumPorts(); n++ {
-					p, _ := hca.Port(n)
+				for n := 1; n <= dev.NumPorts(); n++ {
+					p, _ := dev.Port(n)
 					slog.Info("port counters", append([]any{"port", n}, kv(p.Counters())...)...)
 				}
 				for _, i := range eng.Interfaces() {
@@ -368,31 +342,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 				ifcfgs.apply(log.Printf)
 				log.Printf("SIGHUP: interface files applied from %s", *configDir)
 			}
-			sm := hca.SM()
-			if sm == nil || *partFile == "" {
-				if ifcfgs == nil {
-					log.Printf("SIGHUP: nothing to reload (no subnet manager here or no -partitions file, no -config)")
-				}
-				continue
+			if !hca.reload() && ifcfgs == nil {
+				log.Printf("SIGHUP: nothing to reload (no subnet manager here or no -partitions file, no -config)")
 			}
-			p, err := loadPartitions(*partFile)
-			if err != nil {
-				log.Printf("SIGHUP: %v; keeping the previous partitions", err)
-				continue
-			}
-			sm.SetPartitions(p)
-			log.Printf("SIGHUP: partitions reloaded from %s", *partFile)
 		}
 	}
-}
-
-func loadPartitions(file string) (*partitions.Config, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, fmt.Errorf("-partitions: %w", err)
-	}
-	defer f.Close()
-	return partitions.Parse(file, f)
 }
 
 // paramFlags collects -param name=value like modprobe options.
