@@ -162,35 +162,7 @@ func (br *bondBridge) onGone() {
 
 func (br *bondBridge) txLoop() {
 	defer close(br.done)
-	var bufs [][]byte
-	sizes := make([]int, br.dev.BatchSize())
-	pkts := make([][]byte, br.dev.BatchSize())
-	for {
-		n := 1
-		if br.dev.Offloads().TSO {
-			n = br.dev.BatchSize()
-		}
-		if mtu := br.b.MTU(); len(bufs) != n || len(bufs[0]) < mtu {
-			bufs = segmentBuffers(mtu, n)
-		}
-		c, err := br.dev.Read(bufs, sizes)
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) {
-				return
-			}
-			log.Printf("%s: read from the kernel: %v", br.b.Name(), err)
-			continue
-		}
-		groups := false
-		for k := 0; k < c; k++ {
-			pkts[k] = bufs[k][:sizes[k]]
-			groups = groups || isGroupReport(pkts[k])
-		}
-		if groups {
-			br.dev.RefreshGroups()
-		}
-		br.b.Transmit(pkts[:c])
-	}
+	readLoop(br.dev, br.b.Name, br.b.MTU, br.b.Transmit)
 }
 
 func (br *bondBridge) close() {

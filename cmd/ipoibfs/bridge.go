@@ -131,36 +131,42 @@ func (b *bridge) onGone() {
 
 func (b *bridge) txLoop() {
 	defer close(b.done)
+	readLoop(b.dev, b.i.Name, b.i.MTU, b.i.Transmit)
+}
+
+// readLoop feeds what the kernel sends out of dev to transmit until dev is closed
+// (an interface's or a bond's device).
+func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit func([][]byte)) {
 	var bufs [][]byte
-	sizes := make([]int, b.dev.BatchSize())
-	pkts := make([][]byte, b.dev.BatchSize())
+	sizes := make([]int, dev.BatchSize())
+	pkts := make([][]byte, dev.BatchSize())
 	for {
 		// Buffers for one super-packet's segments at the current MTU, not the
 		// device's whole batch of 64 KiB each: with thousands of children that
 		// was 8 MiB per device.
 		n := 1 // without large send the kernel hands over one packet per read
-		if b.dev.Offloads().TSO {
-			n = b.dev.BatchSize()
+		if dev.Offloads().TSO {
+			n = dev.BatchSize()
 		}
 		if bufs == nil {
 			// No buffers until the device first has something to send: a child
 			// that is never used costs none (n x MTU each, 256 KiB at 2044).
-			if err := b.dev.WaitReadable(); err != nil {
+			if err := dev.WaitReadable(); err != nil {
 				if errors.Is(err, os.ErrClosed) {
 					return
 				}
-				log.Printf("%s: wait for the kernel: %v", b.i.Name(), err)
+				log.Printf("%s: wait for the kernel: %v", name(), err)
 			}
 		}
-		if mtu := b.i.MTU(); len(bufs) != n || len(bufs[0]) < mtu {
-			bufs = segmentBuffers(mtu, n)
+		if m := mtu(); len(bufs) != n || len(bufs[0]) < m {
+			bufs = segmentBuffers(m, n)
 		}
-		c, err := b.dev.Read(bufs, sizes)
+		c, err := dev.Read(bufs, sizes)
 		if err != nil {
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}
-			log.Printf("%s: read from the kernel: %v", b.i.Name(), err)
+			log.Printf("%s: read from the kernel: %v", name(), err)
 			continue
 		}
 		groups := false
@@ -169,9 +175,9 @@ func (b *bridge) txLoop() {
 			groups = groups || isGroupReport(pkts[k])
 		}
 		if groups {
-			b.dev.RefreshGroups()
+			dev.RefreshGroups()
 		}
-		b.i.Transmit(pkts[:c])
+		transmit(pkts[:c])
 	}
 }
 

@@ -1009,6 +1009,12 @@ func FuzzRCReceive(f *testing.F) {
 
 // udpFabric starts two nodes and a subnet manager on UDP sockets of this process.
 func udpFabric(t testing.TB) []*HCA {
+	_, nodes := udpFabricSM(t)
+	return nodes
+}
+
+// udpFabricSM is udpFabric that also returns the SM's HCA.
+func udpFabricSM(t testing.TB) (*HCA, []*HCA) {
 	lo := netip.MustParseAddrPort("127.0.0.1:0")
 	smh, err := New(Config{Name: "sm", Network: UDPNetwork{}, Listen: lo, HostSM: true, Heartbeat: testHB})
 	if err != nil {
@@ -1032,7 +1038,7 @@ func udpFabric(t testing.TB) []*HCA {
 			return p.attr.State == verbs.PortActive && len(p.uni) == 3
 		})
 	}
-	return nodes
+	return smh, nodes
 }
 
 func TestRCOverUDP(t *testing.T) {

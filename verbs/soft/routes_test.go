@@ -2,7 +2,6 @@ package soft
 
 import (
 	"encoding/binary"
-	"net/netip"
 	"testing"
 
 	"ipoibfs/verbs"
@@ -12,29 +11,7 @@ import (
 // The forwarding tables reach every port over UDP however large they are: 4000
 // multicast groups are about 80 KB of routes, more than one datagram holds.
 func TestRoutesLargerThanADatagram(t *testing.T) {
-	lo := netip.MustParseAddrPort("127.0.0.1:0")
-	smh, err := New(Config{Name: "sm", Network: UDPNetwork{}, Listen: lo, HostSM: true, Heartbeat: testHB})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { smh.Close() })
-	var nodes []*HCA
-	for _, name := range []string{"a", "b"} {
-		h, err := New(Config{Name: name, Network: UDPNetwork{}, Listen: lo, SM: smh.Endpoint(1), Heartbeat: testHB})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
-		nodes = append(nodes, h)
-	}
-	for _, h := range append([]*HCA{smh}, nodes...) {
-		waitFor(t, h.Name()+" active with routes", func() bool {
-			p := h.SoftPort(1)
-			p.mu.RLock()
-			defer p.mu.RUnlock()
-			return p.attr.State == verbs.PortActive && len(p.uni) == 3
-		})
-	}
+	smh, nodes := udpFabricSM(t)
 	// 4000 groups as partitions.conf would configure them (no SA traffic needed).
 	const groups = 4000
 	var gs []sadb.GroupParams
