@@ -198,27 +198,8 @@ func unpackKernel(deb, dir string) error {
 				release = m[1]
 				continue
 			}
-			m := reModule.FindStringSubmatch(h.Name)
-			if m == nil {
-				continue
-			}
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				rerr = err
+			if rerr = addModule(h, tr, keep, deps, kos); rerr != nil {
 				break
-			}
-			mi, err := parseModinfo(b)
-			if err != nil {
-				rerr = fmt.Errorf("%s: %v", h.Name, err)
-				break
-			}
-			name := modName(m[2])
-			if mi.name != "" {
-				name = modName(mi.name)
-			}
-			deps[name] = mi.depends
-			if keep[name] {
-				kos[name] = b
 			}
 		}
 		if rerr != nil {
@@ -365,4 +346,31 @@ func newestKernelDir(cache string) string {
 	}
 	sort.Slice(dirs, func(i, j int) bool { return num(dirs[i]) < num(dirs[j]) })
 	return dirs[len(dirs)-1]
+}
+
+// addModule reads a kernel module from the package's tar stream into deps (its
+// dependencies, by name) and, when keep names it, kos (its bytes). Anything that is
+// not a module is skipped.
+func addModule(h *tar.Header, r io.Reader, keep map[string]bool, deps map[string][]string, kos map[string][]byte) error {
+	m := reModule.FindStringSubmatch(h.Name)
+	if h.Typeflag != tar.TypeReg || m == nil {
+		return nil
+	}
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	mi, err := parseModinfo(b)
+	if err != nil {
+		return fmt.Errorf("%s: %v", h.Name, err)
+	}
+	name := modName(m[2])
+	if mi.name != "" {
+		name = modName(mi.name)
+	}
+	deps[name] = mi.depends
+	if keep[name] {
+		kos[name] = b
+	}
+	return nil
 }

@@ -273,6 +273,19 @@ func (im *Image) Run(ctx context.Context, port int, script string) (out string, 
 	if port <= 0 || port > 65535 {
 		return "", -1, fmt.Errorf("vm: bad port %d", port)
 	}
+	write := func(initrd, begin, end, failm string) error {
+		return im.writeInitrd(initrd, port, script, begin, end, failm)
+	}
+	// ipv6=off: no router advertisement, so the guest has no IPv6 route either.
+	return im.boot(ctx, write, 256, "-netdev", "user,id=n0,ipv6=off", "-device", "virtio-net-pci,netdev=n0,romfile=")
+}
+
+// boot writes an initramfs with write (given the markers its /init prints around the
+// script's output and on a setup failure), boots it with memMB of memory and the extra
+// QEMU arguments, and returns what the script printed and its exit status; err is
+// non-nil only if the guest did not get to report the exit status (boot or setup
+// failure, timeout, cancellation), and then includes the serial console.
+func (im *Image) boot(ctx context.Context, write func(initrd, begin, end, failm string) error, memMB int, extra ...string) (out string, code int, err error) {
 	if _, ok := ctx.Deadline(); !ok {
 		d := im.Timeout
 		if d == 0 {
@@ -293,21 +306,18 @@ func (im *Image) Run(ctx context.Context, port int, script string) (out string, 
 	tag := "IPOIBFS-" + hex.EncodeToString(nonce)
 	begin, end, failm := "<<"+tag+"-BEGIN>>", "<<"+tag+"-END>>", "<<"+tag+"-FAIL>>"
 	initrd := filepath.Join(tmp, "initrd")
-	if err := im.writeInitrd(initrd, port, script, begin, end, failm); err != nil {
+	if err := write(initrd, begin, end, failm); err != nil {
 		return "", -1, err
 	}
 
-	args := []string{
+	args := append([]string{
 		"-nodefaults", "-no-user-config", "-display", "none",
-		"-M", "pc", "-accel", "tcg", "-smp", "1", "-m", "256",
+		"-M", "pc", "-accel", "tcg", "-smp", "1", "-m", strconv.Itoa(memMB),
 		"-no-reboot",
 		"-serial", "stdio",
 		"-kernel", im.Kernel, "-initrd", initrd,
 		"-append", strings.TrimSpace("console=ttyS0 panic=-1 quiet " + im.Append),
-		// ipv6=off: no router advertisement, so the guest has no IPv6 route either.
-		"-netdev", "user,id=n0,ipv6=off",
-		"-device", "virtio-net-pci,netdev=n0,romfile=",
-	}
+	}, extra...)
 	cmd := exec.CommandContext(ctx, im.QEMU, args...)
 	var console testenv.Buffer
 	var stderr bytes.Buffer

@@ -22,7 +22,14 @@
 // on send and out of it when Poll returns the completion, so no Go memory is ever
 // handed to the HCA.
 //
+// The ibverbs data path is checked on the kernel's soft-RoCE driver (rdma_rxe) in the
+// QEMU guest of internal/vm (rxe_test.go): two rxe devices over a veth pair, device
+// list and ports, UD send/receive in both directions addressed by GID, immediate data,
+// Q_Keys, batches, multicast attach/detach, port events, flushes.
+//
 // Not implemented yet: RC queue pairs and SRQ (Modify and CreateQP refuse RC with
 // verbs.ErrInvalid), port counters (zero), and a Device for a RoCE port's
-// GID-derived addressing.
+// GID-derived addressing: a port does not say a GID's type (RoCE v1/v2) or netdev,
+// and AttachMcast on RoCE does not join the IPv6 group on the netdev, which the 6.1
+// kernel's rxe needs to receive multicast (rxe_test.go joins it from a socket).
 package rdma

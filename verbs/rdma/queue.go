@@ -271,6 +271,7 @@ type QP struct {
 
 	mu       sync.Mutex
 	state    verbs.QPState
+	qkey     uint32 // as last set by Modify: sent for a RemoteQKey with the high bit set
 	sendFree []int
 	sendQ    []int    // slots in posting order (unsignaled sends free with the next completion)
 	sendID   []uint64 // by slot
@@ -365,6 +366,9 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	}
 	q.mu.Lock()
 	q.state = m.State
+	if mask&C.IBV_QP_QKEY != 0 {
+		q.qkey = m.QKey
+	}
 	q.mu.Unlock()
 	return nil
 }
@@ -400,8 +404,14 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 		if wr.WithImm {
 			imm = 1
 		}
+		// A Q_Key with the high bit set means the QP's own (verbs.SendWR): done here,
+		// since not every device does it (the 6.1 kernel's rxe sends the value as given).
+		rqkey := wr.RemoteQKey
+		if rqkey&0x80000000 != 0 {
+			rqkey = q.qkey
+		}
 		r := C.ipoibfs_post_send(q.qp, C.uint64_t(s), q.slot(s), C.uint32_t(n), q.mr.lkey, ah.ah,
-			C.uint32_t(wr.RemoteQPN), C.uint32_t(wr.RemoteQKey), C.int(sig), C.int(imm), C.uint32_t(wr.Imm))
+			C.uint32_t(wr.RemoteQPN), C.uint32_t(rqkey), C.int(sig), C.int(imm), C.uint32_t(wr.Imm))
 		if r != 0 {
 			return i, &verbs.Error{Op: "ibv_post_send", Obj: q.String(), Err: syscall.Errno(r)}
 		}
@@ -511,10 +521,17 @@ func (d *Device) CreateAH(attr verbs.AHAttr) (verbs.AH, error) {
 	if attr.GRH {
 		grh = 1
 	}
-	ah := C.ipoibfs_create_ah(d.pd, C.int(attr.Port), C.int(attr.DLID), C.int(attr.SL), C.int(attr.StaticRate), C.int(grh),
+	ah, err := C.ipoibfs_create_ah(d.pd, C.int(attr.Port), C.int(attr.DLID), C.int(attr.SL), C.int(attr.StaticRate), C.int(grh),
 		unsafe.Pointer(&attr.DGID[0]), C.int(attr.SGIDIndex), C.uint32_t(attr.FlowLabel), C.int(attr.HopLimit), C.int(attr.TClass))
 	if ah == nil {
-		return nil, &verbs.Error{Op: "ibv_create_ah", Obj: fmt.Sprintf("%s LID %#x", d.name, attr.DLID), Err: syscall.EINVAL}
+		if err == nil {
+			err = syscall.EINVAL
+		}
+		obj := fmt.Sprintf("%s LID %#x", d.name, attr.DLID)
+		if attr.GRH {
+			obj += fmt.Sprintf(" GID %v", attr.DGID)
+		}
+		return nil, &verbs.Error{Op: "ibv_create_ah", Obj: obj, Err: err}
 	}
 	return &AH{ah: ah, attr: attr}, nil
 }
