@@ -287,19 +287,8 @@ func (im *Image) writeGuestInitrd(path string, g Guest, script, begin, end, fail
 	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "mnt", "tmp", "lib/modules/extra"} {
 		mkdir(d)
 	}
-	w.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/:/bin/sh\nuser:x:1000:1000:user:/tmp:/bin/sh\n"))
-	w.File("etc/group", 0o644, []byte("root:x:0:\nuser:x:1000:\n"))
-	w.CharDev("dev/console", 0o600, 5, 1)
-	w.CharDev("dev/null", 0o666, 1, 3)
-	bb, err := os.ReadFile(im.busybox)
-	if err != nil {
+	if err := im.writeBase(w); err != nil {
 		return err
-	}
-	w.File("bin/busybox", 0o755, bb)
-	for _, a := range im.applets {
-		if a != "busybox" && !strings.Contains(a, "/") {
-			w.Symlink("bin/"+a, "busybox")
-		}
 	}
 	for _, m := range g.Modules {
 		ko, err := os.ReadFile(filepath.Join(im.Dir, extraDir, m+".ko"))

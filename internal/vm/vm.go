@@ -384,20 +384,8 @@ func (im *Image) writeInitrd(path string, port int, script, begin, end, failm st
 	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "mnt", "tmp", "lib", "lib/modules"} {
 		w.Dir(d, 0o755)
 	}
-	// So that ls -l and id show names, and scripts can `su user -c ...` (uid 1000).
-	w.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/:/bin/sh\nuser:x:1000:1000:user:/tmp:/bin/sh\n"))
-	w.File("etc/group", 0o644, []byte("root:x:0:\nuser:x:1000:\n"))
-	w.CharDev("dev/console", 0o600, 5, 1)
-	w.CharDev("dev/null", 0o666, 1, 3)
-	bb, err := os.ReadFile(im.busybox)
-	if err != nil {
+	if err := im.writeBase(w); err != nil {
 		return err
-	}
-	w.File("bin/busybox", 0o755, bb)
-	for _, a := range im.applets {
-		if a != "busybox" && !strings.Contains(a, "/") {
-			w.Symlink("bin/"+a, "busybox")
-		}
 	}
 	for _, m := range im.modules {
 		ko, err := os.ReadFile(filepath.Join(im.Dir, "modules", m+".ko"))
@@ -447,4 +435,25 @@ func WriteError(errno syscall.Errno) string {
 		s = strings.ToUpper(s[:1]) + s[1:]
 	}
 	return "sh: write error: " + s
+}
+
+// writeBase adds what every initramfs has: users (so that ls -l and id show names,
+// and scripts can `su user -c ...` as uid 1000), the console and null devices, and
+// busybox with its applets. The directories bin, dev and etc must exist.
+func (im *Image) writeBase(w *cpioWriter) error {
+	w.File("etc/passwd", 0o644, []byte("root:x:0:0:root:/:/bin/sh\nuser:x:1000:1000:user:/tmp:/bin/sh\n"))
+	w.File("etc/group", 0o644, []byte("root:x:0:\nuser:x:1000:\n"))
+	w.CharDev("dev/console", 0o600, 5, 1)
+	w.CharDev("dev/null", 0o666, 1, 3)
+	bb, err := os.ReadFile(im.busybox)
+	if err != nil {
+		return err
+	}
+	w.File("bin/busybox", 0o755, bb)
+	for _, a := range im.applets {
+		if a != "busybox" && !strings.Contains(a, "/") {
+			w.Symlink("bin/"+a, "busybox")
+		}
+	}
+	return nil
 }
