@@ -203,6 +203,8 @@ cat class/net/bonding_masters
 ( echo +ib0 > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
 ip -n `+td.ns+` link set ib0 down
 ip -n `+td.ns+` link set ib1 down
+# The engine follows the devices through netlink, a moment after ip returns.
+for i in ib0 ib1; do n=0; until [ "$(cat class/net/$i/flags)" = 0x1002 ] || [ $n -gt 200 ]; do sleep 0.05; n=$((n+1)); done; done
 echo +ib0 > class/net/bond0/bonding/slaves
 echo +ib1 > class/net/bond0/bonding/slaves
 ( echo 65520 > class/net/bond0/mtu ) 2>&1 | sed 's/.*: //'

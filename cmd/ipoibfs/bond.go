@@ -400,24 +400,5 @@ func (a *ifcfgApplier) bondUp(c *ifcfg, b *ipoib.Bond) error {
 		}
 	}
 	b.SetUp(true)
-	prev, had := a.addrs[c.device]
-	if !c.addr.IsValid() && !had {
-		return nil
-	}
-	if dev == nil {
-		return fmt.Errorf("%s has no kernel device to put %s on", c.device, c.addr)
-	}
-	if had && prev != c.addr {
-		if err := dev.DelAddr(prev); err != nil {
-			return err
-		}
-		delete(a.addrs, c.device)
-	}
-	if c.addr.IsValid() {
-		if err := dev.AddAddr(c.addr, c.broadcast); err != nil {
-			return err
-		}
-		a.addrs[c.device] = c.addr
-	}
-	return nil
+	return a.setAddr(c, dev)
 }

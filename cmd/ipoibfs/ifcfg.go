@@ -383,10 +383,17 @@ func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 		return a.startDHCP(c, i)
 	}
 	a.stopDHCP(c.device)
+	return a.setAddr(c, a.brs.device(i))
+}
+
+// setAddr puts the file's address on dev (an interface's or a bond's device),
+// replacing the one an earlier version of the file set; nil dev: the device is not
+// there (no TUN permission), an error only when there is an address to put.
+func (a *ifcfgApplier) setAddr(c *ifcfg, dev *kernel.Device) error {
+	prev, had := a.addrs[c.device]
 	if !c.addr.IsValid() && !had {
 		return nil
 	}
-	dev := a.brs.device(i)
 	if dev == nil {
 		return fmt.Errorf("%s has no kernel device to put %s on", c.device, c.addr)
 	}
