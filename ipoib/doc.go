@@ -11,8 +11,9 @@
 //
 // Files follow the kernel driver's split: engine.go (ipoib_main: engine, interfaces,
 // attributes), ib.go (UD data path), multicast.go, path.go (neighbours and path
-// records), arp.go and ndisc.go (address resolution, done here because a TUN device has
-// no link layer), vlan.go (P_Key children), fs.go (debugfs text), ethtool.go, params.go.
+// records), gidmode.go (RoCE ports: groups and paths from GIDs, no SA), arp.go and
+// ndisc.go (address resolution, done here because a TUN device has no link layer),
+// vlan.go (P_Key children), fs.go (debugfs text), ethtool.go, params.go.
 //
 // Locking: Engine.mu guards the interface list. Each Interface has one mutex, mu, for
 // its control state (mode, MTU, carrier, groups, paths, neighbours, queues); the data

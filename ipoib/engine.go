@@ -74,6 +74,10 @@ type Options struct {
 	// not block (the tree's EventLog does not). nil discards.
 	Event func(line string)
 
+	// GIDMode runs every interface without the SA, taking groups and paths from GIDs
+	// (gidmode.go); ports whose link layer is Ethernet (RoCE) run so anyway.
+	GIDMode bool
+
 	// wrapSA, for tests, stands between each interface and its SA client.
 	wrapSA func(saClient) saClient
 }
@@ -113,6 +117,8 @@ type Engine struct {
 	tm     atomic.Pointer[timers]
 	wrapSA func(saClient) saClient
 
+	gidMode bool // Options.GIDMode (gidmode.go)
+
 	cms map[int]*cm.Manager // per port, when the HCA supports RC (connected mode)
 
 	mu      sync.Mutex
@@ -145,7 +151,7 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, start: time.Now(),
-		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA}
+		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA, gidMode: o.GIDMode}
 	tm := defaultTimers
 	e.tm.Store(&tm)
 	events, stop := dev.Subscribe(64)

@@ -250,6 +250,7 @@ func (i *Interface) recvLoop() {
 			i.mu.Lock()
 			gen := i.qpGen
 			ownQPN := i.hw.QPN()
+			ownGID := i.hw.GID()
 			bgid := i.bcast.GID()
 			i.mu.Unlock()
 			p, _ := i.e.dev.Port(i.port)
@@ -264,7 +265,7 @@ func (i *Interface) recvLoop() {
 					i.stats.rxDropped.Add(1)
 					continue
 				}
-				if wc.SLID == ownLID && wc.SrcQP == ownQPN {
+				if fromSelf(wc, buf, ownLID, ownQPN, ownGID) {
 					continue // our own multicast looped back by the HCA
 				}
 				frame := buf[grhLen:wc.ByteLen]

@@ -13,7 +13,6 @@ import (
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/cm"
 	"ipoibfs/verbs/mad"
-	"ipoibfs/verbs/sa"
 )
 
 // Mode is the IPoIB transport mode.
@@ -145,7 +144,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		}
 	}
 	pkey |= verbs.PKeyFullMember
-	i := &Interface{e: e, port: port, parent: parent, sa: &sa.Client{Port: p},
+	i := &Interface{e: e, port: port, parent: parent, sa: e.newSAClient(p, attr),
 		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}

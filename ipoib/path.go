@@ -143,7 +143,7 @@ func (i *Interface) startPathQueryLocked(p *path) {
 func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 	var ah verbs.AH
 	if err == nil {
-		ah, err = i.e.dev.CreateAH(verbs.AHAttr{Port: i.port, DLID: rec.DLID, SL: rec.SL, StaticRate: rec.Rate})
+		ah, err = i.e.dev.CreateAH(i.pathAHAttr(p.dgid, rec))
 	}
 	i.mu.Lock()
 	p.querying = false

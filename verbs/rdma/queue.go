@@ -342,23 +342,33 @@ var qpStates = map[verbs.QPState]C.int{verbs.QPReset: C.IBV_QPS_RESET, verbs.QPI
 	verbs.QPRTR: C.IBV_QPS_RTR, verbs.QPRTS: C.IBV_QPS_RTS, verbs.QPSQD: C.IBV_QPS_SQD, verbs.QPErr: C.IBV_QPS_ERR}
 
 // Modify moves the UD queue pair through its states: INIT takes the P_Key index and
-// Q_Key (and the port it was created on), RTS starts the send PSN at 0.
+// Q_Key (and the port it was created on), RTS starts the send PSN at 0. Without
+// QPMaskState the QP stays in its state and only the Q_Key (or P_Key index) changes,
+// as the engine sets the broadcast group's Q_Key on a QP in RTS (RTS to RTS).
 func (q *QP) Modify(m verbs.QPModify) error {
+	keep := m.Mask&verbs.QPMaskState == 0
+	if keep {
+		m.State = q.State()
+	}
 	st, ok := qpStates[m.State]
-	if m.Mask&verbs.QPMaskState == 0 || !ok {
+	if !ok || keep && m.Mask&(verbs.QPMaskQKey|verbs.QPMaskPKeyIndex) == 0 {
 		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: verbs.ErrInvalid}
 	}
 	mask := C.int(C.IBV_QP_STATE)
+	if keep {
+		mask = 0
+	}
 	if m.Mask&verbs.QPMaskPKeyIndex != 0 {
 		mask |= C.IBV_QP_PKEY_INDEX
 	}
 	if m.Mask&verbs.QPMaskQKey != 0 {
 		mask |= C.IBV_QP_QKEY
 	}
-	switch m.State {
-	case verbs.QPInit:
+	switch {
+	case keep:
+	case m.State == verbs.QPInit:
 		mask |= C.IBV_QP_PORT | C.IBV_QP_PKEY_INDEX | C.IBV_QP_QKEY
-	case verbs.QPRTS:
+	case m.State == verbs.QPRTS:
 		mask |= C.IBV_QP_SQ_PSN
 	}
 	if r := C.ipoibfs_modify_qp(q.qp, st, C.int(m.PKeyIndex), C.int(q.port), C.uint32_t(m.QKey), mask); r != 0 {

@@ -426,6 +426,23 @@ func rxeGuest(t *testing.T) {
 				t.Errorf("Q_Key %#x (the sender's own): %+v", qkey, wcs)
 			}
 		}
+		// The Q_Key alone changes, the QP staying in RTS, as the engine sets the
+		// broadcast group's: 0x1234 is accepted then.
+		if err := b.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: 0x1234}); err != nil || b.qp.State() != verbs.QPRTS {
+			t.Fatalf("Q_Key-only modify: %v, state %v", err, b.qp.State())
+		}
+		bufs = b.postRecv(t, 1, 310)
+		wr := verbs.SendWR{ID: 9, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: 0x1234, Data: [][]byte{{9}}, Signaled: true}
+		if n, err := a.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
+			t.Fatalf("PostSend: %d %v", n, err)
+		}
+		waitWC(a.scq, 1, 10*time.Second)
+		if wcs := waitWC(b.rcq, 1, 5*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || bufs[0][40] != 9 {
+			t.Errorf("Q_Key 0x1234 after the Q_Key-only modify: %+v", wcs)
+		}
+		if err := b.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: rxeQKey}); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("batch", func(t *testing.T) {
