@@ -452,6 +452,11 @@ func (i *Interface) cmRecvLoop() {
 		wr verbs.RecvWR
 	}
 	var re []repost
+	type rxLocal struct {
+		et  uint16
+		pkt []byte
+	}
+	var local []rxLocal
 	for {
 		select {
 		case <-i.stop:
@@ -459,10 +464,10 @@ func (i *Interface) cmRecvLoop() {
 		case <-i.cmRcq.Notify():
 		}
 		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
-			deliver, re = deliver[:0], re[:0]
+			deliver, re, local = deliver[:0], re[:0], local[:0]
 			now := time.Now()
 			i.mu.Lock()
-			host := i.host
+			host := i.upperHostLocked() // its own, or its bond's (bond.go)
 			for _, wc := range wcs[:n] {
 				rx := i.rx[wc.QPN]
 				if rx == nil || wc.Status == verbs.WCWRFlushErr {
@@ -481,11 +486,11 @@ func (i *Interface) cmRecvLoop() {
 				}
 				et := binary.BigEndian.Uint16(frame)
 				pkt := frame[encapLen:]
-				if et != etherIPv4 && et != etherIPv6 {
-					i.stats.rxDropped.Add(1)
+				switch rxClassify(et, pkt) {
+				case rxARP, rxND: // handled once i.mu is released (they take it)
+					local = append(local, rxLocal{et, pkt})
 					continue
-				}
-				if _, _, ok := classify(pkt); !ok {
+				case rxDrop:
 					i.stats.rxDropped.Add(1)
 					continue
 				}
@@ -494,6 +499,13 @@ func (i *Interface) cmRecvLoop() {
 				deliver = append(deliver, pkt)
 			}
 			i.mu.Unlock()
+			for _, l := range local { // before the buffers are posted again below
+				if l.et == etherARP {
+					i.handleARP(l.pkt)
+				} else {
+					i.handleND(l.pkt)
+				}
+			}
 			if len(deliver) > 0 {
 				if host != nil {
 					host.Deliver(deliver)

@@ -164,6 +164,35 @@ func (i *Interface) reapSendCQ() {
 }
 
 // classify returns the EtherType and destination of an IP packet.
+// rxKind is what the receive paths (UD and connected mode alike, as the driver's both
+// hand every protocol up) do with a received frame's payload.
+type rxKind int
+
+const (
+	rxDrop rxKind = iota // neither IP nor ARP, or not a valid IP packet: dropped, counted
+	rxARP                // the engine's: the TUN device has no link layer
+	rxND                 // IPv6 neighbour discovery: the engine's, for the same reason
+	rxUp                 // an IP packet for the host
+)
+
+// rxClassify sorts a frame with IPoIB ethertype et and payload pkt.
+func rxClassify(et uint16, pkt []byte) rxKind {
+	switch et {
+	case etherARP:
+		return rxARP
+	case etherIPv4, etherIPv6:
+	default:
+		return rxDrop
+	}
+	if et == etherIPv6 && isNDMessage(pkt) {
+		return rxND
+	}
+	if _, _, ok := classify(pkt); !ok {
+		return rxDrop
+	}
+	return rxUp
+}
+
 func classify(pkt []byte) (uint16, netip.Addr, bool) {
 	if len(pkt) < 1 {
 		return 0, netip.Addr{}, false
@@ -275,20 +304,14 @@ func (i *Interface) recvLoop() {
 				dgid := verbs.GID(buf[24:40])
 				et := binary.BigEndian.Uint16(frame)
 				pkt := frame[encapLen:]
-				switch et {
-				case etherARP:
+				switch rxClassify(et, pkt) {
+				case rxARP:
 					i.handleARP(pkt)
 					continue
-				case etherIPv4, etherIPv6:
-				default:
-					i.stats.rxDropped.Add(1)
-					continue
-				}
-				if et == etherIPv6 && isNDMessage(pkt) {
+				case rxND:
 					i.handleND(pkt)
 					continue
-				}
-				if _, _, ok := classify(pkt); !ok {
+				case rxDrop:
 					i.stats.rxDropped.Add(1)
 					continue
 				}

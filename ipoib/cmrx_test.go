@@ -1,0 +1,47 @@
+package ipoib
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// A peer in connected mode may send any protocol on its connection, ARP included (the
+// kernel driver sends a unicast ARP reply there when a connection exists): the
+// connected receive path sorts frames as the UD one does, so ARP and neighbour
+// discovery reach the engine instead of being dropped or handed to the host.
+func TestConnectedModeReceivesARP(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1) // brings the connection up
+	a.ib0.mu.Lock()
+	tx := a.ib0.tx[b.ib0.HWAddr()]
+	a.ib0.mu.Unlock()
+	if tx == nil || !tx.up {
+		t.Fatal("no connection from a to b")
+	}
+	// An ARP request for b's address from a sender b does not know yet, on the
+	// connection: b learns the sender (a request for one of its own addresses).
+	sender := netip.MustParseAddr("10.0.0.9")
+	req := arpPacket{Op: arpRequest, SenderHW: a.ib0.HWAddr(), SenderIP: sender, TargetIP: netip.MustParseAddr("10.0.0.2")}
+	dropped := b.ib0.Stats().RxDropped
+	a.ib0.cmPost(tx, [][]byte{req.appendFrame(nil)})
+	waitFor(t, "b learning the ARP sender from the connection", func() bool {
+		b.ib0.mu.Lock()
+		defer b.ib0.mu.Unlock()
+		_, ok := b.ib0.neigh[sender]
+		return ok
+	})
+	if got := b.ib0.Stats().RxDropped; got != dropped {
+		t.Errorf("b dropped %d frames", got-dropped)
+	}
+	if got := b.host.take(func(p []byte) bool { return len(p) > 0 && p[0]>>4 != 4 && p[0]>>4 != 6 }); len(got) != 0 {
+		t.Errorf("the host got %d non-IP packets", len(got))
+	}
+}
