@@ -1,6 +1,7 @@
 package sadb
 
 import (
+	"cmp"
 	"encoding/binary"
 
 	"ipoibfs/verbs"
@@ -92,38 +93,22 @@ func validateOther(mask uint64, r *mad.MCMemberRecord, g *mad.MCMemberRecord) bo
 // validateMore is validate_more_comp_fields: the MTU and Rate selectors (looked at
 // whenever the selector bit is masked in) must be satisfied by the group's values.
 func validateMore(mask uint64, r *mad.MCMemberRecord, g *mad.MCMemberRecord) bool {
-	if mask&mad.CompMCMTUSelector != 0 {
-		switch r.MTUSelector {
-		case mad.SelGreater:
-			if g.MTU <= r.MTU {
-				return false
-			}
-		case mad.SelLess:
-			if g.MTU >= r.MTU {
-				return false
-			}
-		case mad.SelExactly:
-			if g.MTU != r.MTU {
-				return false
-			}
-		}
+	if mask&mad.CompMCMTUSelector != 0 && !matches(r.MTUSelector, cmp.Compare(g.MTU, r.MTU)) {
+		return false
 	}
-	if mask&mad.CompMCRateSelector != 0 {
-		c := compareRates(g.Rate, r.Rate)
-		switch r.RateSelector {
-		case mad.SelGreater:
-			if c <= 0 {
-				return false
-			}
-		case mad.SelLess:
-			if c >= 0 {
-				return false
-			}
-		case mad.SelExactly:
-			if c != 0 {
-				return false
-			}
-		}
+	return mask&mad.CompMCRateSelector == 0 || matches(r.RateSelector, compareRates(g.Rate, r.Rate))
+}
+
+// matches reports whether a group's value, compared with the requested one (c < 0
+// below, 0 equal, > 0 above), satisfies the request's selector (largest: always).
+func matches(sel uint8, c int) bool {
+	switch sel {
+	case mad.SelGreater:
+		return c > 0
+	case mad.SelLess:
+		return c < 0
+	case mad.SelExactly:
+		return c == 0
 	}
 	return true
 }

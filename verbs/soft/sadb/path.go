@@ -1,6 +1,7 @@
 package sadb
 
 import (
+	"cmp"
 	"math/bits"
 	"slices"
 
@@ -160,6 +161,39 @@ func (db *DB) partitionSLs() map[uint16]uint8 {
 	return sls
 }
 
+// selectValue applies a PathRecord selector to the path's value have for the
+// requested req, as pr_rcv_get_path_parms does for MTU, rate and PacketLifeTime:
+// greater than req; less than req (a path at or above req is given the value below
+// req); exactly req (a path reaching req is given req; exactEqual, as for the rate,
+// wants it equal); largest (have). ok is false when the path cannot satisfy it.
+func selectValue[T any](sel uint8, have, req T, cmp func(a, b T) int, below func(T) (T, bool), exactEqual bool) (T, bool) {
+	switch sel {
+	case mad.SelGreater:
+		if cmp(have, req) <= 0 {
+			return have, false
+		}
+	case mad.SelLess:
+		if cmp(have, req) >= 0 {
+			return below(req)
+		}
+	case mad.SelExactly:
+		if c := cmp(have, req); c < 0 || exactEqual && c != 0 {
+			return have, false
+		}
+		return req, true
+	}
+	return have, true
+}
+
+// stepDown is the enum value below v (MTU and PacketLifeTime codes), none below 1.
+func stepDown[T verbs.MTU | uint8](v T) (T, bool) { return v - 1, v > 1 }
+
+// rateBelow is the rate code below r in bandwidth order.
+func rateBelow(r verbs.Rate) (verbs.Rate, bool) {
+	p := ratePrev(r)
+	return p, p != 0
+}
+
 // pathParms is pr_rcv_get_path_parms for a path from s to d without switch hops.
 type pathParms struct {
 	mtu      verbs.MTU
@@ -175,66 +209,20 @@ func getPathParms(s, d Port, pr *mad.PathRecord, mask uint64, sls map[uint16]uin
 	if samePort(s, d) {
 		p.loopback, p.pktLife = true, 0 // IBA table 205: loopback paths have PacketLifeTime 0
 	}
+	var ok bool
 	if mask&mad.CompPRMTUSelector != 0 && mask&mad.CompPRMTU != 0 {
-		req := pr.MTU
-		switch pr.MTUSelector {
-		case mad.SelGreater:
-			if p.mtu <= req {
-				return p, false
-			}
-		case mad.SelLess:
-			if p.mtu >= req {
-				if req <= 1 {
-					return p, false
-				}
-				p.mtu = req - 1
-			}
-		case mad.SelExactly:
-			if p.mtu < req {
-				return p, false
-			}
-			p.mtu = req
+		if p.mtu, ok = selectValue(pr.MTUSelector, p.mtu, pr.MTU, cmp.Compare[verbs.MTU], stepDown[verbs.MTU], false); !ok {
+			return p, false
 		}
 	}
 	if mask&mad.CompPRRateSelector != 0 && mask&mad.CompPRRate != 0 {
-		req := pr.Rate
-		switch pr.RateSelector {
-		case mad.SelGreater:
-			if compareRates(p.rate, req) <= 0 {
-				return p, false
-			}
-		case mad.SelLess:
-			if compareRates(p.rate, req) >= 0 {
-				if p.rate = ratePrev(req); p.rate == 0 {
-					return p, false
-				}
-			}
-		case mad.SelExactly:
-			if compareRates(p.rate, req) != 0 {
-				return p, false
-			}
-			p.rate = req
+		if p.rate, ok = selectValue(pr.RateSelector, p.rate, pr.Rate, compareRates, rateBelow, true); !ok {
+			return p, false
 		}
 	}
 	if mask&mad.CompPRPacketLifeTimeSelector != 0 && mask&mad.CompPRPacketLifeTime != 0 {
-		req := pr.PacketLifeTime
-		switch pr.PacketLifeTimeSelector {
-		case mad.SelGreater:
-			if p.pktLife <= req {
-				return p, false
-			}
-		case mad.SelLess:
-			if p.pktLife >= req {
-				if req <= 1 {
-					return p, false
-				}
-				p.pktLife = req - 1
-			}
-		case mad.SelExactly:
-			if p.pktLife < req {
-				return p, false
-			}
-			p.pktLife = req
+		if p.pktLife, ok = selectValue(pr.PacketLifeTimeSelector, p.pktLife, pr.PacketLifeTime, cmp.Compare[uint8], stepDown[uint8], false); !ok {
+			return p, false
 		}
 	}
 	raw := mask&mad.CompPRRawTraffic != 0 && pr.RawTraffic
