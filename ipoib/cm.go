@@ -525,11 +525,12 @@ func (i *Interface) cmReap() time.Duration {
 	if i.cmMgr == nil {
 		return time.Hour
 	}
+	idleFor := i.e.tm.Load().cmRxIdle
 	now := time.Now()
 	var idle []*cmRx
 	i.mu.Lock()
 	for q, r := range i.rx {
-		if r.conn != nil && now.Sub(r.last) > cmRxIdle {
+		if r.conn != nil && now.Sub(r.last) > idleFor {
 			idle = append(idle, r)
 			delete(i.rx, q)
 		}
@@ -538,7 +539,7 @@ func (i *Interface) cmReap() time.Duration {
 	for _, r := range idle {
 		i.cmRxDestroy(r)
 	}
-	return cmRxIdle / 4
+	return idleFor / 4
 }
 
 // SetMode switches the transport mode with the kernel's side effects. To connected

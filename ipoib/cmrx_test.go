@@ -3,6 +3,7 @@ package ipoib
 import (
 	"net/netip"
 	"testing"
+	"time"
 )
 
 // A peer in connected mode may send any protocol on its connection, ARP included (the
@@ -43,5 +44,41 @@ func TestConnectedModeReceivesARP(t *testing.T) {
 	}
 	if got := b.host.take(func(p []byte) bool { return len(p) > 0 && p[0]>>4 != 4 && p[0]>>4 != 6 }); len(got) != 0 {
 		t.Errorf("the host got %d non-IP packets", len(got))
+	}
+}
+
+// Passive connections idle for cmRxIdle (512 s in the driver, shortened here) are torn
+// down as ipoib_cm_rx_reap does; the peer notices, and the next packet connects again.
+func TestIdleConnectionReaped(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	passive := func() int {
+		b.ib0.mu.Lock()
+		defer b.ib0.mu.Unlock()
+		return len(b.ib0.rx)
+	}
+	if passive() != 1 {
+		t.Fatalf("%d passive connections on b after the first ping", passive())
+	}
+	setTimers(b.e, func(tm *timers) { tm.cmRxIdle = 200 * time.Millisecond })
+	waitFor(t, "b's idle passive connection reaped", func() bool { return passive() == 0 })
+	waitFor(t, "a's connection to b gone or down", func() bool {
+		a.ib0.mu.Lock()
+		defer a.ib0.mu.Unlock()
+		tx := a.ib0.tx[b.ib0.HWAddr()]
+		return tx == nil || !tx.up
+	})
+	setTimers(b.e, func(tm *timers) { tm.cmRxIdle = time.Hour })
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2)
+	if passive() != 1 {
+		t.Fatalf("%d passive connections on b after pinging again", passive())
 	}
 }

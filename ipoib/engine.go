@@ -90,12 +90,13 @@ type timers struct {
 	joinBackoff  time.Duration // before the first retry of a failed join; then doubles
 	maxBackoff   time.Duration // IPOIB_MAX_BACKOFF_SECONDS
 	sendOnlyIdle time.Duration // send-only groups unused this long are left
+	cmRxIdle     time.Duration // passive connections idle this long are torn down
 }
 
 // defaultTimers are the driver's: send-only groups go with their neighbour, reaped
 // after two ARP gc_intervals (30 s) idle.
 var defaultTimers = timers{arpInterval: arpInterval, pathRetry: time.Second,
-	joinBackoff: time.Second, maxBackoff: maxBackoff, sendOnlyIdle: 60 * time.Second}
+	joinBackoff: time.Second, maxBackoff: maxBackoff, sendOnlyIdle: 60 * time.Second, cmRxIdle: cmRxIdle}
 
 // Devices makes and removes the kernel device of each interface in step with the
 // engine, as the driver registers a netdev inside create_child: Create runs before
