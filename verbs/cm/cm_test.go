@@ -382,6 +382,16 @@ func TestDropsAndDuplicates(t *testing.T) {
 	}
 	bc := recv(t, l.est, "established")
 	time.Sleep(100 * time.Millisecond) // let duplicates drain
+	// Not vacuous: the drops and duplicates happened (REQ sent again after two losses,
+	// REP and RTU resent, each delivered twice).
+	for _, c := range []struct {
+		attr uint16
+		min  int
+	}{{mad.AttrCMREQ, 3}, {mad.AttrCMREP, 2}, {mad.AttrCMRTU, 2}} {
+		if n := len(f.sent(c.attr)); n < c.min {
+			t.Fatalf("attribute %#x sent %d times, want at least %d: the test did not lose and duplicate", c.attr, n, c.min)
+		}
+	}
 	if n := l.calls.Load(); n != 1 {
 		t.Errorf("listener called %d times", n)
 	}
