@@ -410,7 +410,9 @@ func (f Faults) Validate() error {
 type impaired struct {
 	Endpoint
 	faults atomic.Pointer[Faults]
-	mu     sync.Mutex
+	// What the faults did, for tests that must know they bit.
+	lost, duplicated atomic.Uint64
+	mu               sync.Mutex
 	held   *Datagram // one datagram held back for reordering
 	out    []Datagram
 }
@@ -443,11 +445,13 @@ func (e *impaired) Send(batch []Datagram) error {
 			continue
 		}
 		if f.Loss > 0 && rand.Float64() < f.Loss {
+			e.lost.Add(1)
 			continue
 		}
 		copies := 1
 		if f.Dup > 0 && rand.Float64() < f.Dup {
 			copies = 2
+			e.duplicated.Add(1)
 		}
 		for range copies {
 			if f.Reorder > 0 && e.held == nil && rand.Float64() < f.Reorder {
