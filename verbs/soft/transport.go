@@ -413,8 +413,8 @@ type impaired struct {
 	// What the faults did, for tests that must know they bit.
 	lost, duplicated atomic.Uint64
 	mu               sync.Mutex
-	held   *Datagram // one datagram held back for reordering
-	out    []Datagram
+	held             *Datagram // one datagram held back for reordering
+	out              []Datagram
 }
 
 func newImpaired(ep Endpoint) *impaired { return &impaired{Endpoint: ep} }
