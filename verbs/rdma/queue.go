@@ -94,6 +94,16 @@ static struct ibv_ah *ipoibfs_create_ah(struct ibv_pd *pd, int port, int dlid, i
 	return ibv_create_ah(pd, &a);
 }
 
+// ipoibfs_qp_state is the QP's state as the device has it (it moves a QP to ERR on
+// its own after some errors): an ibv_qp_state, or -1.
+static int ipoibfs_qp_state(struct ibv_qp *qp) {
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr i;
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &i))
+		return -1;
+	return a.qp_state;
+}
+
 static int ipoibfs_mcast(struct ibv_qp *qp, const void *gid, int lid, int attach) {
 	union ibv_gid g;
 	memcpy(g.raw, gid, 16);
@@ -335,8 +345,23 @@ func (q *QP) String() string {
 }
 func (q *QP) Num() verbs.QPN            { return q.num }
 func (q *QP) Type() verbs.QPType        { return verbs.QPTypeUD }
-func (q *QP) State() verbs.QPState      { q.mu.Lock(); defer q.mu.Unlock(); return q.state }
 func (q *QP) slot(i int) unsafe.Pointer { return unsafe.Add(q.mem, i*slotSize) }
+
+// State is the device's view (ibv_query_qp), which differs from the last Modify when
+// the device moved the QP to ERR itself (rxe after a receive that did not fit).
+func (q *QP) State() verbs.QPState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		s := C.ipoibfs_qp_state(q.qp)
+		for v, c := range qpStates {
+			if c == s {
+				return v
+			}
+		}
+	}
+	return q.state
+}
 
 var qpStates = map[verbs.QPState]C.int{verbs.QPReset: C.IBV_QPS_RESET, verbs.QPInit: C.IBV_QPS_INIT,
 	verbs.QPRTR: C.IBV_QPS_RTR, verbs.QPRTS: C.IBV_QPS_RTS, verbs.QPSQD: C.IBV_QPS_SQD, verbs.QPErr: C.IBV_QPS_ERR}
@@ -372,7 +397,13 @@ func (q *QP) Modify(m verbs.QPModify) error {
 		mask |= C.IBV_QP_SQ_PSN
 	}
 	if r := C.ipoibfs_modify_qp(q.qp, st, C.int(m.PKeyIndex), C.int(q.port), C.uint32_t(m.QKey), mask); r != 0 {
-		return &verbs.Error{Op: "ibv_modify_qp", Obj: fmt.Sprintf("%s to %v", q, m.State), Err: syscall.Errno(r)}
+		err := error(syscall.Errno(r))
+		if !keep && r == C.EINVAL {
+			// A transition the state machine does not allow (RESET to RTR ...): the
+			// same error kind as verbs/soft's.
+			err = fmt.Errorf("%w: %v -> %v (%w)", verbs.ErrInvalidState, q.State(), m.State, err)
+		}
+		return &verbs.Error{Op: "ibv_modify_qp", Obj: fmt.Sprintf("%s to %v", q, m.State), Err: err}
 	}
 	q.mu.Lock()
 	q.state = m.State
@@ -389,6 +420,10 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	defer q.mu.Unlock()
 	if q.closed {
 		return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrClosed}
+	}
+	if q.state != verbs.QPRTS {
+		// Refused here, with the same error kind as verbs/soft, not left to the device.
+		return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
 	for i, wr := range wrs {
 		if len(q.sendFree) == 0 {
@@ -439,6 +474,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	defer q.mu.Unlock()
 	if q.closed {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrClosed}
+	}
+	if q.state == verbs.QPReset {
+		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
 	for i, wr := range wrs {
 		if len(q.recvFree) == 0 {

@@ -20,6 +20,7 @@ import (
 	"ipoibfs/internal/testenv"
 	"ipoibfs/internal/vm"
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/verbstest"
 )
 
 // The provider's data path on a real ibverbs device: the kernel's soft-RoCE driver
@@ -43,7 +44,18 @@ import (
 const rxeGuestEnv = "IPOIBFS_RDMA_RXE_GUEST"
 
 // rxeSubtests are the subtests rxeGuest runs, in order; the host wants a PASS for each.
-var rxeSubtests = []string{"devices", "ports", "ud", "qkey", "batch", "multicast", "events", "oversize", "flush", "close"}
+var rxeSubtests = append([]string{"devices", "ports", "ud", "qkey", "batch", "multicast", "events", "oversize", "flush", "close", "conformance"},
+	conformanceSubtests()...)
+
+// conformanceSubtests are the provider conformance suite's subtests (verbs/verbstest),
+// run after the others on rxe0 and rxe1 opened afresh.
+func conformanceSubtests() []string {
+	var l []string
+	for _, n := range verbstest.Names {
+		l = append(l, "conformance/"+n)
+	}
+	return l
+}
 
 const rxeScript = `set -e
 echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
@@ -660,5 +672,71 @@ func rxeGuest(t *testing.T) {
 			}
 			ends[i] = nil
 		}
+	})
+
+	// The provider conformance suite, as verbs/soft runs it on its own fabric.
+	t.Run("conformance", func(t *testing.T) {
+		var devs [2]verbs.Device
+		for i := range devs {
+			d, err := Open(fmt.Sprintf("rxe%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			devs[i] = d
+		}
+		gid := func(t *testing.T, i int) verbs.GID {
+			p, err := devs[i].Port(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := p.GID(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		verbstest.Run(t, verbstest.Fixture{
+			Dev:       devs,
+			Port:      1,
+			LinkLayer: "Ethernet",
+			PKeyIndex: 0,
+			QKey:      rxeQKey,
+			// RoCE has no LIDs: the peer's GID 0 with a GRH.
+			Dest: func(t *testing.T, to int) verbs.AHAttr {
+				return verbs.AHAttr{Port: 1, GRH: true, DGID: gid(t, to), SGIDIndex: 0, HopLimit: 64}
+			},
+			// The 6.1 kernel's rxe does not join the IPv6 group on its netdev (see the
+			// multicast subtest above): a socket on veth<to> joins it, as an application
+			// on that host would. No LID on RoCE.
+			Multicast: func(t *testing.T, to int, mgid verbs.GID) (verbs.LID, verbs.AHAttr) {
+				ifi, err := net.InterfaceByName(fmt.Sprintf("veth%d", to))
+				if err != nil {
+					t.Fatal(err)
+				}
+				fd, err := syscall.Socket(syscall.AF_INET6, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { syscall.Close(fd) })
+				if err := syscall.SetsockoptIPv6Mreq(fd, syscall.IPPROTO_IPV6, syscall.IPV6_JOIN_GROUP,
+					&syscall.IPv6Mreq{Multiaddr: mgid, Interface: uint32(ifi.Index)}); err != nil {
+					t.Fatal(err)
+				}
+				return 0, verbs.AHAttr{Port: 1, GRH: true, DGID: mgid, SGIDIndex: 0, HopLimit: 64}
+			},
+			// rxe has no CQ moderation: libibverbs' ibv_modify_cq fails with EOPNOTSUPP.
+			ModerationErr: syscall.EOPNOTSUPP,
+			// The 6.1 kernel's rxe completes a receive whose buffer is too small with a
+			// local QP operation error (not IBTA's local length error) and moves the QP
+			// to ERR (ibv_query_qp says so; its sends are flushed). A receive posted
+			// after that is not flushed until the QP is moved to ERR explicitly.
+			RecvTooSmallStatus: verbs.WCLocQPOpErr,
+			RecvTooSmallQPErr:  true,
+			// rxe neither refuses a UD send above the active MTU nor completes it in
+			// error: it completes successfully and the datagram is not delivered (see
+			// the oversize subtest above).
+			OversizeSendStatus: verbs.WCSuccess,
+		})
 	})
 }
