@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -129,36 +128,8 @@ func TestHCARxeGuestPing(t *testing.T) {
 		return
 	}
 	testenv.Short(t, "boots a QEMU guest with rdma_rxe and four daemons (30-60 s)")
-	im, err := vm.Prepare()
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("vm.Prepare: %v", err)
-	}
-	// As verbs/rdma's TestRxe (crc32_generic: no modprobe in the guest to load it for
-	// rxe), and tun for the daemons' kernel devices.
-	mods, err := im.ExtraModules("veth", "crc32_generic", "ib_uverbs", "rdma_rxe", "tun")
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("ExtraModules: %v", err)
-	}
-	const driver = "/etc/libibverbs.d/rxe.driver"
-	testenv.File(t, driver)
-	provs, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so")
-	if len(provs) == 0 {
-		testenv.Missing(t, "rdma-core's rxe provider librxe-rdmav*.so (Debian package ibverbs-providers)")
-	}
-	rdmaTool := testenv.Tool(t, "rdma")
-	ipTool, err := filepath.EvalSymlinks(testenv.Tool(t, "ip"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ipTool != "/usr/bin/ip" {
-		testenv.Missing(t, "iproute2's ip at /usr/bin/ip (found "+ipTool+")")
-	}
+	// As verbs/rdma's TestRxe, and tun for the daemons' kernel devices.
+	kit := vm.PrepareRxe(t, "tun")
 	goTool := testenv.Tool(t, "go")
 
 	dir := t.TempDir()
@@ -175,9 +146,9 @@ func TestHCARxeGuestPing(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	script := strings.NewReplacer("@@BIN@@", bin, "@@TEST@@", test).Replace(rxePingScript)
-	out, code, err := im.RunGuest(ctx, vm.Guest{
-		Modules:  mods,
-		Copy:     append([]string{bin, test, rdmaTool, ipTool, driver}, provs...),
+	out, code, err := kit.Image.RunGuest(ctx, vm.Guest{
+		Modules:  kit.Modules,
+		Copy:     append([]string{bin, test}, kit.Files...),
 		Env:      []string{rxeMcastEnv + "=veth0,veth1,veth2,veth3"},
 		MemoryMB: 512,
 	}, script)

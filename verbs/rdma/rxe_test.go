@@ -81,36 +81,7 @@ func TestRxe(t *testing.T) {
 		return
 	}
 	testenv.Short(t, "boots a QEMU guest with rdma_rxe (10-20 s)")
-	im, err := vm.Prepare()
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("vm.Prepare: %v", err)
-	}
-	// crc32_generic: rxe asks the crypto API for "crc32", and the guest has no modprobe
-	// to load it on demand.
-	mods, err := im.ExtraModules("veth", "crc32_generic", "ib_uverbs", "rdma_rxe")
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("ExtraModules: %v", err)
-	}
-	const driver = "/etc/libibverbs.d/rxe.driver"
-	testenv.File(t, driver)
-	provs, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so")
-	if len(provs) == 0 {
-		testenv.Missing(t, "rdma-core's rxe provider librxe-rdmav*.so (Debian package ibverbs-providers)")
-	}
-	rdmaTool := testenv.Tool(t, "rdma")
-	ipTool, err := filepath.EvalSymlinks(testenv.Tool(t, "ip"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ipTool != "/usr/bin/ip" {
-		testenv.Missing(t, "iproute2's ip at /usr/bin/ip (found "+ipTool+")")
-	}
+	kit := vm.PrepareRxe(t)
 	goTool := testenv.Tool(t, "go")
 
 	bin := filepath.Join(t.TempDir(), "rdma.test")
@@ -121,9 +92,9 @@ func TestRxe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	start := time.Now()
-	out, code, err := im.RunGuest(ctx, vm.Guest{
-		Modules:  mods,
-		Copy:     append([]string{bin, rdmaTool, ipTool, driver}, provs...),
+	out, code, err := kit.Image.RunGuest(ctx, vm.Guest{
+		Modules:  kit.Modules,
+		Copy:     append([]string{bin}, kit.Files...),
 		Env:      []string{rxeGuestEnv + "=1"},
 		MemoryMB: 384,
 	}, strings.ReplaceAll(rxeScript, "@@BIN@@", bin))
