@@ -11,16 +11,7 @@ import (
 // connected receive path sorts frames as the UD one does, so ARP and neighbour
 // discovery reach the engine instead of being dropped or handed to the host.
 func TestConnectedModeReceivesARP(t *testing.T) {
-	_, nodes := testFabric(t, "", "a", "b")
-	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
-	for _, n := range nodes {
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1) // brings the connection up
+	a, b := connectedPair(t)
 	a.ib0.mu.Lock()
 	tx := a.ib0.tx[b.ib0.HWAddr()]
 	a.ib0.mu.Unlock()
@@ -50,16 +41,7 @@ func TestConnectedModeReceivesARP(t *testing.T) {
 // Passive connections idle for cmRxIdle (512 s in the driver, shortened here) are torn
 // down as ipoib_cm_rx_reap does; the peer notices, and the next packet connects again.
 func TestIdleConnectionReaped(t *testing.T) {
-	_, nodes := testFabric(t, "", "a", "b")
-	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
-	for _, n := range nodes {
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	a, b := connectedPair(t)
 	passive := func() int {
 		b.ib0.mu.Lock()
 		defer b.ib0.mu.Unlock()
@@ -81,4 +63,21 @@ func TestIdleConnectionReaped(t *testing.T) {
 	if passive() != 1 {
 		t.Fatalf("%d passive connections on b after pinging again", passive())
 	}
+}
+
+// connectedPair is two nodes in connected mode, 10.0.0.1 and 10.0.0.2, after one ping
+// from a to b (which brings a connection up).
+func connectedPair(t *testing.T) (a, b *node) {
+	t.Helper()
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b = nodes[0], nodes[1]
+	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
+	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	return a, b
 }

@@ -674,16 +674,7 @@ func TestGarbageFromFabricCounted(t *testing.T) {
 // TestConnectedModeLargePackets: both ends connected, a 60000-byte packet crosses the
 // RC connection intact; the passive side holds one connection.
 func TestConnectedModeLargePackets(t *testing.T) {
-	_, nodes := testFabric(t, "", "a", "b")
-	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
-	for _, n := range nodes {
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	a, b := connectedPair(t)
 	big := icmp4("10.0.0.1", "10.0.0.2", 8, 2, 60000)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
