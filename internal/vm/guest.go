@@ -2,7 +2,6 @@ package vm
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"debug/elf"
@@ -164,40 +163,8 @@ func haveAll(dir string, mods []string) bool {
 // dependencies, and the contents of the modules in keep.
 func readModules(deb string, keep map[string]bool) (map[string][]string, map[string][]byte, error) {
 	deps, kos := map[string][]string{}, map[string][]byte{}
-	cmd := exec.Command("dpkg-deb", "--fsys-tarfile", deb)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("dpkg-deb: %w", err)
-	}
-	tr := tar.NewReader(bufio.NewReaderSize(pipe, 1<<20))
-	var rerr error
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			rerr = err
-			break
-		}
-		if rerr = addModule(h, tr, keep, deps, kos); rerr != nil {
-			break
-		}
-	}
-	if rerr != nil {
-		_ = cmd.Process.Kill()
-	} else {
-		_, _ = io.Copy(io.Discard, pipe)
-	}
-	if err := cmd.Wait(); err != nil && rerr == nil {
-		rerr = fmt.Errorf("dpkg-deb --fsys-tarfile %s: %v: %s", deb, err, stderr.String())
-	}
-	return deps, kos, rerr
+	err := eachDebFile(deb, func(h *tar.Header, r io.Reader) error { return addModule(h, r, keep, deps, kos) })
+	return deps, kos, err
 }
 
 // guestInit is /init for RunGuest: modules, loopback, the script, power off.

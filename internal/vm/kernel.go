@@ -167,50 +167,15 @@ func unpackKernel(deb, dir string) error {
 	)
 	pass := func() error {
 		deps, kos = map[string][]string{}, map[string][]byte{}
-		cmd := exec.Command("dpkg-deb", "--fsys-tarfile", deb)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		pipe, err := cmd.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("dpkg-deb: %w", err)
-		}
-		tr := tar.NewReader(bufio.NewReaderSize(pipe, 1<<20))
-		var rerr error
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				rerr = err
-				break
-			}
-			if h.Typeflag != tar.TypeReg {
-				continue
-			}
+		return eachDebFile(deb, func(h *tar.Header, r io.Reader) error {
 			if m := reVmlinuz.FindStringSubmatch(h.Name); m != nil {
-				if vmlinuz, rerr = io.ReadAll(tr); rerr != nil {
-					break
-				}
 				release = m[1]
-				continue
+				var err error
+				vmlinuz, err = io.ReadAll(r)
+				return err
 			}
-			if rerr = addModule(h, tr, keep, deps, kos); rerr != nil {
-				break
-			}
-		}
-		if rerr != nil {
-			_ = cmd.Process.Kill()
-		} else {
-			_, _ = io.Copy(io.Discard, pipe)
-		}
-		if err := cmd.Wait(); err != nil && rerr == nil {
-			rerr = fmt.Errorf("dpkg-deb --fsys-tarfile %s: %v: %s", deb, err, stderr.String())
-		}
-		return rerr
+			return addModule(h, r, keep, deps, kos)
+		})
 	}
 	if err := pass(); err != nil {
 		return err
@@ -348,12 +313,54 @@ func newestKernelDir(cache string) string {
 	return dirs[len(dirs)-1]
 }
 
+// eachDebFile streams the data tar of the Debian package deb and calls fn with every
+// regular file, stopping at fn's first error.
+func eachDebFile(deb string, fn func(h *tar.Header, r io.Reader) error) error {
+	cmd := exec.Command("dpkg-deb", "--fsys-tarfile", deb)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("dpkg-deb: %w", err)
+	}
+	tr := tar.NewReader(bufio.NewReaderSize(pipe, 1<<20))
+	var rerr error
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			rerr = err
+			break
+		}
+		if h.Typeflag != tar.TypeReg {
+			continue
+		}
+		if rerr = fn(h, tr); rerr != nil {
+			break
+		}
+	}
+	if rerr != nil {
+		_ = cmd.Process.Kill()
+	} else {
+		_, _ = io.Copy(io.Discard, pipe)
+	}
+	if err := cmd.Wait(); err != nil && rerr == nil {
+		rerr = fmt.Errorf("dpkg-deb --fsys-tarfile %s: %v: %s", deb, err, stderr.String())
+	}
+	return rerr
+}
+
 // addModule reads a kernel module from the package's tar stream into deps (its
 // dependencies, by name) and, when keep names it, kos (its bytes). Anything that is
 // not a module is skipped.
 func addModule(h *tar.Header, r io.Reader, keep map[string]bool, deps map[string][]string, kos map[string][]byte) error {
 	m := reModule.FindStringSubmatch(h.Name)
-	if h.Typeflag != tar.TypeReg || m == nil {
+	if m == nil {
 		return nil
 	}
 	b, err := io.ReadAll(r)
