@@ -355,19 +355,9 @@ func (a *ifcfgApplier) enslave(c *ifcfg, b *ipoib.Bond) error {
 	if b == nil {
 		return fmt.Errorf("MASTER %s: no such bond (its ifcfg-%s is missing or bad)", c.master, c.master)
 	}
-	i, ok := a.eng.Interface(c.device)
-	if !ok && c.pkey != 0 {
-		p, ok := a.eng.Interface(c.physdev)
-		if !ok {
-			return fmt.Errorf("PHYSDEV %s: no such interface", c.physdev)
-		}
-		var err error
-		if i, err = p.CreateChild(c.pkey); err != nil {
-			return err
-		}
-	}
-	if i == nil {
-		return fmt.Errorf("no interface %s", c.device)
+	i, err := a.iface(c)
+	if err != nil {
+		return err
 	}
 	switch m := i.Master(); {
 	case m == b:

@@ -336,6 +336,22 @@ func (a *ifcfgApplier) apply(logf func(string, ...any)) {
 	}
 }
 
+// iface is the file's interface, made when the file describes a P_Key child
+// (PKEY_ID, PHYSDEV) that does not exist yet.
+func (a *ifcfgApplier) iface(c *ifcfg) (*ipoib.Interface, error) {
+	if i, ok := a.eng.Interface(c.device); ok {
+		return i, nil
+	}
+	if c.pkey == 0 {
+		return nil, fmt.Errorf("no interface %s", c.device)
+	}
+	p, ok := a.eng.Interface(c.physdev)
+	if !ok {
+		return nil, fmt.Errorf("PHYSDEV %s: no such interface", c.physdev)
+	}
+	return p.CreateChild(c.pkey)
+}
+
 func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 	if !c.onboot {
 		return nil // ONBOOT=no: left to the administrator
@@ -343,19 +359,9 @@ func (a *ifcfgApplier) applyOne(c *ifcfg) error {
 	if c.bond != nil || c.master != "" {
 		return nil // bonds and their slaves: applyBonds, after the others
 	}
-	i, ok := a.eng.Interface(c.device)
-	if !ok && c.pkey != 0 {
-		p, ok := a.eng.Interface(c.physdev)
-		if !ok {
-			return fmt.Errorf("PHYSDEV %s: no such interface", c.physdev)
-		}
-		var err error
-		if i, err = p.CreateChild(c.pkey); err != nil {
-			return err
-		}
-	}
-	if i == nil {
-		return fmt.Errorf("no interface %s", c.device)
+	i, err := a.iface(c)
+	if err != nil {
+		return err
 	}
 	if err := i.SetUp(true); err != nil {
 		return err

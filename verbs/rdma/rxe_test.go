@@ -155,29 +155,6 @@ func netdevGID(t *testing.T, ifname string) verbs.GID {
 	return eui64(ifi.HardwareAddr)
 }
 
-// waitWC waits on the CQ's completion channel (Notify) and polls until n completions
-// have arrived or d has passed.
-func waitWC(cq verbs.CQ, n int, d time.Duration) []verbs.WC {
-	var got []verbs.WC
-	buf := make([]verbs.WC, 16)
-	deadline := time.After(d)
-	for {
-		k := cq.Poll(buf)
-		got = append(got, buf[:k]...)
-		if len(got) >= n {
-			return got
-		}
-		if k == len(buf) {
-			continue
-		}
-		select {
-		case <-cq.Notify():
-		case <-deadline:
-			return got
-		}
-	}
-}
-
 func (e *rxeEnd) postRecv(t *testing.T, n int, id uint64) [][]byte {
 	t.Helper()
 	bufs := make([][]byte, n)
@@ -357,11 +334,11 @@ func rxeGuest(t *testing.T) {
 			if n, err := src.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
 				t.Fatalf("PostSend: %d %v", n, err)
 			}
-			if wcs := waitWC(src.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].Opcode != verbs.WCSend || wcs[0].WRID != 7 {
+			if wcs := verbstest.WaitWC(src.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].Opcode != verbs.WCSend || wcs[0].WRID != 7 {
 				t.Errorf("send completion: %+v", wcs)
 			}
 			sent := time.Since(start)
-			wcs := waitWC(dst.rcq, 1, 10*time.Second)
+			wcs := verbstest.WaitWC(dst.rcq, 1, 10*time.Second)
 			t.Logf("direction %d: send completion after %v, receive after %v", dir, sent, time.Since(start))
 			if len(wcs) != 1 {
 				t.Fatalf("direction %d: %d receive completions", dir, len(wcs))
@@ -398,10 +375,10 @@ func rxeGuest(t *testing.T) {
 			if n, err := a.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
 				t.Fatalf("PostSend: %d %v", n, err)
 			}
-			if wcs := waitWC(a.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess {
+			if wcs := verbstest.WaitWC(a.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess {
 				t.Errorf("send completion %+v", wcs)
 			}
-			wcs := waitWC(b.rcq, 1, time.Second)
+			wcs := verbstest.WaitWC(b.rcq, 1, time.Second)
 			switch {
 			case i == 0 && len(wcs) != 0:
 				t.Errorf("received with Q_Key %#x (the QP's is %#x): %+v", qkey, rxeQKey, wcs)
@@ -419,8 +396,8 @@ func rxeGuest(t *testing.T) {
 		if n, err := a.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
 			t.Fatalf("PostSend: %d %v", n, err)
 		}
-		waitWC(a.scq, 1, 10*time.Second)
-		if wcs := waitWC(b.rcq, 1, 5*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || bufs[0][40] != 9 {
+		verbstest.WaitWC(a.scq, 1, 10*time.Second)
+		if wcs := verbstest.WaitWC(b.rcq, 1, 5*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || bufs[0][40] != 9 {
 			t.Errorf("Q_Key 0x1234 after the Q_Key-only modify: %+v", wcs)
 		}
 		if err := b.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: rxeQKey}); err != nil {
@@ -442,10 +419,10 @@ func rxeGuest(t *testing.T) {
 		if k, err := a.qp.PostSend(wrs); k != n || err != nil {
 			t.Fatalf("PostSend: %d %v", k, err)
 		}
-		if wcs := waitWC(a.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].WRID != n-1 || wcs[0].Status != verbs.WCSuccess {
+		if wcs := verbstest.WaitWC(a.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].WRID != n-1 || wcs[0].Status != verbs.WCSuccess {
 			t.Errorf("send completions: %+v (want only the last, signaled one)", wcs)
 		}
-		wcs := waitWC(b.rcq, n, 20*time.Second)
+		wcs := verbstest.WaitWC(b.rcq, n, 20*time.Second)
 		if len(wcs) != n {
 			t.Fatalf("%d of %d received", len(wcs), n)
 		}
@@ -471,8 +448,8 @@ func rxeGuest(t *testing.T) {
 		if k, err := a.qp.PostSend(more); k != len(more) || err != nil {
 			t.Errorf("second batch: %d %v", k, err)
 		}
-		waitWC(a.scq, 1, 10*time.Second)
-		if got := waitWC(b.rcq, 64, 20*time.Second); len(got) != 64 {
+		verbstest.WaitWC(a.scq, 1, 10*time.Second)
+		if got := verbstest.WaitWC(b.rcq, 64, 20*time.Second); len(got) != 64 {
 			t.Errorf("second batch: %d of 64 received", len(got))
 		}
 	})
@@ -491,12 +468,12 @@ func rxeGuest(t *testing.T) {
 			if n, err := a.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
 				t.Fatalf("PostSend: %d %v", n, err)
 			}
-			if wcs := waitWC(a.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess {
+			if wcs := verbstest.WaitWC(a.scq, 1, 10*time.Second); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess {
 				t.Errorf("send completion %+v", wcs)
 			}
 		}
 		send(1)
-		wcs := waitWC(b.rcq, 1, time.Second)
+		wcs := verbstest.WaitWC(b.rcq, 1, time.Second)
 		if len(wcs) == 0 {
 			// The 6.1 kernel's rxe adds the group's MAC to the netdev but does not join
 			// the IPv6 group, so IPv6 drops the packet before UDP sees it (later kernels
@@ -517,7 +494,7 @@ func rxeGuest(t *testing.T) {
 				t.Fatal(err)
 			}
 			send(2)
-			wcs = waitWC(b.rcq, 1, 5*time.Second)
+			wcs = verbstest.WaitWC(b.rcq, 1, 5*time.Second)
 		}
 		if len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].ByteLen != 40+len("to the group") || wcs[0].SrcQP != a.qp.Num() {
 			t.Fatalf("multicast receive: %+v", wcs)
@@ -526,7 +503,7 @@ func rxeGuest(t *testing.T) {
 			t.Fatal(err)
 		}
 		send(3)
-		if wcs := waitWC(b.rcq, 1, time.Second); len(wcs) != 0 {
+		if wcs := verbstest.WaitWC(b.rcq, 1, time.Second); len(wcs) != 0 {
 			t.Errorf("received after DetachMcast: %+v", wcs)
 		}
 		if err := b.qp.DetachMcast(mgid, 0); err == nil {
@@ -590,12 +567,12 @@ func rxeGuest(t *testing.T) {
 		if n, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
 			t.Logf("PostSend of %d bytes: %d %v", len(msg), n, err)
 		} else {
-			wcs := waitWC(b.scq, 1, 10*time.Second)
+			wcs := verbstest.WaitWC(b.scq, 1, 10*time.Second)
 			if len(wcs) != 1 || wcs[0].WRID != 77 {
 				t.Fatalf("%d-byte send: completions %+v, want one", len(msg), wcs)
 			}
 			t.Logf("%d-byte send on a %d-byte active MTU: completion status %v", len(msg), b.port.Attr().ActiveMTU.Bytes(), wcs[0].Status)
-			if r := waitWC(a.rcq, 1, time.Second); len(r) == 1 {
+			if r := verbstest.WaitWC(a.rcq, 1, time.Second); len(r) == 1 {
 				t.Logf("received: %+v", r[0])
 				if r[0].Status != verbs.WCSuccess || r[0].ByteLen != 40+len(msg) || !bytes.Equal(buf[40:40+len(msg)], msg) {
 					t.Errorf("oversize datagram received damaged: %+v", r[0])
@@ -620,7 +597,7 @@ func rxeGuest(t *testing.T) {
 		if err := a.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr}); err != nil {
 			t.Fatal(err)
 		}
-		wcs := waitWC(a.rcq, 4, 5*time.Second)
+		wcs := verbstest.WaitWC(a.rcq, 4, 5*time.Second)
 		ids := map[uint64]bool{}
 		for _, wc := range wcs {
 			// 4000: oversize's receive, still posted if its datagram was dropped.

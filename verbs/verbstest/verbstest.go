@@ -158,9 +158,9 @@ func (s *suite) ahTo(t *testing.T, to int) verbs.AH {
 	return s.ah(t, 1-to, s.f.Dest(t, to))
 }
 
-// waitWC waits on the CQ's Notify channel and polls until n completions have come or
-// d has passed.
-func waitWC(cq verbs.CQ, n int, d time.Duration) []verbs.WC {
+// WaitWC waits on the CQ's Notify channel and polls until n completions have come or
+// d has passed, and returns what came.
+func WaitWC(cq verbs.CQ, n int, d time.Duration) []verbs.WC {
 	var got []verbs.WC
 	buf := make([]verbs.WC, 16)
 	deadline := time.After(d)
@@ -202,7 +202,7 @@ func (s *suite) send(t *testing.T, e *end, wr verbs.SendWR) {
 	if n, err := e.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
 		t.Fatalf("dev %d PostSend: %d %v", e.i, n, err)
 	}
-	wcs := waitWC(e.scq, 1, s.f.Wait)
+	wcs := WaitWC(e.scq, 1, s.f.Wait)
 	if len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].Opcode != verbs.WCSend || wcs[0].WRID != wr.ID {
 		t.Errorf("dev %d send completion %+v, want one successful send with WRID %d", e.i, wcs, wr.ID)
 	}
@@ -360,7 +360,7 @@ func (s *suite) qpStates(t *testing.T) {
 	if err := e.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr}); err != nil || e.qp.State() != verbs.QPErr {
 		t.Fatalf("RTS -> ERR: %v (state %v)", err, e.qp.State())
 	}
-	if wcs := waitWC(e.rcq, 4, s.f.Wait); len(wcs) != 4 {
+	if wcs := WaitWC(e.rcq, 4, s.f.Wait); len(wcs) != 4 {
 		t.Errorf("%d flushed receives, want 4: %+v", len(wcs), wcs)
 	}
 	refuse(verbs.QPRTS)
@@ -387,7 +387,7 @@ func (s *suite) ud(t *testing.T) {
 		imm := dir == 1
 		s.send(t, src, verbs.SendWR{ID: 7, AH: ah, RemoteQPN: dst.qp.Num(), RemoteQKey: s.f.QKey,
 			Data: [][]byte{msg[:3], {}, msg[3:50], msg[50:]}, WithImm: imm, Imm: 0xdeadbeef})
-		wcs := waitWC(dst.rcq, 1, s.f.Wait)
+		wcs := WaitWC(dst.rcq, 1, s.f.Wait)
 		if len(wcs) != 1 {
 			t.Fatalf("direction %d: %d receive completions", dir, len(wcs))
 		}
@@ -407,7 +407,7 @@ func (s *suite) ud(t *testing.T) {
 		if b[0]>>4 != 6 || verbs.GID(b[8:24]) != src.gid || verbs.GID(b[24:40]) != dst.gid {
 			t.Errorf("direction %d: GRH % x, want version 6 from %v to %v", dir, b[:grh], src.gid, dst.gid)
 		}
-		if wcs := waitWC(dst.rcq, 1, s.f.Quiet); len(wcs) != 0 {
+		if wcs := WaitWC(dst.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 			t.Errorf("direction %d: more completions %+v", dir, wcs)
 		}
 	}
@@ -420,11 +420,11 @@ func (s *suite) qkey(t *testing.T) {
 	ah := s.ahTo(t, 1)
 	bufs := b.postRecv(t, 1, 300, grh+64)
 	s.send(t, a, verbs.SendWR{ID: 1, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey ^ 0x1234, Data: [][]byte{{1}}})
-	if wcs := waitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
+	if wcs := WaitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 		t.Errorf("received with Q_Key %#x (the QP's is %#x): %+v", s.f.QKey^0x1234, s.f.QKey, wcs)
 	}
 	s.send(t, a, verbs.SendWR{ID: 2, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: 0x80000000, Data: [][]byte{{2}}})
-	if wcs := waitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].WRID != 300 || bufs[0][grh] != 2 {
+	if wcs := WaitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].WRID != 300 || bufs[0][grh] != 2 {
 		t.Errorf("Q_Key 0x80000000 (the sender's own, %#x): %+v", s.f.QKey, wcs)
 	}
 	// The sender's own Q_Key is what is sent, not the receiver's: with the sender's
@@ -434,7 +434,7 @@ func (s *suite) qkey(t *testing.T) {
 	}
 	b.postRecv(t, 1, 310, grh+64)
 	s.send(t, a, verbs.SendWR{ID: 3, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: 0x80000000, Data: [][]byte{{3}}})
-	if wcs := waitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
+	if wcs := WaitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 		t.Errorf("received a high-bit Q_Key from a QP whose own is %#x: %+v", s.f.QKey^0x55, wcs)
 	}
 	// The receiver takes a new Q_Key without leaving RTS.
@@ -442,7 +442,7 @@ func (s *suite) qkey(t *testing.T) {
 		t.Fatalf("Q_Key-only modify: %v, state %v", err, b.qp.State())
 	}
 	s.send(t, a, verbs.SendWR{ID: 4, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey ^ 0x55, Data: [][]byte{{4}}})
-	if wcs := waitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].WRID != 310 {
+	if wcs := WaitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].WRID != 310 {
 		t.Errorf("Q_Key %#x after the Q_Key-only modify: %+v", s.f.QKey^0x55, wcs)
 	}
 }
@@ -463,10 +463,10 @@ func (s *suite) batch(t *testing.T) {
 	if k, err := a.qp.PostSend(wrs); k != n || err != nil {
 		t.Fatalf("PostSend: %d %v", k, err)
 	}
-	if wcs := waitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != n-1 || wcs[0].Status != verbs.WCSuccess {
+	if wcs := WaitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != n-1 || wcs[0].Status != verbs.WCSuccess {
 		t.Errorf("send completions %+v, want only the last, signalled one", wcs)
 	}
-	wcs := waitWC(b.rcq, n, 2*s.f.Wait)
+	wcs := WaitWC(b.rcq, n, 2*s.f.Wait)
 	if len(wcs) != n {
 		t.Fatalf("%d of %d received", len(wcs), n)
 	}
@@ -481,7 +481,7 @@ func (s *suite) batch(t *testing.T) {
 			t.Errorf("buffer %d: not message %d", i, k)
 		}
 	}
-	if wcs := waitWC(a.scq, 1, s.f.Quiet/5); len(wcs) != 0 {
+	if wcs := WaitWC(a.scq, 1, s.f.Quiet/5); len(wcs) != 0 {
 		t.Errorf("more send completions %+v", wcs)
 	}
 	// The unsignalled sends' slots are free again: the whole queue goes out once more.
@@ -493,10 +493,10 @@ func (s *suite) batch(t *testing.T) {
 	if k, err := a.qp.PostSend(more); k != len(more) || err != nil {
 		t.Errorf("second batch: %d %v", k, err)
 	}
-	if wcs := waitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != 163 {
+	if wcs := WaitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != 163 {
 		t.Errorf("second batch send completions %+v", wcs)
 	}
-	if got := waitWC(b.rcq, 64, 2*s.f.Wait); len(got) != 64 {
+	if got := WaitWC(b.rcq, 64, 2*s.f.Wait); len(got) != 64 {
 		t.Errorf("second batch: %d of 64 received", len(got))
 	}
 }
@@ -514,7 +514,7 @@ func (s *suite) recvTooSmall(t *testing.T) {
 		t.Fatalf("PostRecv: %d %v", k, err)
 	}
 	s.send(t, a, verbs.SendWR{ID: 1, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{bytes.Repeat([]byte{7}, 100)}})
-	wcs := waitWC(b.rcq, 1, s.f.Wait)
+	wcs := WaitWC(b.rcq, 1, s.f.Wait)
 	if len(wcs) != 1 || wcs[0].WRID != 400 || wcs[0].Opcode != verbs.WCRecv || wcs[0].Status != s.f.RecvTooSmallStatus {
 		t.Errorf("receive of 100 bytes into %d: %+v, want one %q completion (declared by the fixture)", size, wcs, s.f.RecvTooSmallStatus)
 	}
@@ -534,25 +534,25 @@ func (s *suite) recvTooSmall(t *testing.T) {
 	bufs := b.postRecv(t, 1, 401, grh+256)
 	s.send(t, a, verbs.SendWR{ID: 2, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("fits")}})
 	if !s.f.RecvTooSmallQPErr {
-		wcs = waitWC(b.rcq, 1, s.f.Wait)
+		wcs = WaitWC(b.rcq, 1, s.f.Wait)
 		if len(wcs) != 1 || wcs[0].WRID != 401 || wcs[0].Status != verbs.WCSuccess || string(bufs[0][grh:grh+4]) != "fits" {
 			t.Errorf("the next receive %+v: want the datagram, the QP still up (declared)", wcs)
 		}
 		return
 	}
-	wcs = waitWC(b.rcq, 1, s.f.Quiet)
+	wcs = WaitWC(b.rcq, 1, s.f.Quiet)
 	t.Logf("the next datagram after the error, before an explicit move to ERR: %+v", wcs)
 	// A QP in ERR sends nothing either: a send completes flushed.
 	if n, err := b.qp.PostSend([]verbs.SendWR{{ID: 3, AH: s.ahTo(t, 0), RemoteQPN: a.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{{3}}, Signaled: true}}); n != 1 || err != nil {
 		t.Logf("PostSend on the QP in ERR refused: %d %v", n, err)
-	} else if sw := waitWC(b.scq, 1, s.f.Wait); len(sw) != 1 || sw[0].WRID != 3 || sw[0].Status != verbs.WCWRFlushErr {
+	} else if sw := WaitWC(b.scq, 1, s.f.Wait); len(sw) != 1 || sw[0].WRID != 3 || sw[0].Status != verbs.WCWRFlushErr {
 		t.Errorf("send on the QP in ERR: %+v, want it flushed", sw)
 	}
 	if len(wcs) == 0 {
 		if err := b.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr}); err != nil {
 			t.Errorf("to ERR: %v", err)
 		}
-		wcs = waitWC(b.rcq, 1, s.f.Wait)
+		wcs = WaitWC(b.rcq, 1, s.f.Wait)
 	}
 	if len(wcs) != 1 || wcs[0].WRID != 401 || wcs[0].Status != verbs.WCWRFlushErr {
 		t.Errorf("the next receive %+v: want it flushed, the QP in ERR (declared)", wcs)
@@ -575,14 +575,14 @@ func (s *suite) oversize(t *testing.T) {
 	if n, err := a.qp.PostSend([]verbs.SendWR{wr}); n != 1 || err != nil {
 		t.Fatalf("PostSend of %d bytes (MTU %d): %d %v", mtu+100, mtu, n, err)
 	}
-	if wcs := waitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != 1 || wcs[0].Status != s.f.OversizeSendStatus {
+	if wcs := WaitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != 1 || wcs[0].Status != s.f.OversizeSendStatus {
 		t.Errorf("send of %d bytes on a %d-byte MTU: %+v, want status %q (declared)", mtu+100, mtu, wcs, s.f.OversizeSendStatus)
 	}
-	if wcs := waitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
+	if wcs := WaitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 		t.Errorf("the datagram above the MTU was received: %+v", wcs)
 	}
 	s.send(t, a, verbs.SendWR{ID: 2, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{bytes.Repeat([]byte{6}, mtu)}})
-	if wcs := waitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].ByteLen != grh+mtu {
+	if wcs := WaitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].ByteLen != grh+mtu {
 		t.Errorf("a datagram of exactly the MTU afterwards: %+v", wcs)
 	}
 }
@@ -603,7 +603,7 @@ func (s *suite) multicast(t *testing.T) {
 	ah := s.ah(t, 0, attr)
 	msg := []byte("to the group")
 	s.send(t, a, verbs.SendWR{ID: 1, AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: s.f.QKey, Data: [][]byte{msg}})
-	wcs := waitWC(b.rcq, 1, s.f.Wait)
+	wcs := WaitWC(b.rcq, 1, s.f.Wait)
 	if len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].ByteLen != grh+len(msg) || wcs[0].SrcQP != a.qp.Num() || wcs[0].WRID != 200 {
 		t.Fatalf("multicast receive: %+v", wcs)
 	}
@@ -614,7 +614,7 @@ func (s *suite) multicast(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.send(t, a, verbs.SendWR{ID: 2, AH: ah, RemoteQPN: verbs.MulticastQPN, RemoteQKey: s.f.QKey, Data: [][]byte{msg}})
-	if wcs := waitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
+	if wcs := WaitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 		t.Errorf("received after DetachMcast: %+v", wcs)
 	}
 	if err := b.qp.DetachMcast(mgid, lid); err == nil {
@@ -630,7 +630,7 @@ func (s *suite) flush(t *testing.T) {
 	if err := e.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr}); err != nil {
 		t.Fatal(err)
 	}
-	wcs := waitWC(e.rcq, 5, s.f.Wait)
+	wcs := WaitWC(e.rcq, 5, s.f.Wait)
 	seen := map[uint64]bool{}
 	for _, wc := range wcs {
 		if wc.Status != verbs.WCWRFlushErr || wc.Opcode != verbs.WCRecv || wc.QPN != e.qp.Num() || wc.WRID < 900 || wc.WRID > 904 || seen[wc.WRID] {
@@ -641,7 +641,7 @@ func (s *suite) flush(t *testing.T) {
 	if len(seen) != 5 {
 		t.Errorf("flushed %+v, want WRIDs 900-904 once each", wcs)
 	}
-	if more := waitWC(e.rcq, 1, s.f.Quiet/5); len(more) != 0 {
+	if more := WaitWC(e.rcq, 1, s.f.Quiet/5); len(more) != 0 {
 		t.Errorf("completions after the flush: %+v", more)
 	}
 }
