@@ -19,29 +19,8 @@ static struct ibv_device *ipoibfs_dev_at(struct ibv_device **l, int i) { return 
 
 static uint64_t ipoibfs_guid(struct ibv_device *d) { return be64toh(ibv_get_device_guid(d)); }
 
-// ipoibfs_wait_fd blocks until fd (1) or wakefd (2) is readable; -errno on error.
-int ipoibfs_wait_fd(int fd, int wakefd) {
-	struct pollfd p[2];
-	memset(p, 0, sizeof p);
-	p[0].fd = fd;
-	p[0].events = POLLIN;
-	p[1].fd = wakefd;
-	p[1].events = POLLIN;
-	for (;;) {
-		int n = poll(p, 2, -1);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (p[1].revents)
-			return 2;
-		if (p[0].revents & POLLIN)
-			return 1;
-		if (p[0].revents & (POLLERR | POLLHUP | POLLNVAL))
-			return -EIO;
-	}
-}
+// ipoibfs_wait (umad.go) blocks until fd (1) or wakefd (2) is readable, -1: no timeout.
+int ipoibfs_wait(int fd, int wakefd, int timeout_ms);
 
 // ipoibfs_async_event reads one asynchronous event: its type and port (0 when the
 // event is not a port's), acknowledged. -errno when none could be read.
@@ -274,7 +253,7 @@ var eventTypes = map[C.int]verbs.EventType{
 func (d *Device) events() {
 	defer close(d.evDone)
 	for {
-		w := C.ipoibfs_wait_fd(d.ctx.async_fd, C.int(d.wake[0]))
+		w := C.ipoibfs_wait(d.ctx.async_fd, C.int(d.wake[0]), -1)
 		if w == 2 {
 			return
 		}

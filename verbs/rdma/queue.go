@@ -8,7 +8,7 @@ package rdma
 #include <string.h>
 #include <infiniband/verbs.h>
 
-int ipoibfs_wait_fd(int fd, int wakefd);
+int ipoibfs_wait(int fd, int wakefd, int timeout_ms);
 
 static int ipoibfs_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) { return ibv_poll_cq(cq, n, wc); }
 static int ipoibfs_arm_cq(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
@@ -169,7 +169,7 @@ func (d *Device) CreateCQ(attr verbs.CQAttr) (verbs.CQ, error) {
 func (c *CQ) loop() {
 	defer close(c.done)
 	for {
-		w := C.ipoibfs_wait_fd(c.ch.fd, C.int(c.wake[0]))
+		w := C.ipoibfs_wait(c.ch.fd, C.int(c.wake[0]), -1)
 		if w != 1 {
 			return
 		}

@@ -13,8 +13,9 @@ package rdma
 
 // ipoibfs_wait blocks until fd is readable (1) or wakefd is (2), or timeout_ms
 // passes (0; -1 waits for ever); -errno on error. poll goes through the C library, so
-// libumad2sim (LD_PRELOAD) sees it, as it must.
-static int ipoibfs_wait(int fd, int wakefd, int timeout_ms) {
+// libumad2sim (LD_PRELOAD) sees it, as it must. The device's event and completion
+// loops use it too (device.go, queue.go).
+int ipoibfs_wait(int fd, int wakefd, int timeout_ms) {
 	struct pollfd p[2];
 	memset(p, 0, sizeof p);
 	p[0].fd = fd;
