@@ -40,6 +40,10 @@ const (
 	rmppRetries    = 10
 	// pendingDepth holds a whole RMPP window of segments arriving for one Call.
 	pendingDepth = mad.RMPPWindow + 4
+	// maxRMPPSending bounds the transfers an agent sends at once (each a goroutine and
+	// its answer): GetTable requests from many peers, or a flood of them, wait for the
+	// requesters' retries instead of growing without limit.
+	maxRMPPSending = 64
 )
 
 // Call sends a request MAD to QP1 at dlid and waits for the matching response. An
@@ -205,6 +209,11 @@ func (g *gsiAgent) sendRMPP(dlid verbs.LID, dqp verbs.QPN, long []byte) {
 	if _, busy := g.sending[key]; busy {
 		g.mu.Unlock()
 		return // a resent request while its answer is still on the way
+	}
+	if len(g.sending) >= maxRMPPSending {
+		g.mu.Unlock()
+		g.port.cnt.xmitDisc.Add(1)
+		return // bounded: the requester's MAD layer asks again after its timeout
 	}
 	g.sending[key] = ch
 	g.mu.Unlock()

@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -109,6 +110,37 @@ func TestRMPPUnderLoss(t *testing.T) {
 	}
 	waitFor(t, "the SM's RMPP senders finish", func() bool {
 		g := &smh.SoftPort(1).gsi
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.sending) == 0
+	})
+}
+
+// The transfers an agent sends at once are bounded: requests beyond the bound get no
+// answer (the requester's retry asks again) and are counted as discarded.
+func TestRMPPSendersBounded(t *testing.T) {
+	_, smh, nodes := fabric(t, "", "a", "b", "c", "d")
+	sm := smh.SoftPort(1)
+	g := &sm.gsi
+	long := make([]byte, mad.SADataOffset+3*mad.RMPPSegData) // three segments
+	long[1], long[3] = mad.ClassSA, mad.MethodGetTableResp
+	peer := nodes[0].SoftPort(1).Attr().LID
+	discards := sm.Counters().XmitDiscards
+	// Nobody ACKs: each transfer stays until its retries run out.
+	for k := range maxRMPPSending + 5 {
+		binary.BigEndian.PutUint64(long[8:], uint64(0x7000+k))
+		g.sendRMPP(peer, verbs.GSIQPN, long)
+	}
+	g.mu.Lock()
+	n := len(g.sending)
+	g.mu.Unlock()
+	if n != maxRMPPSending {
+		t.Fatalf("%d transfers under way, want the bound %d", n, maxRMPPSending)
+	}
+	if got := sm.Counters().XmitDiscards - discards; got != 5 {
+		t.Errorf("%d requests discarded, want 5", got)
+	}
+	waitFor(t, "the unanswered transfers giving up", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return len(g.sending) == 0
