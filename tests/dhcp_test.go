@@ -159,3 +159,25 @@ func dhcpWait(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 	}
 }
+
+// A child whose file asks for DHCP and that is then deleted takes its DHCP client with
+// it (socket and goroutines), as a netdev's unregistration takes its client's socket.
+func TestDHCPClientGoesWithItsChild(t *testing.T) {
+	conf := t.TempDir()
+	file := "DEVICE=ib0.8001\nTYPE=InfiniBand\nONBOOT=yes\nPKEY=yes\nPKEY_ID=1\nPHYSDEV=ib0\nBOOTPROTO=dhcp\n"
+	if err := os.WriteFile(filepath.Join(conf, "ifcfg-ib0.8001"), []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	td := treeStart(t, "dhd", "", "-config", conf)
+	waitLink(t, td.ns, "ib0")
+	dhcpWait(t, 10*time.Second, "the child's device", func() bool {
+		_, err := os.Stat(td.path("class/net/ib0.8001/dhcp/lease"))
+		return err == nil
+	})
+	if err := os.WriteFile(td.path("class/net/ib0/delete_child"), []byte("0x8001\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	dhcpWait(t, 10*time.Second, "the client stopping", func() bool {
+		return strings.Contains(td.log.String(), "ib0.8001: gone; its DHCP client stops")
+	})
+}

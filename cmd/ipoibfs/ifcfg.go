@@ -285,6 +285,9 @@ type ifcfgApplier struct {
 	addrs map[string]netip.Prefix
 	dhcp  map[string]*dhcpClient
 	bonds *bondBridges // ifcfg-bond<n> and slaves (bond.go); nil: no bonding
+
+	mu      sync.Mutex // apply and the deletion watcher (dhcp, addrs)
+	unwatch func()     // stops the deletion watcher; nil until a DHCP client runs
 }
 
 // dhcpClient is the DHCP client of one interface and what it was started with.
@@ -297,6 +300,8 @@ type dhcpClient struct {
 // apply loads the directory and applies every good file; each problem is logged as
 // "file:line: reason" and the other files still apply.
 func (a *ifcfgApplier) apply(logf func(string, ...any)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	var cfgs []*ifcfg
 	var errs []error
 	if st, err := os.Stat(a.dir); err == nil && !st.IsDir() {
@@ -441,6 +446,9 @@ func (a *ifcfgApplier) startDHCP(c *ifcfg, i *ipoib.Interface) error {
 	if a.dhcp == nil {
 		a.dhcp = map[string]*dhcpClient{}
 	}
+	if a.unwatch == nil {
+		a.watchDeleted()
+	}
 	a.dhcp[c.device] = &dhcpClient{i: i, id: id, c: dhcp.Start(dhcp.Config{
 		ClientID: id, Transport: tr, Host: dhcpHost{a.brs, i},
 		OnLease: func(l *dhcp.Lease) {
@@ -465,7 +473,39 @@ func (a *ifcfgApplier) stopDHCP(device string) {
 
 // close stops every DHCP client (daemon exit), releasing the leases while the devices
 // still exist.
+// watchDeleted stops the DHCP client of an interface that goes (delete_child, ip link
+// del of a child, a rename away from the file's DEVICE): its socket and goroutines go
+// with it, as a netdev's unregistration takes its DHCP client's socket down.
+func (a *ifcfgApplier) watchDeleted() {
+	ch, cancel := a.eng.Watch()
+	stop, done := make(chan struct{}), make(chan struct{})
+	a.unwatch = func() { close(stop); cancel(); <-done }
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ch:
+			}
+			a.mu.Lock()
+			for dev, r := range a.dhcp {
+				if i, ok := a.eng.Interface(dev); !ok || i != r.i {
+					log.Printf("%s: gone; its DHCP client stops", dev)
+					a.stopDHCP(dev)
+				}
+			}
+			a.mu.Unlock()
+		}
+	}()
+}
+
 func (a *ifcfgApplier) close() {
+	if a.unwatch != nil { // first: the watcher takes a.mu
+		a.unwatch()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, r := range a.dhcp {
 		wg.Go(r.c.Close)
