@@ -23,18 +23,18 @@ import (
 // the SA client's own per-try timeout and retries inside it.
 const fabricTimeout = 10 * time.Second
 
-// fabricPort returns the SA client of the first active port and its number.
-func (e *Engine) fabricPort() (*sa.Client, int, error) {
+// fabricPort returns the SA client of the first active port.
+func (e *Engine) fabricPort() (*sa.Client, error) {
 	for n := 1; n <= e.dev.NumPorts(); n++ {
 		p, err := e.dev.Port(n)
 		if err != nil {
 			continue
 		}
 		if a := p.Attr(); a.State == verbs.PortActive && a.SMLID != 0 {
-			return &sa.Client{Port: p}, n, nil
+			return &sa.Client{Port: p}, nil
 		}
 	}
-	return nil, 0, &Error{Op: "read", If: "fabric", Err: syscall.ENETDOWN,
+	return nil, &Error{Op: "read", If: "fabric", Err: syscall.ENETDOWN,
 		Detail: fmt.Sprintf("no active port on %s: no subnet manager has configured it", e.dev.Name())}
 }
 
@@ -50,7 +50,7 @@ func fabricErr(file string, err error) error {
 // FabricNodesText is fabric/nodes: one line per port, in sm/nodes's format (description,
 // node and port GUIDs, port number, LID, state, P_Key table), ordered by LID.
 func (e *Engine) FabricNodesText(ctx context.Context) (string, error) {
-	cl, _, err := e.fabricPort()
+	cl, err := e.fabricPort()
 	if err != nil {
 		return "", err
 	}
@@ -96,7 +96,7 @@ func (e *Engine) FabricNodesText(ctx context.Context) (string, error) {
 // node, in sm/groups's format without the members (the SA shows members only to
 // requests carrying the SM_Key).
 func (e *Engine) FabricGroupsText(ctx context.Context) (string, error) {
-	cl, _, err := e.fabricPort()
+	cl, err := e.fabricPort()
 	if err != nil {
 		return "", err
 	}

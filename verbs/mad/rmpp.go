@@ -32,7 +32,7 @@ const MaxRMPPSegments = 16384
 // ErrRMPP is wrapped by every RMPP protocol error (bad flags, abort, too long).
 var ErrRMPP = errors.New("rmpp")
 
-// rmppFlags returns the flags nibble and whether the MAD is an active RMPP MAD.
+// rmppActive reports whether b is a whole MAD with an active RMPP header.
 func rmppActive(b []byte) bool {
 	return len(b) >= Size && b[HeaderSize] == RMPPVersion1 && b[HeaderSize+2]&RMPPFlagActive != 0
 }
