@@ -226,8 +226,32 @@ type QPAttr struct {
 	SendCQ    CQ
 	RecvCQ    CQ
 	MaxSendWR int
-	MaxRecvWR int
+	MaxRecvWR int  // ignored with SRQ
 	SigAll    bool // every send generates a completion
+	// SRQ, when set, is where the QP's receive buffers come from (RC); the QP then has
+	// no receive queue of its own and PostRecv on it fails.
+	SRQ SRQ
+}
+
+// SRQDevice is a device with shared receive queues (ibv_create_srq). Optional: a
+// Device without it gives every QP its own receive queue.
+type SRQDevice interface {
+	CreateSRQ(attr SRQAttr) (SRQ, error)
+}
+
+// SRQAttr describes a shared receive queue.
+type SRQAttr struct {
+	MaxWR int // buffers that can be posted at once
+}
+
+// SRQ is a shared receive queue: one pool of receive buffers that every QP created
+// with it takes from, in posting order. A receive completes on the receiving QP's
+// receive CQ, WC.QPN naming that QP; buffers still posted stay in the pool when a QP
+// fails or closes.
+type SRQ interface {
+	PostRecv(wrs []RecvWR) (int, error)
+	// Close destroys the SRQ; it fails with ErrBusy while a QP still uses it.
+	Close() error
 }
 
 // QPModify carries the attributes of a state transition; Mask says which are valid.
@@ -349,6 +373,7 @@ var (
 	ErrTimeout      = errors.New("MAD timed out")
 	ErrPortDown     = errors.New("port not active")
 	ErrInvalid      = errors.New("invalid argument")
+	ErrBusy         = errors.New("resource busy")
 )
 
 // Error is a verbs error naming the operation and object.

@@ -36,7 +36,8 @@ type QP struct {
 	scratch []byte
 	dgrams  []Datagram
 
-	rc *rcConn // RC only
+	rc  *rcConn // RC only
+	srq *SRQ    // receive buffers come from here when set (RC only)
 }
 
 // CreateQP creates a queue pair in RESET.
@@ -55,6 +56,17 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if !ok1 || !ok2 || scq == nil || rcq == nil {
 		return fail(fmt.Errorf("%w: send and receive CQs must be soft CQs", verbs.ErrInvalid))
 	}
+	var srq *SRQ
+	if attr.SRQ != nil {
+		var ok bool
+		if srq, ok = attr.SRQ.(*SRQ); !ok || srq == nil || srq.hca != h {
+			return fail(fmt.Errorf("%w: the SRQ must belong to this HCA", verbs.ErrInvalid))
+		}
+		if attr.Type != verbs.QPTypeRC {
+			return fail(fmt.Errorf("%w: a shared receive queue on a %v QP is not supported", verbs.ErrInvalid, attr.Type))
+		}
+		attr.MaxRecvWR = 1 // unused: receives come from the SRQ
+	}
 	if attr.MaxSendWR <= 0 || attr.MaxRecvWR <= 0 || attr.MaxSendWR > 1<<16 || attr.MaxRecvWR > 1<<16 {
 		return fail(fmt.Errorf("%w: queue sizes %d/%d", verbs.ErrInvalid, attr.MaxSendWR, attr.MaxRecvWR))
 	}
@@ -63,11 +75,16 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if h.closed {
 		return fail(verbs.ErrClosed)
 	}
+	if srq != nil {
+		if err := srq.use(); err != nil {
+			return fail(err)
+		}
+	}
 	for h.qps[h.nextQPN] != nil || h.nextQPN < 2 {
 		h.nextQPN = (h.nextQPN + 1) & 0xfffffe // never 0xffffff (multicast)
 	}
 	q := &QP{posted: make(chan struct{}, 1), hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
-		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR}
+		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR, srq: srq}
 	if attr.Type == verbs.QPTypeRC {
 		q.rc = newRC()
 	}
@@ -191,6 +208,21 @@ func (q *QP) awaitRecvLocked() bool {
 	return true
 }
 
+// takeRecvLocked takes the next receive buffer: from the shared receive queue when
+// the QP has one, else from its own.
+func (q *QP) takeRecvLocked() (verbs.RecvWR, bool) {
+	if q.srq != nil {
+		return q.srq.take()
+	}
+	if q.recvH == len(q.recvQ) {
+		return verbs.RecvWR{}, false
+	}
+	wr := q.recvQ[q.recvH]
+	q.recvQ[q.recvH] = verbs.RecvWR{}
+	q.recvH++
+	return wr, true
+}
+
 // PostRecv queues receive buffers.
 func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	q.mu.Lock()
@@ -203,6 +235,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 			}
 		}
 	}()
+	if q.srq != nil {
+		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: fmt.Errorf("%w: the QP receives from a shared receive queue", verbs.ErrInvalid)}
+	}
 	if q.state == verbs.QPReset || q.state == verbs.QPErr {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
@@ -432,8 +467,14 @@ func (q *QP) Close() error {
 	}
 	p.mu.Unlock()
 	q.hca.mu.Lock()
-	delete(q.hca.qps, q.num)
+	live := q.hca.qps[q.num] == q // a second Close must not remove a QP that took the number since
+	if live {
+		delete(q.hca.qps, q.num)
+	}
 	q.hca.mu.Unlock()
+	if live && q.srq != nil {
+		q.srq.release()
+	}
 	q.mu.Lock()
 	if q.rc != nil {
 		q.rcCloseLocked()

@@ -938,15 +938,14 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ ver
 		return
 	}
 	if first {
-		if q.recvH == len(q.recvQ) {
+		wr, ok := q.takeRecvLocked()
+		if !ok {
 			// No receive buffer: RNR NAK; the requester retries after the delay.
 			s.nakSent = true
 			q.rcNAKLocked(synRNR|rcMinRNRTimer, psn)
 			return
 		}
-		s.wr = q.recvQ[q.recvH]
-		q.recvQ[q.recvH] = verbs.RecvWR{}
-		q.recvH++
+		s.wr = wr
 		s.inMsg, s.n = true, 0
 	}
 	if s.n+n > len(s.wr.Buf) {
