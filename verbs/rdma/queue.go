@@ -75,6 +75,50 @@ static int ipoibfs_modify_qp(struct ibv_qp *qp, int state, int pkey_index, int p
 	return ibv_modify_qp(qp, &a, mask);
 }
 
+// ipoibfs_modify_rc moves an RC QP; the caller's mask says which attributes count.
+static int ipoibfs_modify_rc(struct ibv_qp *qp, int state, int mask, int pkey_index, int port,
+                             uint32_t dqpn, int mtu, uint32_t rq_psn, uint32_t sq_psn, int timeout, int retry, int rnr,
+                             int dlid, int sl, int grh, const void *dgid, int sgid_index, uint32_t flow, int hop, int tclass) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = state;
+	a.pkey_index = pkey_index;
+	a.port_num = port;
+	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
+	a.dest_qp_num = dqpn;
+	a.path_mtu = mtu;
+	a.rq_psn = rq_psn;
+	a.sq_psn = sq_psn;
+	a.timeout = timeout;
+	a.retry_cnt = retry;
+	a.rnr_retry = rnr;
+	a.min_rnr_timer = 12; // 0.64 ms, as the kernel's ipoib_cm
+	a.max_dest_rd_atomic = 1;
+	a.max_rd_atomic = 1;
+	a.ah_attr.dlid = dlid;
+	a.ah_attr.sl = sl;
+	a.ah_attr.port_num = port;
+	if (grh) {
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
+		a.ah_attr.grh.sgid_index = sgid_index;
+		a.ah_attr.grh.flow_label = flow;
+		a.ah_attr.grh.hop_limit = hop;
+		a.ah_attr.grh.traffic_class = tclass;
+	}
+	return ibv_modify_qp(qp, &a, mask);
+}
+
+static int ipoibfs_post_srq_recv(struct ibv_srq *srq, uint64_t id, void *addr, uint32_t len, uint32_t lkey) {
+	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
+	struct ibv_recv_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_srq_recv(srq, &wr, &bad);
+}
+
 static struct ibv_ah *ipoibfs_create_ah(struct ibv_pd *pd, int port, int dlid, int sl, int rate, int grh,
                                         const void *dgid, int sgid_index, uint32_t flow, int hop, int tclass) {
 	struct ibv_ah_attr a;
@@ -260,9 +304,13 @@ func (c *CQ) Close() error {
 	return nil
 }
 
-// slotSize is one registered buffer slot: a 4096-byte IB MTU payload plus the 40-byte
-// GRH a UD receive starts with, rounded up.
-const slotSize = 4224
+// slotSize is one registered buffer slot of a UD QP: a 4096-byte IB MTU payload plus
+// the 40-byte GRH a UD receive starts with, rounded up. An RC message can be as large
+// as connected mode's 65520-byte MTU with its 4-byte header: rcSlotSize.
+const (
+	slotSize   = 4224
+	rcSlotSize = 65536
+)
 
 // recvBit marks receive work request IDs (the slot index is below it): flushed
 // completions do not say their opcode.
@@ -272,12 +320,15 @@ const recvBit = 1 << 63
 type QP struct {
 	dev    *Device
 	qp     *C.struct_ibv_qp
+	typ    verbs.QPType
 	port   int
 	num    verbs.QPN
 	mem    unsafe.Pointer
 	mr     *C.struct_ibv_mr
 	nsend  int
+	slotSz int
 	sigAll bool
+	srq    *SRQ // receives come from here when set
 
 	mu       sync.Mutex
 	state    verbs.QPState
@@ -292,26 +343,46 @@ type QP struct {
 }
 
 func (d *Device) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
-	if attr.Type != verbs.QPTypeUD {
-		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: fmt.Errorf("%w: %v queue pairs are not implemented by verbs/rdma yet", verbs.ErrInvalid, attr.Type)}
+	if attr.Type != verbs.QPTypeUD && attr.Type != verbs.QPTypeRC {
+		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: fmt.Errorf("%w: QP type %v not supported", verbs.ErrInvalid, attr.Type)}
 	}
 	scq, ok1 := attr.SendCQ.(*CQ)
 	rcq, ok2 := attr.RecvCQ.(*CQ)
 	if !ok1 || !ok2 || attr.Port < 1 || attr.Port > len(d.ports) {
 		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: verbs.ErrInvalid}
 	}
+	var srq *SRQ
+	if attr.SRQ != nil {
+		var ok bool
+		if srq, ok = attr.SRQ.(*SRQ); !ok || srq == nil || srq.dev != d {
+			return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: fmt.Errorf("%w: the SRQ must belong to this device", verbs.ErrInvalid)}
+		}
+		if attr.Type != verbs.QPTypeRC {
+			return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: fmt.Errorf("%w: a shared receive queue on a %v QP is not supported", verbs.ErrInvalid, attr.Type)}
+		}
+	}
 	ns, nr := max(attr.MaxSendWR, 1), max(attr.MaxRecvWR, 1)
+	if srq != nil {
+		nr = 0
+	}
 	var init C.struct_ibv_qp_init_attr
 	init.send_cq, init.recv_cq = scq.cq, rcq.cq
 	init.cap.max_send_wr, init.cap.max_recv_wr = C.uint32_t(ns), C.uint32_t(nr)
 	init.cap.max_send_sge, init.cap.max_recv_sge = 1, 1
 	init.qp_type = C.IBV_QPT_UD
+	sz := slotSize
+	if attr.Type == verbs.QPTypeRC {
+		init.qp_type, sz = C.IBV_QPT_RC, rcSlotSize
+	}
+	if srq != nil {
+		init.srq = srq.srq
+	}
 	if attr.SigAll {
 		init.sq_sig_all = 1
 	}
-	q := &QP{dev: d, port: attr.Port, nsend: ns, sigAll: attr.SigAll,
+	q := &QP{dev: d, typ: attr.Type, port: attr.Port, nsend: ns, slotSz: sz, sigAll: attr.SigAll, srq: srq,
 		sendID: make([]uint64, ns), recvID: make([]uint64, nr), recvBuf: make([][]byte, nr)}
-	size := C.size_t((ns + nr) * slotSize)
+	size := C.size_t((ns + nr) * sz)
 	q.mem = C.calloc(1, size)
 	if q.mem == nil {
 		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: syscall.ENOMEM}
@@ -328,6 +399,9 @@ func (d *Device) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 		return nil, &verbs.Error{Op: "ibv_create_qp", Obj: d.name, Err: syscall.ENOMEM}
 	}
 	q.num = verbs.QPN(q.qp.qp_num)
+	if srq != nil {
+		srq.use(1)
+	}
 	for i := range ns {
 		q.sendFree = append(q.sendFree, i)
 	}
@@ -344,8 +418,8 @@ func (q *QP) String() string {
 	return fmt.Sprintf("%s port %d qp %#x", q.dev.name, q.port, uint32(q.num))
 }
 func (q *QP) Num() verbs.QPN            { return q.num }
-func (q *QP) Type() verbs.QPType        { return verbs.QPTypeUD }
-func (q *QP) slot(i int) unsafe.Pointer { return unsafe.Add(q.mem, i*slotSize) }
+func (q *QP) Type() verbs.QPType        { return q.typ }
+func (q *QP) slot(i int) unsafe.Pointer { return unsafe.Add(q.mem, i*q.slotSz) }
 
 // State is the device's view (ibv_query_qp), which differs from the last Modify when
 // the device moved the QP to ERR itself (rxe after a receive that did not fit).
@@ -371,6 +445,9 @@ var qpStates = map[verbs.QPState]C.int{verbs.QPReset: C.IBV_QPS_RESET, verbs.QPI
 // QPMaskState the QP stays in its state and only the Q_Key (or P_Key index) changes,
 // as the engine sets the broadcast group's Q_Key on a QP in RTS (RTS to RTS).
 func (q *QP) Modify(m verbs.QPModify) error {
+	if q.typ == verbs.QPTypeRC {
+		return q.modifyRC(m)
+	}
 	keep := m.Mask&verbs.QPMaskState == 0
 	if keep {
 		m.State = q.State()
@@ -414,6 +491,53 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	return nil
 }
 
+// modifyRC moves an RC queue pair as the CM does: INIT takes the port and P_Key
+// index, RTR the peer (QPN, address, path MTU, receive PSN), RTS the send PSN and the
+// retry parameters; the attributes each transition needs come from m whatever its
+// mask says, since the device refuses a transition without them.
+func (q *QP) modifyRC(m verbs.QPModify) error {
+	if m.Mask&verbs.QPMaskState == 0 {
+		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: fmt.Errorf("%w: an RC QP changes only with its state", verbs.ErrInvalid)}
+	}
+	st, ok := qpStates[m.State]
+	if !ok {
+		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: verbs.ErrInvalid}
+	}
+	mask := C.int(C.IBV_QP_STATE)
+	cur := q.State()
+	switch {
+	case m.State == verbs.QPInit && cur == verbs.QPReset:
+		mask |= C.IBV_QP_PKEY_INDEX | C.IBV_QP_PORT | C.IBV_QP_ACCESS_FLAGS
+	case m.State == verbs.QPRTR && cur == verbs.QPInit:
+		mask |= C.IBV_QP_AV | C.IBV_QP_PATH_MTU | C.IBV_QP_DEST_QPN | C.IBV_QP_RQ_PSN |
+			C.IBV_QP_MAX_DEST_RD_ATOMIC | C.IBV_QP_MIN_RNR_TIMER
+	case m.State == verbs.QPRTS && cur == verbs.QPRTR:
+		mask |= C.IBV_QP_TIMEOUT | C.IBV_QP_RETRY_CNT | C.IBV_QP_RNR_RETRY | C.IBV_QP_SQ_PSN | C.IBV_QP_MAX_QP_RD_ATOMIC
+	}
+	a := m.AH
+	grh, hop := 0, a.HopLimit
+	if a.GRH {
+		grh = 1
+		if hop == 0 {
+			hop = 64 // a routed (RoCEv2) packet with hop limit 0 would be dropped at once
+		}
+	}
+	if r := C.ipoibfs_modify_rc(q.qp, st, mask, C.int(m.PKeyIndex), C.int(q.port), C.uint32_t(m.DestQPN), C.int(m.PathMTU),
+		C.uint32_t(m.RQPSN&0xffffff), C.uint32_t(m.SQPSN&0xffffff), C.int(m.Timeout), C.int(m.RetryCnt), C.int(m.RNRRetry),
+		C.int(a.DLID), C.int(a.SL), C.int(grh), unsafe.Pointer(&a.DGID[0]), C.int(a.SGIDIndex), C.uint32_t(a.FlowLabel),
+		C.int(hop), C.int(a.TClass)); r != 0 {
+		err := error(syscall.Errno(r))
+		if r == C.EINVAL {
+			err = fmt.Errorf("%w: %v -> %v (%w)", verbs.ErrInvalidState, cur, m.State, err)
+		}
+		return &verbs.Error{Op: "ibv_modify_qp", Obj: fmt.Sprintf("%s to %v", q, m.State), Err: err}
+	}
+	q.mu.Lock()
+	q.state = m.State
+	q.mu.Unlock()
+	return nil
+}
+
 // PostSend copies each request's gather list into a send slot and posts it.
 func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	q.mu.Lock()
@@ -430,14 +554,18 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 			return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrQueueFull}
 		}
 		ah, _ := wr.AH.(*AH)
-		if ah == nil {
-			return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: fmt.Errorf("%w: UD send without an address handle", verbs.ErrInvalid)}
+		var cah *C.struct_ibv_ah
+		if q.typ == verbs.QPTypeUD {
+			if ah == nil {
+				return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: fmt.Errorf("%w: UD send without an address handle", verbs.ErrInvalid)}
+			}
+			cah = ah.ah
 		}
 		s := q.sendFree[len(q.sendFree)-1]
-		buf := unsafe.Slice((*byte)(q.slot(s)), slotSize)
+		buf := unsafe.Slice((*byte)(q.slot(s)), q.slotSz)
 		n := 0
 		for _, d := range wr.Data {
-			if n+len(d) > slotSize {
+			if n+len(d) > q.slotSz {
 				return i, &verbs.Error{Op: "post_send", Obj: q.String(), Err: fmt.Errorf("%w: %d bytes exceed a slot", verbs.ErrInvalid, n+len(d))}
 			}
 			n += copy(buf[n:], d)
@@ -455,7 +583,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 		if rqkey&0x80000000 != 0 {
 			rqkey = q.qkey
 		}
-		r := C.ipoibfs_post_send(q.qp, C.uint64_t(s), q.slot(s), C.uint32_t(n), q.mr.lkey, ah.ah,
+		r := C.ipoibfs_post_send(q.qp, C.uint64_t(s), q.slot(s), C.uint32_t(n), q.mr.lkey, cah,
 			C.uint32_t(wr.RemoteQPN), C.uint32_t(rqkey), C.int(sig), C.int(imm), C.uint32_t(wr.Imm))
 		if r != 0 {
 			return i, &verbs.Error{Op: "ibv_post_send", Obj: q.String(), Err: syscall.Errno(r)}
@@ -475,6 +603,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	if q.closed {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrClosed}
 	}
+	if q.srq != nil {
+		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: fmt.Errorf("%w: the QP receives from a shared receive queue", verbs.ErrInvalid)}
+	}
 	if q.state == verbs.QPReset {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
@@ -483,7 +614,7 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 			return i, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrQueueFull}
 		}
 		s := q.recvFree[len(q.recvFree)-1]
-		n := min(len(wr.Buf), slotSize)
+		n := min(len(wr.Buf), q.slotSz)
 		if r := C.ipoibfs_post_recv(q.qp, C.uint64_t(s)|recvBit, q.slot(s+q.nsend), C.uint32_t(n), q.mr.lkey); r != 0 {
 			return i, &verbs.Error{Op: "ibv_post_recv", Obj: q.String(), Err: syscall.Errno(r)}
 		}
@@ -496,6 +627,15 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 // complete turns a hardware work request ID back into the caller's, frees the slot
 // and, for a receive, copies the data out.
 func (q *QP) complete(id uint64, wc *verbs.WC) {
+	if q.typ == verbs.QPTypeRC {
+		// RoCE devices flag every receive that came with a GRH, but an RC receive
+		// never puts it in the buffer, which is what WC.GRH says.
+		wc.GRH = false
+	}
+	if id&recvBit != 0 && q.srq != nil {
+		q.srq.complete(id, wc)
+		return
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if id&recvBit != 0 {
@@ -505,7 +645,7 @@ func (q *QP) complete(id uint64, wc *verbs.WC) {
 		}
 		wc.Opcode, wc.WRID = verbs.WCRecv, q.recvID[s]
 		if wc.Status == verbs.WCSuccess {
-			copy(q.recvBuf[s], unsafe.Slice((*byte)(q.slot(s+q.nsend)), min(wc.ByteLen, slotSize)))
+			copy(q.recvBuf[s], unsafe.Slice((*byte)(q.slot(s+q.nsend)), min(wc.ByteLen, q.slotSz)))
 		}
 		q.recvBuf[s] = nil
 		q.recvFree = append(q.recvFree, s)
@@ -555,6 +695,130 @@ func (q *QP) Close() error {
 	C.ibv_destroy_qp(q.qp)
 	C.ibv_dereg_mr(q.mr)
 	C.free(q.mem)
+	if q.srq != nil {
+		q.srq.use(-1)
+	}
+	return nil
+}
+
+// SRQ is a shared receive queue with its own registered slots (RC-sized); a
+// completion on any of its QPs copies the data out of the slot the device filled.
+type SRQ struct {
+	dev *Device
+	srq *C.struct_ibv_srq
+	mem unsafe.Pointer
+	mr  *C.struct_ibv_mr
+
+	mu      sync.Mutex
+	free    []int
+	id      []uint64
+	buf     [][]byte
+	users   int
+	closed  bool
+	destroy sync.Once
+}
+
+// CreateSRQ creates a shared receive queue of attr.MaxWR RC-sized slots, if the
+// device has shared receive queues (ibv_device_attr.max_srq).
+func (d *Device) CreateSRQ(attr verbs.SRQAttr) (verbs.SRQ, error) {
+	fail := func(err error) (verbs.SRQ, error) {
+		return nil, &verbs.Error{Op: "create_srq", Obj: d.name, Err: err}
+	}
+	if attr.MaxWR <= 0 || attr.MaxWR > int(d.attr.max_srq_wr) {
+		return fail(fmt.Errorf("%w: max_wr %d (the device allows 1 to %d)", verbs.ErrInvalid, attr.MaxWR, int(d.attr.max_srq_wr)))
+	}
+	if d.attr.max_srq == 0 {
+		return fail(fmt.Errorf("%w: the device has no shared receive queues", verbs.ErrInvalid))
+	}
+	var init C.struct_ibv_srq_init_attr
+	init.attr.max_wr, init.attr.max_sge = C.uint32_t(attr.MaxWR), 1
+	s := &SRQ{dev: d, id: make([]uint64, attr.MaxWR), buf: make([][]byte, attr.MaxWR)}
+	size := C.size_t(attr.MaxWR * rcSlotSize)
+	if s.mem = C.calloc(1, size); s.mem == nil {
+		return fail(syscall.ENOMEM)
+	}
+	if s.mr = C.ibv_reg_mr(d.pd, s.mem, size, C.IBV_ACCESS_LOCAL_WRITE); s.mr == nil {
+		C.free(s.mem)
+		return fail(syscall.ENOMEM)
+	}
+	srq, err := C.ibv_create_srq(d.pd, &init)
+	if srq == nil {
+		C.ibv_dereg_mr(s.mr)
+		C.free(s.mem)
+		if err == nil {
+			err = syscall.ENOMEM
+		}
+		return nil, &verbs.Error{Op: "ibv_create_srq", Obj: d.name, Err: err}
+	}
+	s.srq = srq
+	for i := range attr.MaxWR {
+		s.free = append(s.free, i)
+	}
+	return s, nil
+}
+
+func (s *SRQ) String() string            { return s.dev.name + " srq" }
+func (s *SRQ) slot(i int) unsafe.Pointer { return unsafe.Add(s.mem, i*rcSlotSize) }
+
+func (s *SRQ) use(n int) {
+	s.mu.Lock()
+	s.users += n
+	s.mu.Unlock()
+}
+
+// PostRecv posts a registered slot for each buffer.
+func (s *SRQ) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, &verbs.Error{Op: "post_srq_recv", Obj: s.String(), Err: verbs.ErrClosed}
+	}
+	for i, wr := range wrs {
+		if len(s.free) == 0 {
+			return i, &verbs.Error{Op: "post_srq_recv", Obj: s.String(), Err: verbs.ErrQueueFull}
+		}
+		k := s.free[len(s.free)-1]
+		n := min(len(wr.Buf), rcSlotSize)
+		if r := C.ipoibfs_post_srq_recv(s.srq, C.uint64_t(k)|recvBit, s.slot(k), C.uint32_t(n), s.mr.lkey); r != 0 {
+			return i, &verbs.Error{Op: "ibv_post_srq_recv", Obj: s.String(), Err: syscall.Errno(r)}
+		}
+		s.free = s.free[:len(s.free)-1]
+		s.id[k], s.buf[k] = wr.ID, wr.Buf
+	}
+	return len(wrs), nil
+}
+
+// complete turns the slot back into the caller's work request ID and copies the data.
+func (s *SRQ) complete(id uint64, wc *verbs.WC) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := int(id &^ recvBit)
+	if k >= len(s.id) || s.closed {
+		return
+	}
+	wc.Opcode, wc.WRID = verbs.WCRecv, s.id[k]
+	if wc.Status == verbs.WCSuccess {
+		copy(s.buf[k], unsafe.Slice((*byte)(s.slot(k)), min(wc.ByteLen, rcSlotSize)))
+	}
+	s.buf[k] = nil
+	s.free = append(s.free, k)
+}
+
+// Close destroys the SRQ once no QP uses it (the kernel says EBUSY otherwise).
+func (s *SRQ) Close() error {
+	s.mu.Lock()
+	if s.users > 0 {
+		n := s.users
+		s.mu.Unlock()
+		return &verbs.Error{Op: "destroy_srq", Obj: s.String(), Err: fmt.Errorf("%w: %d QPs use it", verbs.ErrBusy, n)}
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.destroy.Do(func() {
+		C.ibv_destroy_srq(s.srq)
+		C.ibv_dereg_mr(s.mr)
+		C.free(s.mem)
+	})
 	return nil
 }
 

@@ -57,7 +57,7 @@ type Fixture struct {
 
 // Names are the subtests Run runs, in order (the rdma guest test expects a PASS line
 // for each).
-var Names = []string{"attrs", "cq", "qpstates", "ud", "qkey", "batch", "recvtoosmall", "oversize", "multicast", "flush", "close"}
+var Names = []string{"attrs", "cq", "qpstates", "ud", "qkey", "batch", "recvtoosmall", "oversize", "multicast", "flush", "rc", "rnr", "srq", "close"}
 
 // Run runs the suite as subtests of t.
 func Run(t *testing.T, f Fixture) {
@@ -71,7 +71,7 @@ func Run(t *testing.T, f Fixture) {
 	tests := map[string]func(*testing.T){
 		"attrs": s.attrs, "cq": s.cq, "qpstates": s.qpStates, "ud": s.ud, "qkey": s.qkey,
 		"batch": s.batch, "recvtoosmall": s.recvTooSmall, "oversize": s.oversize, "multicast": s.multicast,
-		"flush": s.flush, "close": s.close,
+		"flush": s.flush, "rc": s.rc, "rnr": s.rnr, "srq": s.srq, "close": s.close,
 	}
 	for _, name := range Names {
 		t.Run(name, tests[name])
@@ -684,4 +684,237 @@ func (s *suite) close(t *testing.T) {
 			t.Errorf("dev %d second Close: %v", i, err)
 		}
 	}
+}
+
+// rcEnd is an RC QP on one device with its CQs (the receive CQ may be shared).
+type rcEnd struct {
+	i        int
+	qp       verbs.QP
+	scq, rcq verbs.CQ
+}
+
+// newRC creates an RC QP in RESET on device i; srq, when set, supplies its receives.
+func (s *suite) newRC(t *testing.T, i int, rcq verbs.CQ, srq verbs.SRQ) *rcEnd {
+	t.Helper()
+	e := &rcEnd{i: i, scq: s.cqOn(t, i, 256), rcq: rcq}
+	if rcq == nil {
+		e.rcq = s.cqOn(t, i, 256)
+	}
+	qp, err := s.f.Dev[i].CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: s.f.Port, SendCQ: e.scq, RecvCQ: e.rcq,
+		MaxSendWR: 64, MaxRecvWR: 64, SRQ: srq})
+	if err != nil {
+		t.Fatalf("dev %d CreateQP(RC): %v", i, err)
+	}
+	t.Cleanup(func() { qp.Close() })
+	if qp.Type() != verbs.QPTypeRC || qp.State() != verbs.QPReset {
+		t.Errorf("new RC QP: type %v state %v", qp.Type(), qp.State())
+	}
+	e.qp = qp
+	return e
+}
+
+// pathMTU is the RC path MTU: the smaller active MTU of the two ports.
+func (s *suite) pathMTU(t *testing.T) verbs.MTU {
+	t.Helper()
+	var m verbs.MTU
+	for i, d := range s.f.Dev {
+		p, err := d.Port(s.f.Port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := p.Attr().ActiveMTU; i == 0 || a < m {
+			m = a
+		}
+	}
+	return m
+}
+
+// connectRC moves a and b through INIT and RTR to RTS, each connected to the other,
+// as the CM would after REQ/REP/RTU.
+func (s *suite) connectRC(t *testing.T, a, b *rcEnd, rnrRetry uint8) {
+	t.Helper()
+	mtu := s.pathMTU(t)
+	psn := [2]uint32{0x123456, 0xabcdef}
+	for k, e := range [2]*rcEnd{a, b} {
+		peer := [2]*rcEnd{b, a}[k]
+		for _, m := range []verbs.QPModify{
+			{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex, State: verbs.QPInit, PKeyIndex: s.f.PKeyIndex},
+			{Mask: verbs.QPMaskState | verbs.QPMaskDestQPN | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskRQPSN,
+				State: verbs.QPRTR, DestQPN: peer.qp.Num(), AH: s.f.Dest(t, peer.i), PathMTU: mtu, RQPSN: psn[1-k]},
+			{Mask: verbs.QPMaskState | verbs.QPMaskSQPSN | verbs.QPMaskTimeout | verbs.QPMaskRetry,
+				State: verbs.QPRTS, SQPSN: psn[k], Timeout: 14, RetryCnt: 7, RNRRetry: rnrRetry},
+		} {
+			if err := e.qp.Modify(m); err != nil {
+				t.Fatalf("dev %d RC QP to %v: %v", e.i, m.State, err)
+			}
+			if e.qp.State() != m.State {
+				t.Errorf("dev %d RC QP in %v after the move to %v", e.i, e.qp.State(), m.State)
+			}
+		}
+	}
+}
+
+// pattern is a message whose bytes say which message and offset they are.
+func pattern(n, seed int) []byte {
+	b := make([]byte, n)
+	for k := range b {
+		b[k] = byte(k*7 + seed)
+	}
+	return b
+}
+
+// rc: messages from one byte to several path MTUs arrive whole, in order, with their
+// length and immediate data, both ways; RC receives carry no GRH.
+func (s *suite) rc(t *testing.T) {
+	a, b := s.newRC(t, 0, nil, nil), s.newRC(t, 1, nil, nil)
+	s.connectRC(t, a, b, 7)
+	mtu := s.pathMTU(t).Bytes()
+	sizes := []int{1, mtu, mtu + 1, 3*mtu + 17, 16384}
+	for _, dir := range [2][2]*rcEnd{{a, b}, {b, a}} {
+		from, to := dir[0], dir[1]
+		bufs := make([][]byte, len(sizes))
+		wrs := make([]verbs.RecvWR, len(sizes))
+		for k := range bufs {
+			bufs[k] = make([]byte, 16384)
+			wrs[k] = verbs.RecvWR{ID: uint64(300 + k), Buf: bufs[k]}
+		}
+		if n, err := to.qp.PostRecv(wrs); n != len(wrs) || err != nil {
+			t.Fatalf("dev %d PostRecv: %d %v", to.i, n, err)
+		}
+		sends := make([]verbs.SendWR, len(sizes))
+		for k, n := range sizes {
+			sends[k] = verbs.SendWR{ID: uint64(k), Data: [][]byte{pattern(n, k+from.i)}, Signaled: true,
+				WithImm: k == 2, Imm: 0xfeedf00d}
+		}
+		if n, err := from.qp.PostSend(sends); n != len(sends) || err != nil {
+			t.Fatalf("dev %d PostSend: %d %v", from.i, n, err)
+		}
+		scs := WaitWC(from.scq, len(sizes), s.f.Wait)
+		for k, wc := range scs {
+			if wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCSend || wc.WRID != uint64(k) || wc.QPN != from.qp.Num() {
+				t.Errorf("dev %d send completion %d: %+v", from.i, k, wc)
+			}
+		}
+		rcs := WaitWC(to.rcq, len(sizes), s.f.Wait)
+		if len(scs) != len(sizes) || len(rcs) != len(sizes) {
+			t.Fatalf("dev %d -> %d: %d send and %d receive completions, want %d each", from.i, to.i, len(scs), len(rcs), len(sizes))
+		}
+		for k, wc := range rcs {
+			want := pattern(sizes[k], k+from.i)
+			if wc.Status != verbs.WCSuccess || wc.Opcode != verbs.WCRecv || wc.WRID != uint64(300+k) || wc.QPN != to.qp.Num() ||
+				wc.ByteLen != sizes[k] || wc.GRH || wc.WithImm != (k == 2) || (k == 2 && wc.Imm != 0xfeedf00d) {
+				t.Errorf("dev %d receive completion %d: %+v, want WRID %d, %d bytes", to.i, k, wc, 300+k, sizes[k])
+				continue
+			}
+			if !bytes.Equal(bufs[k][:sizes[k]], want) {
+				t.Errorf("dev %d message %d (%d bytes) arrived changed", to.i, k, sizes[k])
+			}
+		}
+	}
+}
+
+// rnr: a send finding no receive buffer does not complete (the responder says
+// "receiver not ready" and the requester retries, RNR retry 7 meaning forever) and
+// arrives once a buffer is posted.
+func (s *suite) rnr(t *testing.T) {
+	a, b := s.newRC(t, 0, nil, nil), s.newRC(t, 1, nil, nil)
+	s.connectRC(t, a, b, 7)
+	msg := pattern(100, 9)
+	if n, err := a.qp.PostSend([]verbs.SendWR{{ID: 5, Data: [][]byte{msg}, Signaled: true}}); n != 1 || err != nil {
+		t.Fatalf("PostSend: %d %v", n, err)
+	}
+	// Without a receive buffer the message cannot be acknowledged, so no send completion
+	// can come however long we wait; the arrival below shows the send was made.
+	if early := WaitWC(a.scq, 1, s.f.Quiet); len(early) != 0 {
+		t.Fatalf("send completed with no receive buffer posted: %+v", early)
+	}
+	buf := make([]byte, 256)
+	if n, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 6, Buf: buf}}); n != 1 || err != nil {
+		t.Fatalf("PostRecv: %d %v", n, err)
+	}
+	rcs := WaitWC(b.rcq, 1, s.f.Wait)
+	if len(rcs) != 1 || rcs[0].Status != verbs.WCSuccess || rcs[0].WRID != 6 || rcs[0].ByteLen != len(msg) || !bytes.Equal(buf[:len(msg)], msg) {
+		t.Fatalf("receive after posting the buffer: %+v", rcs)
+	}
+	if scs := WaitWC(a.scq, 1, s.f.Wait); len(scs) != 1 || scs[0].Status != verbs.WCSuccess || scs[0].WRID != 5 {
+		t.Errorf("send completion after the receive: %+v", scs)
+	}
+}
+
+// srq: two RC QPs draw their receives from one shared receive queue, in posting
+// order; each completion names the QP it came in on; the QPs refuse receives of their
+// own; the SRQ cannot be destroyed while they use it.
+func (s *suite) srq(t *testing.T) {
+	sd, ok := s.f.Dev[0].(verbs.SRQDevice)
+	if !ok {
+		t.Fatalf("dev 0 (%T) has no shared receive queues", s.f.Dev[0])
+	}
+	if _, err := sd.CreateSRQ(verbs.SRQAttr{MaxWR: 0}); !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("CreateSRQ with max_wr 0: %v, want ErrInvalid", err)
+	}
+	srq, err := sd.CreateSRQ(verbs.SRQAttr{MaxWR: 8})
+	if err != nil {
+		t.Fatalf("CreateSRQ: %v", err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			srq.Close()
+		}
+	})
+	shared := s.cqOn(t, 0, 64)
+	rx := [2]*rcEnd{s.newRC(t, 0, shared, srq), s.newRC(t, 0, shared, srq)}
+	tx := [2]*rcEnd{s.newRC(t, 1, nil, nil), s.newRC(t, 1, nil, nil)}
+	for k := range rx {
+		s.connectRC(t, tx[k], rx[k], 7)
+	}
+	if _, err := rx[0].qp.PostRecv([]verbs.RecvWR{{ID: 1, Buf: make([]byte, 64)}}); err == nil {
+		t.Errorf("PostRecv on a QP with a shared receive queue accepted")
+	}
+	bufs := map[uint64][]byte{}
+	wrs := make([]verbs.RecvWR, 6)
+	for k := range wrs {
+		wrs[k] = verbs.RecvWR{ID: uint64(100 + k), Buf: make([]byte, 512)}
+		bufs[wrs[k].ID] = wrs[k].Buf
+	}
+	if n, err := srq.PostRecv(wrs); n != 6 || err != nil {
+		t.Fatalf("SRQ PostRecv: %d %v", n, err)
+	}
+	// Two messages from each sender, the second sender after the first's have arrived,
+	// so the buffers they take are known: the oldest posted first.
+	for k, e := range tx {
+		for m := 0; m < 2; m++ {
+			if n, err := e.qp.PostSend([]verbs.SendWR{{ID: uint64(m), Data: [][]byte{pattern(100+k, 10*k+m)}, Signaled: true}}); n != 1 || err != nil {
+				t.Fatalf("dev 1 PostSend: %d %v", n, err)
+			}
+		}
+		if scs := WaitWC(e.scq, 2, s.f.Wait); len(scs) != 2 {
+			t.Fatalf("sender %d: send completions %+v", k, scs)
+		}
+		rcs := WaitWC(shared, 2, s.f.Wait)
+		if len(rcs) != 2 {
+			t.Fatalf("sender %d: receive completions %+v", k, rcs)
+		}
+		for m, wc := range rcs {
+			want := pattern(100+k, 10*k+m)
+			id := uint64(100 + 2*k + m)
+			if wc.Status != verbs.WCSuccess || wc.QPN != rx[k].qp.Num() || wc.WRID != id || wc.ByteLen != len(want) {
+				t.Errorf("sender %d message %d: %+v, want QPN %#x WRID %d %d bytes", k, m, wc, uint32(rx[k].qp.Num()), id, len(want))
+			} else if !bytes.Equal(bufs[id][:len(want)], want) {
+				t.Errorf("sender %d message %d arrived changed", k, m)
+			}
+		}
+	}
+	if err := srq.Close(); !errors.Is(err, verbs.ErrBusy) {
+		t.Errorf("SRQ Close with two QPs using it: %v, want ErrBusy", err)
+	}
+	for _, e := range rx {
+		if err := e.qp.Close(); err != nil {
+			t.Errorf("QP Close: %v", err)
+		}
+	}
+	if err := srq.Close(); err != nil {
+		t.Errorf("SRQ Close after its QPs: %v", err)
+	}
+	closed = true
 }
