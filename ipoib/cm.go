@@ -73,11 +73,24 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 	if i.cmScq, err = dev.CreateCQ(verbs.CQAttr{Entries: 4096}); err != nil {
 		return err
 	}
-	// The receive CQ holds a completion for every buffer that can be posted: a full
-	// receive queue on each of max_nonsrq_conn_qp connections (the driver's
-	// ipoib_transport_dev_init sizes it the same way without SRQ).
+	// Passive connections share one receive queue where the device has them, as the
+	// driver's ipoib_cm_dev_init prefers; without, each has its own.
 	p := i.e.params
-	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: p.RecvQueueSize*p.MaxNonSRQConnQP + 1}); err != nil {
+	if sd, ok := dev.(verbs.SRQDevice); ok {
+		if srq, err := sd.CreateSRQ(verbs.SRQAttr{MaxWR: p.RecvQueueSize}); err == nil {
+			i.cmSRQ = srq
+		} else {
+			i.e.tracef(1, "%s: no shared receive queue, one receive queue per connection: %v", i.Name(), err)
+		}
+	}
+	// The receive CQ holds a completion for every buffer that can be posted: the
+	// shared queue's, or a full receive queue on each of max_nonsrq_conn_qp
+	// connections (the driver's ipoib_transport_dev_init sizes it the same way).
+	entries := p.RecvQueueSize + 1
+	if i.cmSRQ == nil {
+		entries = p.RecvQueueSize*p.MaxNonSRQConnQP + 1
+	}
+	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: entries}); err != nil {
 		return err
 	}
 	i.cmMgr = mgr
@@ -129,27 +142,27 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.Name(), req.RemoteLID)
 		return cm.Reject{Reason: mad.RejConsumerDefined}
 	}
-	if n >= i.e.params.MaxNonSRQConnQP {
+	if i.cmSRQ == nil && n >= i.e.params.MaxNonSRQConnQP {
 		i.e.tracef(1, "%s: rejecting a connection: max_nonsrq_conn_qp (%d) reached", i.Name(), n)
 		return cm.Reject{Reason: mad.RejNoQP}
 	}
 	qp, err := i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: i.port, SendCQ: i.cmScq, RecvCQ: i.cmRcq,
-		MaxSendWR: 1, MaxRecvWR: i.e.params.RecvQueueSize})
+		MaxSendWR: 1, MaxRecvWR: i.e.params.RecvQueueSize, SRQ: i.cmSRQ})
 	if err != nil {
 		return cm.Reject{Reason: mad.RejNoQP}
 	}
-	rx := &cmRx{qp: qp, bufs: make([][]byte, i.e.params.RecvQueueSize), last: time.Now()}
+	rx := &cmRx{qp: qp, last: time.Now()}
+	if i.cmSRQ == nil {
+		rx.bufs = make([][]byte, i.e.params.RecvQueueSize)
+	}
 	i.mu.Lock()
 	i.rx[qp.Num()] = rx
 	i.mu.Unlock()
 	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(),
 		Established: func(c *cm.Conn) {
-			// Buffers are posted once the QP is past INIT (the manager moved it to RTS).
-			wrs := make([]verbs.RecvWR, len(rx.bufs))
-			for k := range rx.bufs {
-				rx.bufs[k] = make([]byte, cmBufSize)
-				wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: rx.bufs[k]}
-			}
+			// Buffers are posted once the QP is past INIT (the manager moved it to RTS);
+			// with a shared receive queue, its pool once, at the first connection.
+			wrs := i.cmRxBuffers(rx)
 			i.mu.Lock()
 			if rx.dead { // the interface closed while the connection was set up
 				i.mu.Unlock()
@@ -158,7 +171,13 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 			}
 			rx.conn = c
 			i.mu.Unlock()
-			if _, err := qp.PostRecv(wrs); err != nil {
+			var err error
+			if i.cmSRQ != nil {
+				_, err = i.cmSRQ.PostRecv(wrs)
+			} else {
+				_, err = qp.PostRecv(wrs)
+			}
+			if err != nil {
 				i.e.tracef(1, "%s: posting connected-mode receive buffers: %v", i.Name(), err)
 			}
 			go func() {
@@ -175,6 +194,28 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 			i.mu.Unlock()
 			i.cmRxDestroy(rx)
 		}}
+}
+
+// cmRxBuffers makes the receive buffers a new passive connection posts: its own
+// ring, or with a shared receive queue the pool, the first time only (nil after).
+func (i *Interface) cmRxBuffers(rx *cmRx) []verbs.RecvWR {
+	bufs := rx.bufs
+	if i.cmSRQ != nil {
+		i.mu.Lock()
+		if i.cmSRQBufs != nil {
+			i.mu.Unlock()
+			return nil
+		}
+		i.cmSRQBufs = make([][]byte, i.e.params.RecvQueueSize)
+		bufs = i.cmSRQBufs
+		i.mu.Unlock()
+	}
+	wrs := make([]verbs.RecvWR, len(bufs))
+	for k := range bufs {
+		bufs[k] = make([]byte, cmBufSize)
+		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: bufs[k]}
+	}
+	return wrs
 }
 
 // cmRxDestroy ends a passive connection once, whoever gets there first: the
@@ -448,7 +489,9 @@ func (i *Interface) cmRecvLoop() {
 	wcs := make([]verbs.WC, recvBatch)
 	var deliver [][]byte
 	type repost struct {
-		qp verbs.QP
+		to interface {
+			PostRecv([]verbs.RecvWR) (int, error)
+		}
 		wr verbs.RecvWR
 	}
 	var re []repost
@@ -470,12 +513,23 @@ func (i *Interface) cmRecvLoop() {
 			host := i.upperHostLocked() // its own, or its bond's (bond.go)
 			for _, wc := range wcs[:n] {
 				rx := i.rx[wc.QPN]
+				var buf []byte
+				switch {
+				case i.cmSRQ != nil && int(wc.WRID) < len(i.cmSRQBufs):
+					// A shared buffer goes back to the pool whatever became of the
+					// connection it came in on (a flushed one too), or the pool shrinks.
+					buf = i.cmSRQBufs[wc.WRID]
+					re = append(re, repost{i.cmSRQ, verbs.RecvWR{ID: wc.WRID, Buf: buf}})
+				case rx == nil || wc.Status == verbs.WCWRFlushErr || int(wc.WRID) >= len(rx.bufs):
+					continue
+				default:
+					buf = rx.bufs[wc.WRID]
+					re = append(re, repost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf}})
+				}
 				if rx == nil || wc.Status == verbs.WCWRFlushErr {
 					continue
 				}
 				rx.last = now
-				buf := rx.bufs[wc.WRID]
-				re = append(re, repost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf}})
 				if wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
 					i.stats.rxDropped.Add(1)
 					continue
@@ -514,7 +568,7 @@ func (i *Interface) cmRecvLoop() {
 				}
 			}
 			for _, r := range re {
-				_, _ = r.qp.PostRecv([]verbs.RecvWR{r.wr})
+				_, _ = r.to.PostRecv([]verbs.RecvWR{r.wr})
 			}
 		}
 	}

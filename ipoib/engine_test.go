@@ -85,6 +85,12 @@ const hb = 20 * time.Millisecond
 // testFabric starts an SM node and engines on named nodes, each with ib0 up.
 func testFabric(t *testing.T, conf string, names ...string) (*soft.HCA, []*node) {
 	t.Helper()
+	return testFabricWith(t, conf, nil, names...)
+}
+
+// testFabricWith is testFabric with each node's HCA configuration adjusted by tweak.
+func testFabricWith(t *testing.T, conf string, tweak func(*soft.Config), names ...string) (*soft.HCA, []*node) {
+	t.Helper()
 	net := soft.NewMemNetwork()
 	var parts *partitions.Config
 	if conf != "" {
@@ -100,7 +106,11 @@ func testFabric(t *testing.T, conf string, names ...string) (*soft.HCA, []*node)
 	t.Cleanup(func() { smh.Close() })
 	var nodes []*node
 	for _, name := range names {
-		h, err := soft.New(soft.Config{Name: name, Network: net, SM: smh.Endpoint(1), Heartbeat: hb})
+		cfg := soft.Config{Name: name, Network: net, SM: smh.Endpoint(1), Heartbeat: hb}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		h, err := soft.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -742,10 +752,11 @@ func TestConnectedToDatagramPeerFallsBack(t *testing.T) {
 	waitFor(t, "a 2044-byte packet", func() bool { return len(b.host.take(isICMP4(5))) == 1 })
 }
 
-// TestMaxNonSRQConnQPAndChildMode: max_nonsrq_conn_qp caps passive connections (REJ
-// beyond it, and the refused peer reaches us over UD), and a child has its own mode.
+// TestMaxNonSRQConnQPAndChildMode: on an HCA without shared receive queues,
+// max_nonsrq_conn_qp caps passive connections (REJ beyond it, and the refused peer
+// reaches us over UD), and a child has its own mode.
 func TestMaxNonSRQConnQPAndChildMode(t *testing.T) {
-	_, nodes := testFabric(t, "", "a", "b", "c")
+	_, nodes := testFabricWith(t, "", func(c *soft.Config) { c.NoSRQ = true }, "a", "b", "c")
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	a.e.params.MaxNonSRQConnQP = 1
 	for k, n := range nodes {
@@ -781,6 +792,77 @@ func TestMaxNonSRQConnQPAndChildMode(t *testing.T) {
 	}
 	if kid.Mode() != Datagram || a.ib0.Mode() != Connected {
 		t.Fatalf("child mode %v, parent %v", kid.Mode(), a.ib0.Mode())
+	}
+}
+
+// TestConnectedSRQSharesOnePool: with a shared receive queue, passive connections
+// hold no receive ring of their own; the interface has one pool of recv_queue_size
+// buffers, made at the first connection; max_nonsrq_conn_qp does not limit them; the
+// pool's buffers go back to it, so more messages than it holds get through after a
+// connection went away.
+func TestConnectedSRQSharesOnePool(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b", "c")
+	a := nodes[0]
+	a.e.params.MaxNonSRQConnQP = 1 // not a limit with SRQ
+	for k, n := range nodes {
+		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.ib0.mu.Lock()
+	pool := a.ib0.cmSRQBufs
+	a.ib0.mu.Unlock()
+	if a.ib0.cmSRQ == nil || pool != nil {
+		t.Fatalf("before any connection: SRQ %v, pool of %d buffers; want an SRQ and no pool yet", a.ib0.cmSRQ, len(pool))
+	}
+	for k, n := range nodes[1:] {
+		src := fmt.Sprintf("10.0.0.%d", k+2)
+		ping(t, n.ib0, a.ib0, a.host, src, "10.0.0.1", uint16(100*k+50))
+		// Larger than any UD MTU: arrives only over the connection.
+		for seq := uint16(1); ; seq++ {
+			n.ib0.Transmit([][]byte{icmp4(src, "10.0.0.1", 8, uint16(100*k)+seq, 30000)})
+			if got := a.host.take(func(p []byte) bool { return len(p) == 30028 }); len(got) > 0 {
+				break
+			}
+			if seq == 200 {
+				t.Fatalf("no 30000-byte packet from %s over a connection", src)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	a.ib0.mu.Lock()
+	nrx, pool := len(a.ib0.rx), a.ib0.cmSRQBufs
+	own := 0
+	for _, r := range a.ib0.rx {
+		own += len(r.bufs)
+	}
+	a.ib0.mu.Unlock()
+	if nrx != 2 || own != 0 || len(pool) != a.e.params.RecvQueueSize {
+		t.Fatalf("a: %d passive connections holding %d buffers of their own, pool of %d; want 2, 0 and %d",
+			nrx, own, len(pool), a.e.params.RecvQueueSize)
+	}
+	// c goes away; b then gets more messages through than the pool holds.
+	nodes[2].e.Close()
+	waitFor(t, "c's connection gone from a", func() bool {
+		a.ib0.mu.Lock()
+		defer a.ib0.mu.Unlock()
+		return len(a.ib0.rx) == 1
+	})
+	b := nodes[1]
+	const burst = 600 // more than recv_queue_size (256): buffers must come back
+	got := 0
+	for round := 0; got < burst && round < 100; round++ {
+		var pkts [][]byte
+		for k := got; k < burst; k++ {
+			pkts = append(pkts, icmp4("10.0.0.2", "10.0.0.1", 8, uint16(1000+k), 20000))
+		}
+		b.ib0.Transmit(pkts[:min(len(pkts), 64)])
+		time.Sleep(10 * time.Millisecond)
+		got += len(a.host.take(func(p []byte) bool { return len(p) == 20028 }))
+	}
+	if got < burst {
+		t.Fatalf("%d of %d messages over the remaining connection", got, burst)
 	}
 }
 

@@ -117,8 +117,13 @@ type Interface struct {
 	cmMgr        *cm.Manager
 	cmStop       func()
 	cmScq, cmRcq verbs.CQ
-	tx           map[HWAddr]*cmTx
-	rx           map[verbs.QPN]*cmRx
+	// With a shared receive queue (the device has one), every passive connection
+	// receives into one pool of recv_queue_size buffers, made when the first
+	// connection comes; cmSRQBufs is set once, under mu.
+	cmSRQ     verbs.SRQ
+	cmSRQBufs [][]byte
+	tx        map[HWAddr]*cmTx
+	rx        map[verbs.QPN]*cmRx
 
 	txMu  sync.Mutex // serialises posting so these scratch slices are reused
 	txWRs []verbs.SendWR
@@ -604,6 +609,9 @@ func (i *Interface) close() {
 	if i.cmScq != nil {
 		_ = i.cmScq.Close()
 		_ = i.cmRcq.Close()
+	}
+	if i.cmSRQ != nil {
+		_ = i.cmSRQ.Close() // after its QPs (cmClose) and the receive loop
 	}
 }
 

@@ -36,6 +36,9 @@ type Config struct {
 	FabricKey []byte
 	// Logger receives the ports' lines about reaching the subnet manager (nil: none).
 	Logger *log.Logger
+	// NoSRQ makes the HCA one without shared receive queues (CreateSRQ fails), as
+	// some are: connected mode then gives every connection its own receive queue.
+	NoSRQ bool
 }
 
 // HCA is a software host channel adapter implementing verbs.Device.

@@ -24,6 +24,9 @@ func (h *HCA) CreateSRQ(attr verbs.SRQAttr) (verbs.SRQ, error) {
 	if attr.MaxWR <= 0 || attr.MaxWR > 1<<16 {
 		return nil, &verbs.Error{Op: "create_srq", Obj: h.cfg.Name, Err: fmt.Errorf("%w: max_wr %d", verbs.ErrInvalid, attr.MaxWR)}
 	}
+	if h.cfg.NoSRQ {
+		return nil, &verbs.Error{Op: "create_srq", Obj: h.cfg.Name, Err: fmt.Errorf("%w: the HCA has no shared receive queues", verbs.ErrInvalid)}
+	}
 	h.mu.RLock()
 	closed := h.closed
 	h.mu.RUnlock()
