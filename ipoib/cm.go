@@ -338,7 +338,8 @@ func (i *Interface) cmConnect(t *cmTx) {
 	i.mu.Unlock()
 	c, err := i.cmMgr.Connect(ctx, cm.ConnectParams{ServiceID: cmServiceBase | uint64(t.hw.QPN()), QP: qp,
 		DLID: pr.DLID, DGID: t.hw.GID(), SL: pr.SL, PKey: pkey, PathMTU: pr.MTU,
-		PrivateData: i.cmPrivateData(), RetryCount: 7, RNRRetry: 7, AckTimeout: 14, MaxCMRetries: 15})
+		PrivateData: i.cmPrivateData(), RetryCount: 7, RNRRetry: 7, AckTimeout: 14, MaxCMRetries: 15,
+		SRQ: i.cmSRQ != nil}) // as ipoib_cm_send_req says whether this interface has one
 	if err != nil {
 		var rej *cm.RejectError
 		fail(err, errors.As(err, &rej))
