@@ -426,8 +426,8 @@ func (p *Port) PKeyTable() []verbs.PKey {
 
 func (p *Port) FindPKey(key verbs.PKey) (int, bool) { return findPKey(p.PKeyTable(), key) }
 
-// Counters are not read yet (sysfs counters/ or PerfMgt): zero.
-func (p *Port) Counters() verbs.PortCounters { return verbs.PortCounters{} }
+// Counters reads the port's counters from sysfs (counters.go).
+func (p *Port) Counters() verbs.PortCounters { return readCounters(p.dev.name, p.num) }
 
 // MAD returns the port's QP1 agent, opened through libibumad on first use. Where
 // that fails (no ib_umad, no permission on /dev/infiniband/umad*), every Call fails

@@ -315,6 +315,16 @@ func rxeGuest(t *testing.T) {
 
 	t.Run("ud", func(t *testing.T) {
 		a, b := ends[0], ends[1]
+		before := [2]verbs.PortCounters{a.port.Counters(), b.port.Counters()}
+		defer func() {
+			// One datagram each way at least: the sysfs counters (rxe's hw_counters) show it.
+			for i, e := range []*rxeEnd{a, b} {
+				c := e.port.Counters()
+				if c.XmitPackets <= before[i].XmitPackets || c.RcvPackets <= before[i].RcvPackets {
+					t.Errorf("dev %d counters before %+v after %+v: packets not counted", i, before[i], c)
+				}
+			}
+		}()
 		// RoCE has no LIDs: an address handle needs the GRH.
 		if ah, err := a.dev.CreateAH(verbs.AHAttr{Port: 1, DLID: 1}); err == nil {
 			ah.Close()

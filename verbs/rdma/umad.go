@@ -649,8 +649,8 @@ func (p *MADPort) PKeyTable() []verbs.PKey { return p.snapshot().pkeys }
 
 func (p *MADPort) FindPKey(key verbs.PKey) (int, bool) { return findPKey(p.PKeyTable(), key) }
 
-// Counters are not read (they need PerfMgt MADs or sysfs counters): zero.
-func (p *MADPort) Counters() verbs.PortCounters { return verbs.PortCounters{} }
+// Counters reads the port's counters from sysfs (counters.go).
+func (p *MADPort) Counters() verbs.PortCounters { return readCounters(p.ca, p.num) }
 
 func (p *MADPort) MAD() verbs.MADAgent { return p.agent }
 
