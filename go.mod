@@ -3,6 +3,7 @@ module ipoibfs
 go 1.26.0
 
 require (
+	github.com/coder/quartz v0.3.1
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/go-cmp v0.7.0
 	github.com/google/gopacket v1.1.19
