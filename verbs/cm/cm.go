@@ -38,6 +38,9 @@
 //   - When a connection ends (DREQ either way, REJ, timeout, Close) the manager moves
 //     its QP to ERR if it had got past INIT, which flushes posted work requests.
 //
+// Every timer of the manager runs on its clock (WithClock; the time package by
+// default), so tests can drive retransmissions, timeouts and timewait on virtual time.
+//
 // The passive side moves its QP to RTR before sending the REP and to RTS when the RTU
 // arrives; it does not treat the first received data packet as an implicit RTU.
 package cm
@@ -52,6 +55,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/mad"
 )
@@ -268,7 +272,7 @@ type conn struct {
 	twait   time.Duration // how long the peer may still retransmit after the end
 	msg     []byte
 	sent    int
-	timer   *time.Timer
+	timer   clock.Timer
 	gen     uint64
 
 	reply []byte // cached answer to duplicates: REP or REJ (passive), RTU (active)
@@ -298,6 +302,7 @@ type Manager struct {
 	portNum int
 	agent   verbs.MADAgent
 	guid    verbs.GUID
+	clk     clock.Clock
 	tidSeq  atomic.Uint32
 
 	mu         sync.Mutex
@@ -311,20 +316,34 @@ type Manager struct {
 	calls      []func()
 }
 
+// Option configures a Manager (New).
+type Option func(*Manager)
+
+// WithClock runs the manager's timers (retransmissions, timeouts, timewait) on c
+// instead of the time package (clock.Real, also what a nil c means).
+func WithClock(c clock.Clock) Option { return func(m *Manager) { m.clk = c } }
+
 // New creates the communication manager of port (1-based) of dev and registers it
 // with the port's MAD agent for class mad.ClassCM.
-func New(dev verbs.Device, port int) (*Manager, error) {
+func New(dev verbs.Device, port int, opts ...Option) (*Manager, error) {
 	p, err := dev.Port(port)
 	if err != nil {
 		return nil, fmt.Errorf("cm: %w", err)
 	}
 	m := &Manager{
 		dev: dev, port: p, portNum: port, agent: p.MAD(), guid: dev.NodeGUID(),
+		clk:        clock.Real{},
 		nextID:     rand.Uint32(),
 		conns:      map[uint32]*conn{},
 		byRemote:   map[remoteKey]*conn{},
 		byRemoteQP: map[remoteQPKey]*conn{},
 		listeners:  map[uint64]*listener{},
+	}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.clk == nil {
+		m.clk = clock.Real{}
 	}
 	m.tidSeq.Store(rand.Uint32())
 	m.agent.Register(mad.ClassCM, m.handleMAD)
@@ -564,7 +583,7 @@ func (m *Manager) armLocked(c *conn, d time.Duration) {
 	c.stopTimer()
 	c.gen++
 	gen := c.gen
-	c.timer = time.AfterFunc(d, func() { m.fire(c, gen) })
+	c.timer = m.clk.AfterFunc(d, func() { m.fire(c, gen) })
 }
 
 func (c *conn) stopTimer() {

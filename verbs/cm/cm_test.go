@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +29,10 @@ func ipoibPD(qpn uint32) []byte {
 }
 
 func padded(b []byte, n int) []byte { return append(bytes.Clone(b), make([]byte, n-len(b))...) }
+
+// rto is the CM response timeout of params: Timeout 1 is 8.192 µs, floored to
+// MinResponseTimeout.
+const rto = cm.MinResponseTimeout
 
 func params(qp verbs.QP, dst *node) cm.ConnectParams {
 	return cm.ConnectParams{ServiceID: svc, QP: qp, DLID: dst.lid, DGID: dst.gid, PKey: 0xffff,
@@ -55,13 +60,36 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 // waitSent waits until at least n MADs of attr have been sent and returns them.
 func waitSent(t *testing.T, f *fabric, attr uint16, n int) []sentMAD {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s := f.sent(attr)
-		if len(s) >= n || time.Now().After(deadline) {
-			return s
+	f.waitFor(fmt.Sprintf("%d MADs of attribute %#x", n, attr), func() bool {
+		c := 0
+		for _, s := range f.log {
+			if binary.BigEndian.Uint16(s.b[16:]) == attr {
+				c++
+			}
 		}
-		time.Sleep(time.Millisecond)
+		return c >= n
+	})
+	return f.sent(attr)
+}
+
+// sentN is how many MADs of attr have been sent.
+func sentN(f *fabric, attr uint16) int { return len(f.sent(attr)) }
+
+// wantNext checks that the next timer of the fabric's clock is due in d.
+func wantNext(t *testing.T, f *fabric, d time.Duration, what string) {
+	t.Helper()
+	if got, ok := f.clk.Peek(); !ok || got != d {
+		t.Fatalf("%s: next timer in %v (armed: %v), want %v", what, got, ok, d)
+	}
+}
+
+// notYet checks that ch has nothing yet.
+func notYet[T any](t *testing.T, ch <-chan T, what string) {
+	t.Helper()
+	select {
+	case v := <-ch:
+		t.Fatalf("%s already: %v", what, v)
+	default:
 	}
 }
 
@@ -275,7 +303,7 @@ func TestRejectByListener(t *testing.T) {
 	if re.Reason != mad.RejConsumerDefined || !bytes.Equal(re.PrivateData, padded([]byte("go away"), mad.CMREJPrivateDataSize)) {
 		t.Errorf("reject %v %q", re.Reason, re.PrivateData)
 	}
-	time.Sleep(50 * time.Millisecond)
+	f.settle() // the duplicate REQ has been handled too
 	if n := calls.Load(); n != 1 {
 		t.Errorf("listener called %d times", n)
 	}
@@ -306,18 +334,39 @@ func TestUnknownServiceID(t *testing.T) {
 	}
 }
 
+// TestConnectTimeout: an unanswered REQ is resent at exactly every CM response
+// timeout, MaxCMRetries times; one timeout after the last, Connect fails with
+// ErrTimeout and a REJ (timeout, ARI = CA GUID) tells the passive side. The connection
+// then stays in timewait for (MaxCMRetries + 1) timeouts and is forgotten.
 func TestConnectTimeout(t *testing.T) {
 	f := newFabric(t)
 	a, b := newNode(t, f, 1, true), newNode(t, f, 2, false) // b has no CM
 	p := params(a.dev.newQP(verbs.QPTypeRC), b)
 	p.MaxCMRetries = 3
-	start := time.Now()
-	_, err := a.m.Connect(ctxT(t), p)
-	if !errors.Is(err, verbs.ErrTimeout) {
-		t.Fatalf("Connect: %v, want ErrTimeout", err)
+	ctx := ctxT(t)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.m.Connect(ctx, p)
+		errc <- err
+	}()
+	waitSent(t, f, mad.AttrCMREQ, 1) // the timer is armed before the first REQ goes out
+	for n := 1; n <= 4; n++ {
+		wantNext(t, f, rto, fmt.Sprintf("after REQ %d", n))
+		f.clk.Advance(rto - 1)
+		if got := sentN(f, mad.AttrCMREQ); got != n {
+			t.Fatalf("%d REQs sent just before timeout %d, want %d", got, n, n)
+		}
+		notYet(t, errc, "Connect returned")
+		f.clk.Advance(1)
+		if n < 4 {
+			if got := sentN(f, mad.AttrCMREQ); got != n+1 {
+				t.Fatalf("%d REQs sent at timeout %d, want %d", got, n, n+1)
+			}
+			notYet(t, errc, "Connect returned")
+		}
 	}
-	if d := time.Since(start); d < 4*cm.MinResponseTimeout {
-		t.Errorf("gave up after %v", d)
+	if err := recv(t, errc, "Connect"); !errors.Is(err, verbs.ErrTimeout) {
+		t.Fatalf("Connect: %v, want ErrTimeout", err)
 	}
 	reqs := f.sent(mad.AttrCMREQ)
 	if len(reqs) != 4 {
@@ -329,8 +378,7 @@ func TestConnectTimeout(t *testing.T) {
 		}
 	}
 	// The active side tells the passive side it gave up: REJ timeout, ARI = CA GUID.
-	// (It is sent right after Connect learns of the timeout.)
-	rejs := waitSent(t, f, mad.AttrCMREJ, 1)
+	rejs := f.sent(mad.AttrCMREJ)
 	if len(rejs) != 1 {
 		t.Fatalf("%d REJs", len(rejs))
 	}
@@ -340,21 +388,43 @@ func TestConnectTimeout(t *testing.T) {
 		binary.BigEndian.Uint64(rej.ARI[:]) != uint64(a.dev.guid) {
 		t.Errorf("REJ %+v", rej)
 	}
+	wantNext(t, f, 4*rto, "timewait")
+	f.clk.Advance(4 * rto)
+	if n := f.clk.Armed(); n != 0 {
+		t.Errorf("%d timers armed after timewait", n)
+	}
+	if n := sentN(f, mad.AttrCMREQ) + sentN(f, mad.AttrCMREJ); n != 5 {
+		t.Errorf("%d REQs and REJs in all, want 4 + 1", n)
+	}
 }
 
+// TestConnectCancel: a Connect whose context ends sends a REJ (timeout) at once and
+// returns the context's error; the REQ is not resent.
 func TestConnectCancel(t *testing.T) {
 	f := newFabric(t)
 	a, b := newNode(t, f, 1, true), newNode(t, f, 2, false)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	p := params(a.dev.newQP(verbs.QPTypeRC), b)
-	p.Timeout = 20 // 4 s: only ctx can end it
-	_, err := a.m.Connect(ctx, p)
-	if !errors.Is(err, context.DeadlineExceeded) {
+	p.Timeout = 20 // 4.096 µs × 2^20 ≈ 4.3 s
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.m.Connect(ctx, p)
+		errc <- err
+	}()
+	waitSent(t, f, mad.AttrCMREQ, 1)
+	tmo := max(mad.CMTimeout(20), cm.MinResponseTimeout)
+	wantNext(t, f, tmo, "the REQ's retransmission")
+	cancel()
+	if err := recv(t, errc, "Connect"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Connect: %v", err)
 	}
-	if n := len(f.sent(mad.AttrCMREJ)); n != 1 {
+	if n := sentN(f, mad.AttrCMREJ); n != 1 {
 		t.Errorf("%d REJs after cancel", n)
+	}
+	wantNext(t, f, 6*tmo, "timewait") // MaxCMRetries 5
+	if n := sentN(f, mad.AttrCMREQ); n != 1 {
+		t.Errorf("%d REQs", n)
 	}
 }
 
@@ -376,12 +446,44 @@ func TestDropsAndDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	qpA := a.dev.newQP(verbs.QPTypeRC)
-	conn, err := a.m.Connect(ctxT(t), params(qpA, b))
-	if err != nil {
-		t.Fatal(err)
+	ctx := ctxT(t)
+	type result struct {
+		c   *cm.Conn
+		err error
 	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := a.m.Connect(ctx, params(qpA, b))
+		done <- result{c, err}
+	}()
+	// The first two REQs are lost; the third arrives (twice).
+	waitSent(t, f, mad.AttrCMREQ, 1)
+	for n := 2; n <= 3; n++ {
+		f.clk.Advance(rto)
+		if got := sentN(f, mad.AttrCMREQ); got != n {
+			t.Fatalf("%d REQs, want %d", got, n)
+		}
+	}
+	// The listener decides on a goroutine of its own: wait for its REP (lost) before
+	// moving the time on, as a listener this fast would on the real clock.
+	recv(t, l.reqs, "the request")
+	waitSent(t, f, mad.AttrCMREP, 1)
+	// From here on the managers act only in their MAD handlers and timers. Fire the
+	// timers one at a time until none is armed: a side waiting for a REP or an RTU
+	// always has one, so then the handshake is over.
+	for {
+		f.settle()
+		if _, ok := f.clk.Peek(); !ok {
+			break
+		}
+		f.clk.AdvanceNext()
+	}
+	res := recv(t, done, "Connect")
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	conn := res.c
 	bc := recv(t, l.est, "established")
-	time.Sleep(100 * time.Millisecond) // let duplicates drain
 	// Not vacuous: the drops and duplicates happened (REQ sent again after two losses,
 	// REP and RTU resent, each delivered twice).
 	for _, c := range []struct {
@@ -436,17 +538,23 @@ func TestDropsAndDuplicates(t *testing.T) {
 		}
 		return 1
 	})
-	if err := conn.Disconnect(); err != nil {
+	disc := make(chan error, 1)
+	go func() { disc <- conn.Disconnect() }()
+	waitDone(t, bc, "passive Done")
+	f.settle() // the first DREP is sent (and lost)
+	wantNext(t, f, rto, "the DREQ's retransmission")
+	f.clk.Advance(rto)
+	if err := recv(t, disc, "Disconnect"); err != nil {
 		t.Fatalf("Disconnect: %v", err)
 	}
-	waitDone(t, bc, "passive Done")
-	if n := len(f.sent(mad.AttrCMDREQ)); n < 2 {
-		t.Errorf("DREQ sent %d times", n)
+	if nq, np := sentN(f, mad.AttrCMDREQ), sentN(f, mad.AttrCMDREP); nq != 2 || np != 2 {
+		t.Errorf("%d DREQs, %d DREPs; want 2 each", nq, np)
 	}
 }
 
-// TestRTUNeverArrives: the passive side resends the REP up to Max CM Retries, then
-// gives up with a REJ (timeout) that tears the active connection down.
+// TestRTUNeverArrives: the passive side resends the REP at exactly every CM response
+// timeout of the REQ, up to its Max CM Retries, then gives up with a REJ (timeout) that
+// tears the active connection down.
 func TestRTUNeverArrives(t *testing.T) {
 	f := newFabric(t)
 	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
@@ -466,6 +574,17 @@ func TestRTUNeverArrives(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The active side answers each REP with a (lost) RTU.
+	for n := 1; n <= 3; n++ {
+		f.settle()
+		if reps, rtus := sentN(f, mad.AttrCMREP), sentN(f, mad.AttrCMRTU); reps != n || rtus != n {
+			t.Fatalf("%d REPs, %d RTUs; want %d each", reps, rtus, n)
+		}
+		wantNext(t, f, rto, fmt.Sprintf("after REP %d", n))
+		f.clk.Advance(rto - 1)
+		notYet(t, l.failed, "Failed")
+		f.clk.Advance(1)
+	}
 	ferr := recv(t, l.failed, "Failed")
 	if !errors.Is(ferr, verbs.ErrTimeout) {
 		t.Errorf("Failed(%v), want ErrTimeout", ferr)
@@ -477,14 +596,21 @@ func TestRTUNeverArrives(t *testing.T) {
 	if conn.QP.State() != verbs.QPErr || l.qp(conn.QP.Num()).State() != verbs.QPErr {
 		t.Errorf("QPs %v / %v", conn.QP.State(), l.qp(conn.QP.Num()).State())
 	}
-	// 1 + 2 REPs from the passive side's timer (more if a slow listener let a REQ
-	// retransmission through); the active side answers each with a (lost) RTU.
-	reps, rtus := len(f.sent(mad.AttrCMREP)), len(f.sent(mad.AttrCMRTU))
-	if reps < 3 || rtus != reps {
-		t.Errorf("%d REPs, %d RTUs", reps, rtus)
+	f.settle()
+	if reps, rtus := sentN(f, mad.AttrCMREP), sentN(f, mad.AttrCMRTU); reps != 3 || rtus != 3 {
+		t.Errorf("%d REPs, %d RTUs; want 3 each", reps, rtus)
+	}
+	// Both sides keep the connection in timewait for 3 timeouts, then forget it.
+	wantNext(t, f, 3*rto, "timewait")
+	f.clk.Advance(3 * rto)
+	if n := f.clk.Armed(); n != 0 {
+		t.Errorf("%d timers armed after timewait", n)
 	}
 }
 
+// TestDisconnectTimeout: an unanswered DREQ is resent at exactly every CM response
+// timeout, MaxCMRetries times; one timeout after the last, Disconnect returns
+// ErrTimeout.
 func TestDisconnectTimeout(t *testing.T) {
 	f := newFabric(t)
 	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
@@ -499,18 +625,34 @@ func TestDisconnectTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	recv(t, l.est, "established")
+	f.settle()
+	if n := f.clk.Armed(); n != 0 {
+		t.Errorf("%d timers armed for an established connection", n)
+	}
 	f.setFilter(func(_, _ verbs.LID, attr uint16, _ int) int {
 		if attr == mad.AttrCMDREQ {
 			return 0
 		}
 		return 1
 	})
-	if err := conn.Disconnect(); !errors.Is(err, verbs.ErrTimeout) {
+	disc := make(chan error, 1)
+	go func() { disc <- conn.Disconnect() }()
+	waitSent(t, f, mad.AttrCMDREQ, 1)
+	waitDone(t, conn, "Done") // at once, not when the DREP comes
+	for n := 1; n <= 3; n++ {
+		wantNext(t, f, rto, fmt.Sprintf("after DREQ %d", n))
+		f.clk.Advance(rto - 1)
+		if got := sentN(f, mad.AttrCMDREQ); got != n {
+			t.Fatalf("%d DREQs just before timeout %d, want %d", got, n, n)
+		}
+		notYet(t, disc, "Disconnect returned")
+		f.clk.Advance(1)
+	}
+	if err := recv(t, disc, "Disconnect"); !errors.Is(err, verbs.ErrTimeout) {
 		t.Errorf("Disconnect: %v, want ErrTimeout", err)
 	}
-	waitDone(t, conn, "Done")
-	if n := len(f.sent(mad.AttrCMDREQ)); n != 3 {
-		t.Errorf("%d DREQs", n)
+	if n := sentN(f, mad.AttrCMDREQ); n != 3 {
+		t.Errorf("%d DREQs, want 1 + 2 retries", n)
 	}
 }
 
@@ -697,9 +839,7 @@ func TestClose(t *testing.T) {
 		_, err := a.m.Connect(context.Background(), p)
 		pending <- err
 	}()
-	if s := waitSent(t, f, mad.AttrCMREQ, 2); len(s) < 2 {
-		t.Fatalf("%d REQs sent, want a retransmission before closing", len(s))
-	}
+	waitSent(t, f, mad.AttrCMREQ, 2) // the pending Connect's REQ is out
 	a.m.Close()
 	if err := recv(t, pending, "pending Connect"); !errors.Is(err, verbs.ErrClosed) {
 		t.Errorf("pending Connect: %v", err)

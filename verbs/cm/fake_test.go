@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/cm"
 	"ipoibfs/verbs/mad"
@@ -18,11 +19,13 @@ import (
 
 // A small fake of the verbs interfaces: MAD agents on a fabric that delivers MADs
 // asynchronously (one goroutine per agent, in order) and can drop or duplicate them,
-// and RC QPs that record their Modify calls and enforce the RC transition order.
+// and RC QPs that record their Modify calls and enforce the RC transition order. The
+// managers of a fabric's nodes share its virtual clock.
 
 // fabric connects fake MAD agents by LID.
 type fabric struct {
 	t      testing.TB
+	clk    *clock.Mock
 	mu     sync.Mutex
 	agents map[verbs.LID]*fakeAgent
 	// filter decides how many copies of a MAD from -> to are delivered (0 drops it,
@@ -30,6 +33,10 @@ type fabric struct {
 	filter func(from, to verbs.LID, attr uint16, n int) int
 	count  map[uint16]int // MADs sent per attribute
 	log    []sentMAD
+	// inflight counts MADs queued to an agent and not yet handled (the handler has
+	// not returned); changed is closed and replaced when it or log changes.
+	inflight int
+	changed  chan struct{}
 }
 
 type sentMAD struct {
@@ -38,7 +45,51 @@ type sentMAD struct {
 }
 
 func newFabric(t testing.TB) *fabric {
-	return &fabric{t: t, agents: map[verbs.LID]*fakeAgent{}, count: map[uint16]int{}}
+	return &fabric{t: t, clk: clock.NewMock(t), agents: map[verbs.LID]*fakeAgent{}, count: map[uint16]int{},
+		changed: make(chan struct{})}
+}
+
+// changedLocked wakes waitFor.
+func (f *fabric) changedLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// waitFor waits until cond (called with f.mu held) holds. The bound only keeps a
+// broken test from hanging: in a passing test the condition comes true without any
+// time passing.
+func (f *fabric) waitFor(what string, cond func() bool) {
+	f.t.Helper()
+	stop := time.NewTimer(10 * time.Second)
+	defer stop.Stop()
+	for {
+		f.mu.Lock()
+		ok, ch := cond(), f.changed
+		f.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-stop.C:
+			f.t.Fatalf("fake fabric: timed out waiting for %s", what)
+		}
+	}
+}
+
+// settle waits until every MAD sent so far has been handled (and the answers the
+// handlers sent at once too). Work the managers do on goroutines of their own (a
+// listener deciding, callbacks) may still be under way.
+func (f *fabric) settle() {
+	f.t.Helper()
+	f.waitFor("the fabric to settle", func() bool { return f.inflight == 0 })
+}
+
+func (f *fabric) handled() {
+	f.mu.Lock()
+	f.inflight--
+	f.changedLocked()
+	f.mu.Unlock()
 }
 
 func (f *fabric) setFilter(fn func(from, to verbs.LID, attr uint16, n int) int) {
@@ -103,12 +154,12 @@ func (a *fakeAgent) run() {
 			a.mu.Lock()
 			h := a.h[d.b[1]]
 			a.mu.Unlock()
-			if h == nil {
-				continue
+			if h != nil {
+				if resp := h(d.src, d.b); resp != nil {
+					_ = a.Send(d.src.LID, d.src.QPN, resp)
+				}
 			}
-			if resp := h(d.src, d.b); resp != nil {
-				_ = a.Send(d.src.LID, d.src.QPN, resp)
-			}
+			a.f.handled()
 		}
 	}
 }
@@ -149,17 +200,19 @@ func (a *fakeAgent) Send(dlid verbs.LID, dqp verbs.QPN, b []byte) error {
 		copies = f.filter(a.lid, dlid, attr, n)
 	}
 	dst := f.agents[dlid]
-	f.mu.Unlock()
 	if dst == nil {
-		return nil // nobody there: lost, like on a real fabric
+		copies = 0 // nobody there: lost, like on a real fabric
 	}
 	for range copies {
 		select {
 		case dst.in <- delivery{verbs.MADSource{LID: a.lid, GID: a.gid, QPN: verbs.GSIQPN}, b}:
+			f.inflight++
 		default:
 			f.t.Errorf("fake fabric: queue of LID %d full", dlid)
 		}
 	}
+	f.changedLocked()
+	f.mu.Unlock()
 	return nil
 }
 
@@ -321,7 +374,7 @@ func newNode(t testing.TB, f *fabric, lid verbs.LID, withCM bool) *node {
 	d.nextQPN.Store(uint32(lid) << 8)
 	n := &node{dev: d, agent: a, lid: lid, gid: gid}
 	if withCM {
-		m, err := cm.New(d, 1)
+		m, err := cm.New(d, 1, cm.WithClock(f.clk))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,8 @@ import (
 // protocol message by message.
 type rawPeer struct {
 	*node
-	in chan rawMAD
+	in     chan rawMAD
+	probes uint32
 }
 
 type rawMAD struct {
@@ -46,14 +47,14 @@ func (p *rawPeer) send(t *testing.T, to verbs.LID, tid uint64, msg mad.CMMessage
 	}
 }
 
-// expect returns the next MAD of attribute attr, skipping others.
+// expect returns the next MAD of attribute attr, skipping others (attr 0: any MAD).
 func (p *rawPeer) expect(t *testing.T, attr uint16) rawMAD {
 	t.Helper()
 	deadline := time.After(5 * time.Second)
 	for {
 		select {
 		case m := <-p.in:
-			if m.h.AttrID == attr {
+			if m.h.AttrID == attr || attr == 0 {
 				if m.h.Method != mad.MethodSend || m.h.ClassVersion != 2 || m.h.MgmtClass != mad.ClassCM {
 					t.Errorf("header %+v", m.h)
 				}
@@ -65,13 +66,33 @@ func (p *rawPeer) expect(t *testing.T, attr uint16) rawMAD {
 	}
 }
 
-// quiet asserts that nothing arrives for d.
-func (p *rawPeer) quiet(t *testing.T, d time.Duration) {
+// sync returns the MADs that arrived from the manager at lid before it handled
+// everything p sent it so far: p sends a probe, a DREQ for communication ID 0 (which no
+// connection has, so the manager answers with a DREP at once and changes nothing), and
+// collects what arrives until the probe's DREP. The agents handle MADs in order and the
+// manager sends its immediate answers before it handles the next MAD, so whatever
+// p's earlier MADs caused at once arrives before the probe's answer.
+func (p *rawPeer) sync(t *testing.T, lid verbs.LID) []rawMAD {
 	t.Helper()
-	select {
-	case m := <-p.in:
+	p.probes++
+	id := 0xfeed0000 + p.probes
+	p.send(t, lid, 0xfeed, &mad.CMDREQ{LocalCommID: id, RemoteCommID: 0})
+	var got []rawMAD
+	for {
+		m := p.expect(t, 0)
+		if d, ok := m.msg.(*mad.CMDREP); ok && d.RemoteCommID == id {
+			return got
+		}
+		got = append(got, m)
+	}
+}
+
+// quiet asserts that the manager at lid answered nothing p sent it since the last MAD
+// p took.
+func (p *rawPeer) quiet(t *testing.T, lid verbs.LID) {
+	t.Helper()
+	for _, m := range p.sync(t, lid) {
 		t.Errorf("unexpected MAD %#x: %+v", m.h.AttrID, m.msg)
-	case <-time.After(d):
 	}
 }
 
@@ -136,7 +157,7 @@ func TestPassiveByHand(t *testing.T) {
 	// Once established, the old REQ is ignored; a new REQ from the same remote QP is a
 	// stale connection.
 	p.send(t, 2, 0xabc, req)
-	p.quiet(t, 50*time.Millisecond)
+	p.quiet(t, 2)
 	p.send(t, 2, 0xabd, p.req(0x78, 0x300, b))
 	if rej := rejOf(t, p.expect(t, mad.AttrCMREJ)); rej.Reason != mad.RejStaleConn || rej.RemoteCommID != 0x78 {
 		t.Errorf("REJ %+v", rej)
@@ -144,7 +165,7 @@ func TestPassiveByHand(t *testing.T) {
 	// A DREQ naming another QP is ignored; the right one is answered and ends the
 	// connection; its retransmission is answered from timewait.
 	p.send(t, 2, 0xdd, &mad.CMDREQ{LocalCommID: 0x77, RemoteCommID: bc.LocalCommID, RemoteQPN: qpB.num + 1})
-	p.quiet(t, 50*time.Millisecond)
+	p.quiet(t, 2)
 	p.send(t, 2, 0xde, &mad.CMDREQ{LocalCommID: 0x77, RemoteCommID: bc.LocalCommID, RemoteQPN: qpB.num})
 	drep := p.expect(t, mad.AttrCMDREP)
 	if d := drep.msg.(*mad.CMDREP); d.LocalCommID != bc.LocalCommID || d.RemoteCommID != 0x77 || drep.h.TID != 0xde {
@@ -203,7 +224,7 @@ func TestPassiveByHand(t *testing.T) {
 	p.send(t, 2, 0x6003, &mad.CMDREP{LocalCommID: 0x57, RemoteCommID: 0xdeadbeef})
 	p.send(t, 2, 0x6004, &mad.CMREJ{LocalCommID: 0x57, RemoteCommID: 0xdeadbeef, Reason: mad.RejTimeout})
 	p.send(t, 2, 0x6005, &mad.CMMRA{LocalCommID: 0x57, RemoteCommID: 0xdeadbeef})
-	p.quiet(t, 50*time.Millisecond)
+	p.quiet(t, 2)
 	if n := l.calls.Load(); n != 2 {
 		t.Errorf("listener called %d times, want 2", n)
 	}
@@ -221,10 +242,11 @@ func TestActiveByHand(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
+	ctx := ctxT(t)
 	go func() {
 		prm := params(qp, p.node)
 		prm.MaxCMRetries = 15
-		c, err := a.m.Connect(ctxT(t), prm)
+		c, err := a.m.Connect(ctx, prm)
 		done <- result{c, err}
 	}()
 	reqm := p.expect(t, mad.AttrCMREQ)
@@ -234,19 +256,28 @@ func TestActiveByHand(t *testing.T) {
 		uint32(reqm.h.TID) != req.LocalCommID {
 		t.Errorf("REQ %+v TID %#x", req, reqm.h.TID)
 	}
-	// An MRA (service timeout 2^17 × 4 µs ≈ 0.5 s) holds off retransmissions that
-	// would otherwise come every 10 ms: one is seen first, so "none during the MRA"
-	// below cannot hold merely because the manager never retransmits.
-	if s := waitSent(t, f, mad.AttrCMREQ, 2); len(s) < 2 {
-		t.Fatalf("no REQ retransmission before the MRA (%d sent)", len(s))
+	// The REQ is resent every CM response timeout...
+	wantNext(t, f, rto, "the REQ's retransmission")
+	f.clk.Advance(rto)
+	if n := sentN(f, mad.AttrCMREQ); n != 2 {
+		t.Fatalf("%d REQs after one timeout, want 2", n)
 	}
+	// ... until an MRA (service timeout 17: 4.096 µs × 2^17 ≈ 537 ms) pushes the next
+	// retransmission out to the service timeout plus the response timeout; then they
+	// come every response timeout again.
 	p.send(t, 1, reqm.h.TID, &mad.CMMRA{LocalCommID: 0, RemoteCommID: req.LocalCommID, MessageMRAed: mad.CMMsgREQ, ServiceTimeout: 17})
-	time.Sleep(30 * time.Millisecond)
-	n := len(f.sent(mad.AttrCMREQ))
-	time.Sleep(150 * time.Millisecond)
-	if m := len(f.sent(mad.AttrCMREQ)); m != n {
-		t.Errorf("REQ resent %d times during the MRA's service timeout", m-n)
+	p.sync(t, 1)
+	mra := mad.CMTimeout(17) + rto
+	wantNext(t, f, mra, "the REQ's retransmission after the MRA")
+	f.clk.Advance(mra - 1)
+	if n := sentN(f, mad.AttrCMREQ); n != 2 {
+		t.Fatalf("REQ resent during the MRA's service timeout (%d sent)", n)
 	}
+	f.clk.Advance(1)
+	if n := sentN(f, mad.AttrCMREQ); n != 3 {
+		t.Fatalf("%d REQs after the MRA's service timeout, want 3", n)
+	}
+	wantNext(t, f, rto, "the REQ's retransmission after the MRA's")
 
 	rep := &mad.CMREP{LocalCommID: 0x99, RemoteCommID: req.LocalCommID, LocalQPN: 0x301, StartingPSN: 0x222,
 		RNRRetryCount: 5, LocalCAGUID: p.dev.guid}
@@ -274,7 +305,7 @@ func TestActiveByHand(t *testing.T) {
 	}
 	// A REJ for someone else is ignored.
 	p.send(t, 1, 1, &mad.CMREJ{LocalCommID: 0x98, RemoteCommID: c.LocalCommID, Reason: mad.RejTimeout})
-	time.Sleep(30 * time.Millisecond)
+	p.quiet(t, 1)
 	if c.Err() != nil {
 		t.Fatalf("foreign REJ ended the connection: %v", c.Err())
 	}
@@ -290,5 +321,53 @@ func TestActiveByHand(t *testing.T) {
 	}
 	if qp.State() != verbs.QPErr {
 		t.Errorf("QP %v", qp.State())
+	}
+}
+
+// TestTimewait: after a connection ends the passive side keeps it for the peer's retry
+// window, the longer CM response timeout of the REQ × (Max CM Retries + 1), answering
+// the REQ's retransmissions as stale, and forgets it exactly then.
+func TestTimewait(t *testing.T) {
+	f := newFabric(t)
+	b := newNode(t, f, 2, true)
+	p := newRawPeer(t, f, 3)
+	l := newAcceptAll(b)
+	if _, err := b.m.Listen(svc, l.handle); err != nil {
+		t.Fatal(err)
+	}
+	req := p.req(0x77, 0x300, b)
+	// Local 10 ms (8 µs, floored), remote 4.096 µs × 2^13 ≈ 33.6 ms: the remote one
+	// is the longer.
+	req.LocalCMResponseTimeout, req.RemoteCMResponseTimeout, req.MaxCMRetries = 1, 13, 2
+	p.send(t, 2, 0xabc, req)
+	r := p.expect(t, mad.AttrCMREP).msg.(*mad.CMREP)
+	wantNext(t, f, rto, "the REP's retransmission")
+	p.send(t, 2, 0xabc, &mad.CMRTU{LocalCommID: 0x77, RemoteCommID: r.LocalCommID})
+	bc := recv(t, l.est, "established")
+	if n := f.clk.Armed(); n != 0 {
+		t.Errorf("%d timers armed for an established connection", n)
+	}
+	p.send(t, 2, 0xde, &mad.CMDREQ{LocalCommID: 0x77, RemoteCommID: bc.LocalCommID, RemoteQPN: bc.QP.Num()})
+	p.expect(t, mad.AttrCMDREP)
+	waitDone(t, bc, "Done")
+
+	twait := 3 * mad.CMTimeout(13)
+	wantNext(t, f, twait, "the end of timewait")
+	f.clk.Advance(twait - 1)
+	p.send(t, 2, 0xabc, req)
+	if rej := rejOf(t, p.expect(t, mad.AttrCMREJ)); rej.Reason != mad.RejStaleConn || rej.RemoteCommID != 0x77 {
+		t.Errorf("REQ during timewait: REJ %+v", rej)
+	}
+	f.clk.Advance(1)
+	if n := f.clk.Armed(); n != 0 {
+		t.Errorf("%d timers armed after timewait", n)
+	}
+	// Forgotten: the same REQ is a new request now.
+	p.send(t, 2, 0xabc, req)
+	if r2 := p.expect(t, mad.AttrCMREP).msg.(*mad.CMREP); r2.RemoteCommID != 0x77 || r2.LocalCommID == r.LocalCommID {
+		t.Errorf("REQ after timewait: REP %+v (first connection's comm ID %#x)", r2, r.LocalCommID)
+	}
+	if n := l.calls.Load(); n != 2 {
+		t.Errorf("listener called %d times, want 2", n)
 	}
 }
