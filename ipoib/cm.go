@@ -158,7 +158,7 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 	i.mu.Lock()
 	i.rx[qp.Num()] = rx
 	i.mu.Unlock()
-	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(),
+	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(), SRQ: i.cmSRQ != nil,
 		Established: func(c *cm.Conn) {
 			// Buffers are posted once the QP is past INIT (the manager moved it to RTS);
 			// with a shared receive queue, its pool once, at the first connection.

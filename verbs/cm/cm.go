@@ -117,6 +117,7 @@ type Decision interface{ decision() }
 type Accept struct {
 	QP          verbs.QP
 	PrivateData []byte // at most 196 bytes
+	SRQ         bool   // the REP says QP receives from a shared receive queue
 	Established func(*Conn)
 	Failed      func(error)
 }
@@ -896,7 +897,7 @@ func (m *Manager) acceptLocked(c *conn, acc *Accept, r *Request, failover uint8)
 	c.qp, c.pub.QP = qp, qp
 	c.psn = rand.Uint32() & 0xffffff
 	rep := &mad.CMREP{LocalCommID: c.localID, RemoteCommID: c.remoteID, LocalQPN: qp.Num(), StartingPSN: c.psn,
-		FailoverAccepted: failover, RNRRetryCount: r.RNRRetry, SRQ: r.SRQ, LocalCAGUID: m.guid}
+		FailoverAccepted: failover, RNRRetryCount: r.RNRRetry, SRQ: acc.SRQ, LocalCAGUID: m.guid}
 	copy(rep.PrivateData[:], acc.PrivateData)
 	c.msg = mad.NewCMMAD(c.tid, rep)
 	c.reply = c.msg

@@ -111,6 +111,7 @@ type acceptAll struct {
 	calls  atomic.Int32
 	qps    sync.Map // remote QPN -> *fakeQP
 	pd     []byte
+	srq    bool // Accept.SRQ
 }
 
 func newAcceptAll(n *node) *acceptAll {
@@ -123,7 +124,7 @@ func (l *acceptAll) handle(r *cm.Request) cm.Decision {
 	l.reqs <- r
 	qp := l.n.dev.newQP(verbs.QPTypeRC)
 	l.qps.Store(r.RemoteQPN, qp)
-	return cm.Accept{QP: qp, PrivateData: l.pd,
+	return cm.Accept{QP: qp, PrivateData: l.pd, SRQ: l.srq,
 		Established: func(c *cm.Conn) { l.est <- c },
 		Failed:      func(err error) { l.failed <- err }}
 }

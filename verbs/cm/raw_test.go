@@ -121,6 +121,7 @@ func TestPassiveByHand(t *testing.T) {
 	b := newNode(t, f, 2, true)
 	p := newRawPeer(t, f, 3)
 	l := newAcceptAll(b)
+	l.srq = true // the REP says so, whatever the REQ said (the active side's QP)
 	if _, err := b.m.Listen(svc, l.handle); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestPassiveByHand(t *testing.T) {
 	r := rep.msg.(*mad.CMREP)
 	qpB := l.qp(0x300)
 	if rep.h.TID != 0xabc || r.RemoteCommID != 0x77 || r.LocalQPN != qpB.num || r.LocalCAGUID != b.dev.guid ||
-		r.RNRRetryCount != 6 || r.FailoverAccepted != mad.CMFailoverAccepted || r.LocalCommID == 0 ||
+		r.RNRRetryCount != 6 || r.FailoverAccepted != mad.CMFailoverAccepted || r.LocalCommID == 0 || !r.SRQ ||
 		!bytes.Equal(r.PrivateData[:8], ipoibPD(0x49)) {
 		t.Errorf("REP %+v (TID %#x)", r, rep.h.TID)
 	}
