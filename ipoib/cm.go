@@ -151,7 +151,7 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 	if err != nil {
 		return cm.Reject{Reason: mad.RejNoQP}
 	}
-	rx := &cmRx{qp: qp, last: time.Now()}
+	rx := &cmRx{qp: qp, last: i.e.clk.Now()}
 	if i.cmSRQ == nil {
 		rx.bufs = make([][]byte, i.e.params.RecvQueueSize)
 	}
@@ -267,7 +267,7 @@ func (i *Interface) cmRouteLocked(hw HWAddr, frame [][]byte) (t *cmTx, queued, o
 	}
 	t = i.tx[hw]
 	if t != nil && !t.rejected.IsZero() {
-		if time.Since(t.rejected) < cmRejectHold {
+		if i.e.clk.Since(t.rejected) < cmRejectHold {
 			return nil, false, false
 		}
 		delete(i.tx, hw)
@@ -300,7 +300,7 @@ func (i *Interface) cmConnect(t *cmTx) {
 		q := t.queue
 		t.queue = nil
 		if rejected && i.tx[t.hw] == t {
-			t.rejected = time.Now()
+			t.rejected = i.e.clk.Now()
 		} else if i.tx[t.hw] == t {
 			delete(i.tx, t.hw) // the next packet tries again
 		}
@@ -509,7 +509,7 @@ func (i *Interface) cmRecvLoop() {
 		}
 		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
 			deliver, re, local = deliver[:0], re[:0], local[:0]
-			now := time.Now()
+			now := i.e.clk.Now()
 			i.mu.Lock()
 			host := i.upperHostLocked() // its own, or its bond's (bond.go)
 			for _, wc := range wcs[:n] {
@@ -581,7 +581,7 @@ func (i *Interface) cmReap() time.Duration {
 		return time.Hour
 	}
 	idleFor := i.e.tm.Load().cmRxIdle
-	now := time.Now()
+	now := i.e.clk.Now()
 	var idle []*cmRx
 	i.mu.Lock()
 	for q, r := range i.rx {

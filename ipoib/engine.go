@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/cm"
 )
@@ -61,6 +62,9 @@ type TxQueueHost interface {
 // Options configure an engine.
 type Options struct {
 	Params *Params
+	// Clock runs the engine's timers (joins, retries, reaping) and the CM's; nil is
+	// the real clock. Tests pass a clock.Mock to run them on virtual time.
+	Clock  clock.Clock
 	Logger *log.Logger // the engine's messages; nil = log.Default()
 	// Trace receives the debug_level / mcast_debug_level lines (which those parameters
 	// switch on); nil = Logger.
@@ -114,6 +118,7 @@ type Engine struct {
 	log    *log.Logger
 	trace  *log.Logger
 	emit   func(string)
+	clk    clock.Clock
 	start  time.Time
 	tm     atomic.Pointer[timers]
 	wrapSA func(saClient) saClient
@@ -151,7 +156,10 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, start: time.Now(),
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, clk: o.Clock, start: o.Clock.Now(),
 		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA, gidMode: o.GIDMode}
 	tm := defaultTimers
 	e.tm.Store(&tm)
@@ -161,7 +169,7 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 	e.cms = map[int]*cm.Manager{}
 	if cmSupported(dev) {
 		for n := 1; n <= dev.NumPorts(); n++ {
-			mgr, err := cm.New(dev, n)
+			mgr, err := cm.New(dev, n, cm.WithClock(e.clk))
 			if err != nil {
 				e.log.Printf("port %d: no connection manager, connected mode unavailable: %v", n, err)
 				continue

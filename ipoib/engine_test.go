@@ -88,8 +88,9 @@ func testFabric(t *testing.T, conf string, names ...string) (*soft.HCA, []*node)
 	return testFabricWith(t, conf, nil, names...)
 }
 
-// testFabricWith is testFabric with each node's HCA configuration adjusted by tweak.
-func testFabricWith(t *testing.T, conf string, tweak func(*soft.Config), names ...string) (*soft.HCA, []*node) {
+// testFabricWith is testFabric with each node's HCA configuration and engine options
+// adjusted by tweak.
+func testFabricWith(t *testing.T, conf string, tweak func(*soft.Config, *Options), names ...string) (*soft.HCA, []*node) {
 	t.Helper()
 	net := soft.NewMemNetwork()
 	var parts *partitions.Config
@@ -107,8 +108,9 @@ func testFabricWith(t *testing.T, conf string, tweak func(*soft.Config), names .
 	var nodes []*node
 	for _, name := range names {
 		cfg := soft.Config{Name: name, Network: net, SM: smh.Endpoint(1), Heartbeat: hb}
+		var opts Options
 		if tweak != nil {
-			tweak(&cfg)
+			tweak(&cfg, &opts)
 		}
 		h, err := soft.New(cfg)
 		if err != nil {
@@ -116,7 +118,7 @@ func testFabricWith(t *testing.T, conf string, tweak func(*soft.Config), names .
 		}
 		t.Cleanup(func() { h.Close() })
 		waitFor(t, name+" port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
-		e, err := New(h, Options{})
+		e, err := New(h, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -756,7 +758,7 @@ func TestConnectedToDatagramPeerFallsBack(t *testing.T) {
 // max_nonsrq_conn_qp caps passive connections (REJ beyond it, and the refused peer
 // reaches us over UD), and a child has its own mode.
 func TestMaxNonSRQConnQPAndChildMode(t *testing.T) {
-	_, nodes := testFabricWith(t, "", func(c *soft.Config) { c.NoSRQ = true }, "a", "b", "c")
+	_, nodes := testFabricWith(t, "", func(c *soft.Config, _ *Options) { c.NoSRQ = true }, "a", "b", "c")
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	a.e.params.MaxNonSRQConnQP = 1
 	for k, n := range nodes {

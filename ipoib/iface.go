@@ -80,10 +80,11 @@ type Interface struct {
 	hostAddrs []netip.Prefix
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
-	childOps      sync.Mutex   // serialises CreateChild and DeleteChild of a parent
-	ifIndex       atomic.Int32 // the kernel device's index (SetIfIndex); 0: none
-	legacy        bool         // a create_child child (not AddLink's)
-	leaveMu       sync.Mutex   // guards leavesDone against leaves.Add racing close's Wait
+	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
+	childOps      sync.Mutex    // serialises CreateChild and DeleteChild of a parent
+	ifIndex       atomic.Int32  // the kernel device's index (SetIfIndex); 0: none
+	legacy        bool          // a create_child child (not AddLink's)
+	leaveMu       sync.Mutex    // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool
 	txQueueLen    uint32
@@ -650,22 +651,17 @@ func (i *Interface) flush(l flushLevel) {
 // retransmissions, woken by wake() and by its own timers.
 func (i *Interface) task() {
 	defer i.wg.Done()
-	t := time.NewTimer(time.Hour)
+	t := i.e.clk.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
 		next := i.runTask()
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(next)
+		i.taskRounds.Add(1)
+		t.Reset(next) // no stale tick is received after a Reset (clock.Timer)
 		select {
 		case <-i.stop:
 			return
 		case <-i.kick:
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

@@ -70,7 +70,7 @@ func (i *Interface) wantedGroupsLocked() []verbs.GID {
 func (i *Interface) mcastRound() time.Duration {
 	p, _ := i.e.dev.Port(i.port)
 	active := p.Attr().State == verbs.PortActive
-	now := time.Now()
+	now := i.e.clk.Now()
 	next := time.Hour
 	i.mu.Lock()
 	defer i.mu.Unlock()
@@ -210,7 +210,7 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		} else {
 			g.backoff = min(2*g.backoff, tm.maxBackoff)
 		}
-		g.retryAt = time.Now().Add(g.backoff)
+		g.retryAt = i.e.clk.Now().Add(g.backoff)
 		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.Name(), g.mgid.KernelString(), err)
 		if g.sendOnly && g.tries >= 2 {
 			i.stats.txDropped.Add(uint64(len(g.queue)))
@@ -329,11 +329,11 @@ func (i *Interface) sendMulticastLocked(mgid verbs.GID, frame []byte) (verbs.AH,
 			i.stats.txDropped.Add(1)
 			return nil, false
 		}
-		g = &mcastGroup{mgid: mgid, created: time.Now(), sendOnly: true}
+		g = &mcastGroup{mgid: mgid, created: i.e.clk.Now(), sendOnly: true}
 		i.mcast[mgid] = g
 		i.wake()
 	}
-	g.lastUse = time.Now()
+	g.lastUse = i.e.clk.Now()
 	if g.ah != nil {
 		return g.ah, true
 	}

@@ -110,7 +110,7 @@ func (i *Interface) sendToHWLocked(hw HWAddr, frame [][]byte) (verbs.AH, verbs.Q
 	}
 	// Frames wait only behind a query under way, as in the driver: until a failed
 	// query's retry time, nothing would send or drop them.
-	if len(p.queue) >= maxPathQ || !p.querying && time.Now().Before(p.retryAt) {
+	if len(p.queue) >= maxPathQ || !p.querying && i.e.clk.Now().Before(p.retryAt) {
 		i.stats.txDropped.Add(1)
 		return nil, 0, false
 	}
@@ -155,7 +155,7 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 	p.queue = nil
 	if err != nil {
 		i.e.tracef(1, "%s: path record query for %s failed: %v", i.Name(), p.dgid.KernelString(), err)
-		p.retryAt = time.Now().Add(i.e.tm.Load().pathRetry)
+		p.retryAt = i.e.clk.Now().Add(i.e.tm.Load().pathRetry)
 		i.stats.txDropped.Add(uint64(len(q)))
 		// Its neighbours are given up (ipoib_del_neighs_by_gid): the next packet
 		// resolves the address again.
@@ -202,7 +202,7 @@ func (i *Interface) learnLocked(ip netip.Addr, hw HWAddr) (flush [][]byte) {
 		// The peer changed its address (restart, new QPN): its old path is stale too.
 		delete(i.paths, n.hw.GID())
 	}
-	n.hw, n.valid, n.tries, n.updated = hw, true, 0, time.Now()
+	n.hw, n.valid, n.tries, n.updated = hw, true, 0, i.e.clk.Now()
 	flush, n.queue = n.queue, nil
 	return flush
 }
@@ -229,7 +229,7 @@ func (i *Interface) resend(hw HWAddr, frames [][]byte) {
 // neighRound sends due ARP requests / neighbour solicitations and gives up on
 // neighbours that never answered.
 func (i *Interface) neighRound() time.Duration {
-	now := time.Now()
+	now := i.e.clk.Now()
 	next := time.Hour
 	type sol struct {
 		ip netip.Addr
