@@ -65,10 +65,39 @@ func TestTsharkDecodesLiveFabric(t *testing.T) {
 	bcast := mustGID(t, "ff12:401b:ffff::ffff:ffff")
 	dst := newUD(t, smh, 0, 0x0b1b)
 	src := newUD(t, node, 0, 0x0b1b)
-	// tshark says "Capturing on" slightly before it really captures: repeat the
-	// exchange (joins are idempotent) so that at least one round is in the file.
-	for range 4 {
-		time.Sleep(250 * time.Millisecond)
+	// scan reads what the capture has written so far: whether it holds the SA join (an
+	// SA Set(MCMemberRecord) to QP1 with the GSI Q_Key) and the UD message with IPv4.
+	scan := func() (sawJoin, sawIPv4 bool, out []byte) {
+		out, err := exec.Command(tshark, "-n", "-r", pcap, "-T", "fields", "-E", "separator=|",
+			"-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.deth.q_key",
+			"-e", "infiniband.mad.mgmtclass", "-e", "infiniband.mcmemberrecord.mgid",
+			"-e", "infiniband.mcmemberrecord.portgid", "-e", "infiniband.mcmemberrecord.joinstate",
+			"-e", "ip.dst", "-e", "icmp.type").CombinedOutput()
+		if err != nil && len(out) == 0 {
+			return false, false, []byte(err.Error())
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			f := strings.Split(l, "|")
+			if len(f) < 9 {
+				continue
+			}
+			if f[1] == "0x000001" && f[2] == "0x0000000080010000" && f[3] == "0x03" &&
+				f[4] == "ff12:401b:ffff::ffff:ffff" && f[5] == g.String() && f[6] == "0x01" {
+				sawJoin = true
+			}
+			// ip.dst holds the outer and the inner IPv4 destination.
+			if f[0] == "100" && f[2] == "0x0000000000000b1b" && strings.Contains(f[7], "10.0.0.2") && f[8] == "8" {
+				sawIPv4 = true
+			}
+		}
+		return sawJoin, sawIPv4, out
+	}
+	// tshark says "Capturing on" slightly before it really captures, and writes the
+	// file in its own time: repeat the exchange (joins are idempotent) until the file
+	// holds a round of it.
+	var sawJoin, sawIPv4 bool
+	var out []byte
+	for round := 0; round < 40 && !(sawJoin && sawIPv4); round++ {
 		if _, err := (&sa.Client{Port: p}).Join(context.Background(),
 			mad.MCMemberRecord{MGID: bcast, PortGID: g, PKey: 0xffff, JoinState: mad.JoinFull}, mad.IPoIBBroadcastJoinMask); err != nil {
 			t.Fatal(err)
@@ -77,36 +106,12 @@ func TestTsharkDecodesLiveFabric(t *testing.T) {
 		if _, ok := dst.recv(t, 2*time.Second); !ok {
 			t.Fatal("UD message not delivered")
 		}
+		time.Sleep(100 * time.Millisecond) // a poll interval for the file, not a synchronisation
+		sawJoin, sawIPv4, out = scan()
 	}
-	time.Sleep(300 * time.Millisecond) // let the capture flush
 	stop()
 	if os.Getenv("IPOIBFS_KEEP_PCAP") != "" {
 		exec.Command("cp", pcap, "/tmp/fabric.pcap").Run()
-	}
-
-	out, err := exec.Command(tshark, "-n", "-r", pcap, "-T", "fields", "-E", "separator=|",
-		"-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.deth.q_key",
-		"-e", "infiniband.mad.mgmtclass", "-e", "infiniband.mcmemberrecord.mgid",
-		"-e", "infiniband.mcmemberrecord.portgid", "-e", "infiniband.mcmemberrecord.joinstate",
-		"-e", "ip.dst", "-e", "icmp.type").CombinedOutput()
-	if err != nil {
-		t.Fatalf("tshark -r: %v\n%s", err, out)
-	}
-	var sawJoin, sawIPv4 bool
-	for _, l := range strings.Split(string(out), "\n") {
-		f := strings.Split(l, "|")
-		if len(f) < 9 {
-			continue
-		}
-		// An SA Set(MCMemberRecord) to QP1 with the GSI Q_Key.
-		if f[1] == "0x000001" && f[2] == "0x0000000080010000" && f[3] == "0x03" &&
-			f[4] == "ff12:401b:ffff::ffff:ffff" && f[5] == g.String() && f[6] == "0x01" {
-			sawJoin = true
-		}
-		// ip.dst holds the outer and the inner IPv4 destination.
-		if f[0] == "100" && f[2] == "0x0000000000000b1b" && strings.Contains(f[7], "10.0.0.2") && f[8] == "8" {
-			sawIPv4 = true
-		}
 	}
 	if !sawJoin || !sawIPv4 {
 		t.Fatalf("tshark did not decode the join (%v) or the IPv4 payload (%v):\n%s", sawJoin, sawIPv4, out)

@@ -40,6 +40,14 @@ func (r *udpRx) count() int {
 	return r.n
 }
 
+// ended reports whether the last datagram from src is the end marker.
+func (r *udpRx) ended(src netip.AddrPort) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.got[src]
+	return len(g) > 0 && bytes.Equal(g[len(g)-1], endMarker)
+}
+
 func (r *udpRx) from(src netip.AddrPort) [][]byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -109,21 +117,35 @@ func udpBurst(dst1, dst2 netip.AddrPort) (batch []Datagram, want map[netip.AddrP
 	return batch, want
 }
 
-func checkReceived(t *testing.T, src netip.AddrPort, want map[netip.AddrPort][][]byte, rx map[netip.AddrPort]*udpRx) {
+// endMarker follows a test's datagrams from the same socket: loopback keeps one
+// socket's datagrams in order, so once it has arrived, anything extra the batch caused
+// (duplicates, stray segments) has arrived too.
+var endMarker = []byte("end of the test's datagrams")
+
+func checkReceived(t *testing.T, s *udpEndpoint, want map[netip.AddrPort][][]byte, rx map[netip.AddrPort]*udpRx) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for dst, w := range want {
-		for rx[dst].count() < len(w) && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+	src := s.Addr()
+	for dst := range want {
+		if err := s.Send([]Datagram{{dst, endMarker}}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	time.Sleep(20 * time.Millisecond) // anything extra (duplicates, stray segments) arrives
+	deadline := time.Now().Add(5 * time.Second)
+	for dst := range want {
+		for !rx[dst].ended(src) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !rx[dst].ended(src) {
+			t.Fatalf("%s: the end marker from %s never arrived", dst, src)
+		}
+	}
 	for dst, w := range want {
 		r := rx[dst]
-		if n := r.count(); n != len(w) {
+		if n := r.count() - 1; n != len(w) {
 			t.Errorf("%s received %d datagrams, want %d", dst, n, len(w))
 		}
 		got := r.from(src)
+		got = got[:len(got)-1] // the marker
 		for i := range min(len(got), len(w)) {
 			if !bytes.Equal(got[i], w[i]) {
 				t.Fatalf("%s: datagram %d from %s: got %d bytes %x..., want %d bytes %x...",
@@ -238,7 +260,7 @@ func TestUDPGSOAndGRO(t *testing.T) {
 	if err := s.Send(batch); err != nil {
 		t.Fatal(err)
 	}
-	checkReceived(t, s.Addr(), want, rx)
+	checkReceived(t, s, want, rx)
 	if s.gsoSends.Load() == 0 || s.gsoSegs.Load() <= s.gsoSends.Load() {
 		t.Errorf("no GSO: %d messages, %d segments", s.gsoSends.Load(), s.gsoSegs.Load())
 	}
@@ -266,7 +288,7 @@ func TestUDPGSOForcedOff(t *testing.T) {
 	if err := s.Send(batch); err != nil {
 		t.Fatal(err)
 	}
-	checkReceived(t, s.Addr(), want, rx)
+	checkReceived(t, s, want, rx)
 	if n := s.gsoSends.Load(); n != 0 {
 		t.Errorf("%d GSO messages with GSO off", n)
 	}
@@ -291,7 +313,7 @@ func TestUDPGROOff(t *testing.T) {
 	if err := s.Send(batch); err != nil {
 		t.Fatal(err)
 	}
-	checkReceived(t, s.Addr(), want, rx)
+	checkReceived(t, s, want, rx)
 	if s.gsoSends.Load() == 0 {
 		t.Error("no GSO messages sent")
 	}
@@ -318,7 +340,7 @@ func TestUDPGSORefused(t *testing.T) {
 	if err := s.Send(batch); err != nil {
 		t.Fatal(err)
 	}
-	checkReceived(t, s.Addr(), want, rx)
+	checkReceived(t, s, want, rx)
 	s.mu.Lock()
 	gso := s.gso
 	s.mu.Unlock()
@@ -335,7 +357,7 @@ func TestUDPGSORefused(t *testing.T) {
 	if err := s.Send(batch); err != nil {
 		t.Fatal(err)
 	}
-	checkReceived(t, s.Addr(), want, rx)
+	checkReceived(t, s, want, rx)
 	if s.gsoRefusals.Load() != 1 {
 		t.Errorf("%d refusals, want 1", s.gsoRefusals.Load())
 	}
