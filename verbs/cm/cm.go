@@ -208,11 +208,11 @@ func (c *Conn) Disconnect() error {
 		m.sendDREQLocked(cc)
 	case stDreqSent:
 	default:
-		m.unlock()
+		m.mu.Unlock()
 		return nil
 	}
 	ch := cc.discDone
-	m.unlock()
+	m.mu.Unlock()
 	<-ch
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -306,15 +306,40 @@ type Manager struct {
 	clk     clock.Clock
 	tidSeq  atomic.Uint32
 
-	mu         sync.Mutex
+	mu         flushMutex // every release sends what was queued under it
 	closed     bool
 	nextID     uint32
 	conns      map[uint32]*conn // by local communication ID
 	byRemote   map[remoteKey]*conn
 	byRemoteQP map[remoteQPKey]*conn // live connections only
 	listeners  map[uint64]*listener
-	outq       []outMAD
-	calls      []func()
+}
+
+// flushMutex is the manager's lock. MADs and user callbacks are queued while it is
+// held (sendLocked, callLocked) and leave when it is released, whichever path
+// releases it: none is sent or called under the lock, and none can be forgotten by a
+// path that unlocks without flushing.
+type flushMutex struct {
+	mu    sync.Mutex
+	outq  []outMAD
+	calls []func()
+	send  func(outMAD)
+}
+
+func (l *flushMutex) Lock() { l.mu.Lock() }
+
+// Unlock releases the lock, then sends the queued MADs in order and starts each queued
+// callback on a goroutine of its own.
+func (l *flushMutex) Unlock() {
+	q, calls := l.outq, l.calls
+	l.outq, l.calls = nil, nil
+	l.mu.Unlock()
+	for _, o := range q {
+		l.send(o)
+	}
+	for _, f := range calls {
+		go f()
+	}
 }
 
 // Option configures a Manager (New).
@@ -340,6 +365,7 @@ func New(dev verbs.Device, port int, opts ...Option) (*Manager, error) {
 		byRemoteQP: map[remoteQPKey]*conn{},
 		listeners:  map[uint64]*listener{},
 	}
+	m.mu.send = func(o outMAD) { _ = m.agent.Send(o.lid, verbs.GSIQPN, o.b) }
 	for _, o := range opts {
 		o(m)
 	}
@@ -373,7 +399,7 @@ func (m *Manager) Close() {
 		c.stopTimer()
 	}
 	m.listeners = map[uint64]*listener{}
-	m.unlock()
+	m.mu.Unlock()
 }
 
 // Listen accepts REQs for serviceID: h decides for each new request, on a goroutine of
@@ -504,7 +530,7 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 			m.endLocked(c, err)
 			m.removeLocked(c)
 		}
-		m.unlock()
+		m.mu.Unlock()
 		return fail(err)
 	}
 
@@ -522,7 +548,7 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 		m.endLocked(c, ctx.Err())
 		m.enterTimewaitLocked(c)
 	}
-	m.unlock()
+	m.mu.Unlock()
 	// The handshake may have finished (or failed) just before ctx ended.
 	if err := <-c.connectCh; err != nil {
 		return fail(err)
@@ -557,27 +583,13 @@ func (m *Manager) newTID(c *conn) uint64 {
 	return uint64(m.tidSeq.Add(1))<<32 | uint64(c.localID)
 }
 
-// sendLocked queues a MAD to QP1 at lid; unlock sends it.
+// sendLocked queues a MAD to QP1 at lid; releasing m.mu sends it.
 func (m *Manager) sendLocked(lid verbs.LID, b []byte) {
-	m.outq = append(m.outq, outMAD{lid, b})
+	m.mu.outq = append(m.mu.outq, outMAD{lid, b})
 }
 
-// callLocked queues a user callback; unlock starts it on its own goroutine.
-func (m *Manager) callLocked(f func()) { m.calls = append(m.calls, f) }
-
-// unlock releases m.mu, then sends the queued MADs and starts the queued callbacks, so
-// that neither runs under the lock.
-func (m *Manager) unlock() {
-	q, calls := m.outq, m.calls
-	m.outq, m.calls = nil, nil
-	m.mu.Unlock()
-	for _, o := range q {
-		_ = m.agent.Send(o.lid, verbs.GSIQPN, o.b)
-	}
-	for _, f := range calls {
-		go f()
-	}
-}
+// callLocked queues a user callback; releasing m.mu starts it on its own goroutine.
+func (m *Manager) callLocked(f func()) { m.mu.calls = append(m.mu.calls, f) }
 
 // armLocked (re)starts c's retransmission timer.
 func (m *Manager) armLocked(c *conn, d time.Duration) {
@@ -599,7 +611,7 @@ func (c *conn) stopTimer() {
 // timewait.
 func (m *Manager) fire(c *conn, gen uint64) {
 	m.mu.Lock()
-	defer m.unlock()
+	defer m.mu.Unlock()
 	if m.closed || gen != c.gen {
 		return
 	}
@@ -739,7 +751,7 @@ func (m *Manager) handleMAD(src verbs.MADSource, b []byte) []byte {
 		return nil
 	}
 	m.mu.Lock()
-	defer m.unlock()
+	defer m.mu.Unlock()
 	if m.closed {
 		return nil
 	}
@@ -849,7 +861,7 @@ func (m *Manager) decide(c *conn, h func(*Request) Decision, r *Request, failove
 	}
 
 	m.mu.Lock()
-	defer m.unlock()
+	defer m.mu.Unlock()
 	if c.state != stReqRcvd || m.closed {
 		// The active side gave up (REJ) or the manager closed while the listener decided.
 		if acc != nil {
