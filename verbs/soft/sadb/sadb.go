@@ -154,6 +154,7 @@ type DB struct {
 	groups  map[verbs.GID]*group
 	byMGID  []*group // groups in MGID order, nil when a group came or went (sorted)
 	mlids   map[verbs.LID]*group
+	mlidLow verbs.LID // every multicast LID below it is in use (newMLID starts there)
 	version uint64
 	mgidSeq uint32 // OpenSM's uniq_count for SA-assigned MGIDs
 }
@@ -330,20 +331,24 @@ func (db *DB) remove(g *group) {
 	delete(db.groups, g.rec.MGID)
 	if db.mlids[g.rec.MLID] == g {
 		delete(db.mlids, g.rec.MLID)
+		db.mlidLow = min(db.mlidLow, g.rec.MLID)
 	}
 }
 
 // newMLID returns requested if it is a free multicast LID (OpenSM honours the MLID of
-// the creating request), else the lowest free one, or 0 when none is left.
+// the creating request), else the lowest free one, or 0 when none is left. The search
+// starts at mlidLow, so creating N groups costs O(N) in all, not O(N²).
 func (db *DB) newMLID(requested verbs.LID) verbs.LID {
 	if requested >= verbs.LIDMulticastBase && requested <= maxMLID && db.mlids[requested] == nil {
 		return requested
 	}
-	for l := verbs.LIDMulticastBase; l <= maxMLID; l++ {
+	for l := max(db.mlidLow, verbs.LIDMulticastBase); l <= maxMLID; l++ {
 		if db.mlids[l] == nil {
+			db.mlidLow = l
 			return l
 		}
 	}
+	db.mlidLow = maxMLID + 1
 	return 0
 }
 
