@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"ipoibfs/verbs"
@@ -20,6 +21,19 @@ import (
 // port): it assigns LIDs, brings ports ACTIVE, programs P_Key tables from the
 // partition configuration, publishes the forwarding tables every port uses to reach
 // the others, and answers SA requests on that port's QP1.
+//
+// Publishing is asynchronous and coalesced. A change (a port comes or goes, the SA
+// changes multicast membership, partitions, faults or links change) increments
+// routesV and wakes the publisher goroutine, which sends the tables as they are when it
+// starts a pass to every port, then records them as published (pubV). Changes made
+// while a pass runs are sent together by the next one, so a burst of N joins costs a
+// few passes, not N. Whatever must follow the tables waits for them rather than for a
+// pass of its own: an SA answer is sent once the tables of the version current after
+// its request (its own change included) have gone to every port, as the synchronous
+// publish before each answer did; a new port gets its configuration (ACTIVE) after the
+// tables that let it reach the SM; SetPartitions, SetFaults and link changes return
+// once their tables are out. The last change is always published: every change wakes
+// the publisher, and a pass reads the version before it lists the tables.
 type SM struct {
 	port  *Port
 	epoch uint64
@@ -38,6 +52,21 @@ type SM struct {
 	closed   bool
 	stop     chan struct{}
 	done     chan struct{}
+
+	// The publisher (publisher, publishPass); the fields with sm.mu.
+	pubV    uint64                        // routes version every port has been sent
+	after   []pubAction                   // to do once pubV reaches their version, in order
+	resend  map[netip.AddrPort]verbs.GUID // ports whose hello showed tables they lack
+	wake    chan struct{}                 // one pending wake-up for the publisher
+	pubDone chan struct{}
+	// publishes counts the passes that sent the tables to every port (tests).
+	publishes atomic.Uint64
+}
+
+// pubAction is something to do after the tables of version v went to every port.
+type pubAction struct {
+	v  uint64
+	do func()
 }
 
 type smPort struct {
@@ -82,7 +111,8 @@ func NewSM(p *Port, parts *partitions.Config) (*SM, error) {
 	sm := &SM{port: p, epoch: binary.BigEndian.Uint64(e[:]) | 1, parts: parts,
 		ports: map[netip.AddrPort]*smPort{}, byGUID: map[verbs.GUID]*smPort{},
 		guid2lid: map[verbs.GUID]verbs.LID{}, lidUsed: map[verbs.LID]bool{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), pubDone: make(chan struct{})}
 	sm.db = sadb.New(smFabric{sm})
 	if !p.sm.CompareAndSwap(nil, sm) {
 		return nil, fmt.Errorf("subnet manager: %s already hosts one", p)
@@ -90,7 +120,11 @@ func NewSM(p *Port, parts *partitions.Config) (*SM, error) {
 	sm.db.SetConfiguredGroups(groupsFor(parts))
 	p.gsi.Register(mad.ClassSA, sm.handleSA)
 	go sm.sweep(p.hca.cfg.Heartbeat)
+	go sm.publisher()
 	p.sendHello() // register our own port first so it gets the lowest LID
+	// As before publishing was asynchronous, our port has its routes and is ACTIVE
+	// when the SM is returned.
+	sm.publish()
 	return sm, nil
 }
 
@@ -108,9 +142,11 @@ func (sm *SM) Close() {
 		return
 	}
 	sm.closed = true
+	sm.after = nil // answers and configurations not sent yet are dropped, as by a dying SM
 	sm.mu.Unlock()
 	close(sm.stop)
 	<-sm.done
+	<-sm.pubDone
 	sm.port.gsi.Register(mad.ClassSA, nil)
 	sm.port.sm.CompareAndSwap(sm, nil)
 }
@@ -140,6 +176,7 @@ func (sm *SM) SetPartitions(c *partitions.Config) {
 	for _, sp := range changed {
 		sm.sendConfig(sp, false)
 	}
+	sm.checkDB()
 	sm.publish()
 }
 
@@ -255,14 +292,24 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 	if isNew {
 		sp.pkeys = sm.pkeysFor(sp)
 		sm.routesV++
+		// The port becomes ACTIVE after the tables that let it reach the SM and the
+		// others are on their way to it.
+		if sm.afterLocked(sm.routesV, func() { sm.sendConfig(sp, reregister) }) {
+			sm.mu.Unlock()
+			sm.kick()
+			return
+		}
+	} else if h.RoutesVersion != sm.routesV && sm.pubV == sm.routesV {
+		// The port lacks tables already published (a lost part, or this hello
+		// crossed them): they go to it again. With a pass pending, that pass
+		// brings them.
+		if sm.resend == nil {
+			sm.resend = map[netip.AddrPort]verbs.GUID{}
+		}
+		sm.resend[sp.addr] = sp.guid
+		defer sm.kick()
 	}
-	stale := h.RoutesVersion != sm.routesV
 	sm.mu.Unlock()
-	if isNew {
-		sm.publish()
-	} else if stale {
-		sm.sendRoutes(sp)
-	}
 	sm.sendConfig(sp, reregister)
 }
 
@@ -309,60 +356,154 @@ func (sm *SM) sendCtl(dst netip.AddrPort, dstGUID verbs.GUID, body []byte) {
 // want of a valid fabric-key MAC.
 func (sm *SM) AuthFailures() uint64 { return sm.port.AuthFailures() }
 
-// routesMsgs are the forwarding tables as routes messages, in as many parts as needed.
-func (sm *SM) routesMsgs() [][]byte {
+// ctlDest is a port the tables are sent to.
+type ctlDest struct {
+	addr netip.AddrPort
+	guid verbs.GUID
+}
+
+// routesMsgs are the forwarding tables as they are now, as routes messages in as many
+// parts as needed, with the version they carry and the ports known to the SM. The
+// version is read before the groups, so the tables hold at least every change it
+// counts (they may hold later ones too, published again under a later version).
+func (sm *SM) routesMsgs() ([][]byte, uint64, []ctlDest) {
 	sm.mu.Lock()
-	r := ctlRoutes{Version: sm.routesV, Faults: sm.faults}
-	for _, sp := range sm.ports {
+	v := sm.routesV
+	sm.mu.Unlock()
+	groups := sm.db.Groups()
+	sm.mu.Lock()
+	r := ctlRoutes{Version: v, Faults: sm.faults}
+	dests := make([]ctlDest, 0, len(sm.ports))
+	for a, sp := range sm.ports {
+		dests = append(dests, ctlDest{a, sp.guid})
 		if sm.linkDownLocked(sp) {
 			continue // gone from the fabric while its link is down
 		}
 		r.Uni = append(r.Uni, ctlRoute{LID: sp.lid, GID: sp.gid(), Addr: sp.addr})
 	}
-	sm.mu.Unlock()
-	for _, g := range sm.db.Groups() {
+	r.Multi = make([]ctlMRoute, 0, len(groups))
+	for _, g := range groups {
 		m := ctlMRoute{MLID: g.MLID, MGID: g.MGID}
 		for _, mem := range g.Members {
 			// Send-only members do not receive.
 			if mem.JoinState&0x3 == 0 {
 				continue
 			}
-			if sp, ok := sm.portByGID(mem.GID); ok {
+			if sp, ok := sm.portByGIDLocked(mem.GID); ok {
 				m.Members = append(m.Members, sp.lid)
 			}
 		}
 		r.Multi = append(r.Multi, m)
 	}
+	sm.mu.Unlock()
 	sort.Slice(r.Uni, func(i, j int) bool { return r.Uni[i].LID < r.Uni[j].LID })
 	var msgs [][]byte
 	for _, part := range r.split() {
 		msgs = append(msgs, part.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
 	}
-	return msgs
+	return msgs, v, dests
 }
 
-func (sm *SM) sendRoutes(sp *smPort) {
-	for _, m := range sm.routesMsgs() {
-		sm.sendCtl(sp.addr, sp.guid, m)
+// kick wakes the publisher; a wake-up already pending covers this one.
+func (sm *SM) kick() {
+	select {
+	case sm.wake <- struct{}{}:
+	default:
 	}
 }
 
-// publish sends the forwarding tables to every port.
+// afterLocked arranges for do to run once the tables of version v have been sent to
+// every port, after whatever was arranged before. It reports false, arranging
+// nothing, when they have been already (the caller does it now) — or when the SM is
+// closed (then nothing will be sent). Called with sm.mu held.
+func (sm *SM) afterLocked(v uint64, do func()) bool {
+	if sm.pubV >= v || sm.closed {
+		return false
+	}
+	sm.after = append(sm.after, pubAction{v, do})
+	return true
+}
+
+// publish has the tables as they are now sent to every port and waits until they
+// are (or the SM closes). Changes made by others in the meantime share the pass.
 func (sm *SM) publish() {
-	msgs := sm.routesMsgs()
+	ch := make(chan struct{})
 	sm.mu.Lock()
-	type dest struct {
-		addr netip.AddrPort
-		guid verbs.GUID
-	}
-	dests := make([]dest, 0, len(sm.ports))
-	for a, sp := range sm.ports {
-		dests = append(dests, dest{a, sp.guid})
-	}
+	queued := sm.afterLocked(sm.routesV, func() { close(ch) })
 	sm.mu.Unlock()
+	if !queued {
+		return
+	}
+	sm.kick()
+	select {
+	case <-ch:
+	case <-sm.stop:
+	}
+}
+
+// publisher sends the tables whenever they changed, until the SM closes.
+func (sm *SM) publisher() {
+	defer close(sm.pubDone)
+	for {
+		select {
+		case <-sm.stop:
+			return
+		case <-sm.wake:
+		}
+		sm.publishPass()
+	}
+}
+
+// publishPass sends the newest tables to every port if they changed since the last
+// pass (else to the ports that asked again), then does what waited for them.
+func (sm *SM) publishPass() {
+	sm.mu.Lock()
+	full := sm.routesV != sm.pubV
+	resend := sm.resend
+	sm.resend = nil
+	sm.mu.Unlock()
+	if !full && len(resend) == 0 {
+		return
+	}
+	msgs, v, dests := sm.routesMsgs()
+	if !full {
+		dests = dests[:0]
+		for a, g := range resend {
+			dests = append(dests, ctlDest{a, g})
+		}
+	}
 	for _, d := range dests {
 		for _, m := range msgs {
 			sm.sendCtl(d.addr, d.guid, m)
+		}
+	}
+	if !full {
+		return
+	}
+	sm.publishes.Add(1)
+	// Run what waited for version v, including what was arranged while it runs;
+	// pubV moves only when nothing for v is left, so anything arranged after finds
+	// it published and does it itself, never before what was arranged earlier.
+	for {
+		sm.mu.Lock()
+		if sm.closed {
+			sm.mu.Unlock()
+			return
+		}
+		n := 0
+		for n < len(sm.after) && sm.after[n].v <= v {
+			n++
+		}
+		if n == 0 {
+			sm.pubV = max(sm.pubV, v)
+			sm.mu.Unlock()
+			return
+		}
+		ready := sm.after[:n:n]
+		sm.after = slices.Clone(sm.after[n:])
+		sm.mu.Unlock()
+		for _, a := range ready {
+			a.do()
 		}
 	}
 }
@@ -395,26 +536,36 @@ func (sm *SM) sweep(hb time.Duration) {
 		}
 		sm.checkDB()
 		if len(dead) > 0 {
-			sm.publish()
+			sm.kick()
 		}
 	}
 }
 
-// checkDB republishes when the SA changed group membership.
+// checkDB has the tables republished when the SA changed group membership.
 func (sm *SM) checkDB() {
 	v := sm.db.Version()
 	sm.mu.Lock()
-	changed := v != sm.dbV
-	if changed {
-		sm.dbV = v
-		sm.routesV++
-	}
+	changed := sm.noteDBLocked(v)
 	sm.mu.Unlock()
 	if changed {
-		sm.publish()
+		sm.kick()
 	}
 }
 
+// noteDBLocked counts a change of the tables when the SA database reached version v
+// since last noted. Called with sm.mu held.
+func (sm *SM) noteDBLocked(v uint64) bool {
+	if v <= sm.dbV {
+		return false
+	}
+	sm.dbV = v
+	sm.routesV++
+	return true
+}
+
+// handleSA answers an SA request on the SM port's QP1. The answer goes out once the
+// tables reflecting the database after the request have gone to every port: at once
+// when nothing is pending, else from the publisher after its pass (nil here).
 func (sm *SM) handleSA(src verbs.MADSource, req []byte) []byte {
 	sm.mu.Lock()
 	sp := sm.byGUID[src.GID.GUID()]
@@ -430,8 +581,29 @@ func (sm *SM) handleSA(src verbs.MADSource, req []byte) []byte {
 		return nil
 	}
 	resp := sm.db.Handle(port, req)
-	sm.checkDB()
+	v := sm.db.Version()
+	sm.mu.Lock()
+	changed := sm.noteDBLocked(v)
+	deferred := resp != nil && sm.afterLocked(sm.routesV, func() { sm.answer(src, resp) })
+	sm.mu.Unlock()
+	if changed {
+		sm.kick()
+	}
+	if deferred {
+		return nil
+	}
 	return resp
+}
+
+// answer sends an SA response the handler deferred, as the QP1 agent sends one a
+// handler returns.
+func (sm *SM) answer(src verbs.MADSource, resp []byte) {
+	g := &sm.port.gsi
+	if len(resp) > mad.Size {
+		g.sendRMPP(src.LID, src.QPN, resp)
+		return
+	}
+	_ = g.send(src.LID, src.QPN, resp)
 }
 
 // sadbPort describes a port for the SA database. Called with sm.mu held.
@@ -470,6 +642,10 @@ func speedCode(laneMbps int) uint8 {
 func (sm *SM) portByGID(g verbs.GID) (*smPort, bool) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
+	return sm.portByGIDLocked(g)
+}
+
+func (sm *SM) portByGIDLocked(g verbs.GID) (*smPort, bool) {
 	sp := sm.byGUID[g.GUID()]
 	return sp, sp != nil && g.Prefix() == verbs.DefaultGIDPrefix && !sm.linkDownLocked(sp)
 }
