@@ -100,7 +100,9 @@ func (i *Interface) mcastRound() time.Duration {
 		return next
 	}
 	wanted := i.wantedGroupsLocked()
+	isWanted := make(map[verbs.GID]bool, len(wanted)) // a round is O(groups), not O(groups^2)
 	for _, g := range wanted {
+		isWanted[g] = true
 		if old, ok := i.mcast[g]; !ok || old.sendOnly && !old.joining {
 			// A send-only membership becomes a full one, as the driver's restart
 			// task does when the group enters the netdev's list.
@@ -114,7 +116,7 @@ func (i *Interface) mcastRound() time.Duration {
 	}
 	// Full memberships the kernel no longer lists are left (ipoib_mcast_restart_task).
 	for mgid, g := range i.mcast {
-		if g.sendOnly || g.joining || mgid == i.bcast.GID() || slices.Contains(wanted, mgid) {
+		if g.sendOnly || g.joining || mgid == i.bcast.GID() || isWanted[mgid] {
 			continue
 		}
 		i.e.mtracef(1, "%s: deleting multicast group %s", i.Name(), mgid.KernelString())
