@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/soft/partitions"
 )
@@ -36,6 +37,9 @@ type Config struct {
 	FabricKey []byte
 	// Logger receives the ports' lines about reaching the subnet manager (nil: none).
 	Logger *log.Logger
+	// Clock runs the ports' heartbeats and the subnet manager's sweep (nil: the real
+	// clock); tests pass a clock.Mock to run them on virtual time.
+	Clock clock.Clock
 	// NoSRQ makes the HCA one without shared receive queues (CreateSRQ fails), as
 	// some are: connected mode then gives every connection its own receive queue.
 	NoSRQ bool
@@ -99,6 +103,9 @@ func New(cfg Config) (*HCA, error) {
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = 250 * time.Millisecond
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	h := &HCA{cfg: cfg, guid: GUIDFromName(cfg.Name, 0), qps: make(map[verbs.QPN]*QP),
 		nextQPN: 0x48, subs: make(map[chan verbs.Event]struct{}), stop: make(chan struct{})}

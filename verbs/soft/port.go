@@ -161,17 +161,17 @@ func (p *Port) MAD() verbs.MADAgent { return &p.gsi }
 
 func (p *Port) heartbeat() {
 	defer p.hca.wg.Done()
-	t := time.NewTicker(p.hca.cfg.Heartbeat)
+	t := p.hca.cfg.Clock.NewTicker(p.hca.cfg.Heartbeat)
 	defer t.Stop()
 	p.mu.Lock()
-	p.started = time.Now()
+	p.started = p.hca.cfg.Clock.Now()
 	p.mu.Unlock()
 	for {
 		p.sendHello()
 		select {
 		case <-p.hca.stop:
 			return
-		case now := <-t.C:
+		case now := <-t.C():
 			p.watchSM(now)
 		}
 	}
@@ -291,7 +291,7 @@ func (p *Port) applyConfig(c *ctlConfig) {
 	var evs []verbs.EventType
 	p.mu.Lock()
 	a := &p.attr
-	now := time.Now()
+	now := p.hca.cfg.Clock.Now()
 	silent, wasLost := now.Sub(p.lastCfg), p.smLost
 	if p.lastCfg.IsZero() {
 		silent = now.Sub(p.started)

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/soft/partitions"
@@ -52,6 +53,7 @@ type SM struct {
 	closed   bool
 	stop     chan struct{}
 	done     chan struct{}
+	sweeps   atomic.Uint64 // sweep rounds done (tests wait for one)
 
 	// The publisher (publisher, publishPass); the fields with sm.mu.
 	pubV    uint64                        // routes version every port has been sent
@@ -286,7 +288,7 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 	}
 	sp.nodeGUID, sp.num, sp.numPorts, sp.desc = h.NodeGUID, int(h.PortNum), h.NumPorts, h.NodeDesc
 	sp.maxMTU, sp.width, sp.laneMbps = h.MaxMTU, int(h.Width), int(h.LaneMbps)
-	sp.lastSeen = time.Now()
+	sp.lastSeen = sm.clk().Now()
 	reregister := h.Epoch != sm.epoch
 	sp.epochSeen = h.Epoch
 	if isNew {
@@ -508,22 +510,25 @@ func (sm *SM) publishPass() {
 	}
 }
 
+// clk is the clock of the SM's HCA (Config.Clock).
+func (sm *SM) clk() clock.Clock { return sm.port.hca.cfg.Clock }
+
 // sweep removes ports that stopped sending hellos and republishes the tables when
 // multicast membership changed.
 func (sm *SM) sweep(hb time.Duration) {
 	defer close(sm.done)
-	t := time.NewTicker(hb)
+	t := sm.clk().NewTicker(hb)
 	defer t.Stop()
 	for {
 		select {
 		case <-sm.stop:
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		dead := []verbs.GID{}
 		sm.mu.Lock()
 		for a, sp := range sm.ports {
-			if time.Since(sp.lastSeen) > 8*hb && !sp.isSM {
+			if sm.clk().Since(sp.lastSeen) > 8*hb && !sp.isSM {
 				delete(sm.ports, a)
 				delete(sm.byGUID, sp.guid)
 				dead = append(dead, sp.gid())
@@ -538,6 +543,7 @@ func (sm *SM) sweep(hb time.Duration) {
 		if len(dead) > 0 {
 			sm.kick()
 		}
+		sm.sweeps.Add(1)
 	}
 }
 
