@@ -74,11 +74,14 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 		return err
 	}
 	// Passive connections share one receive queue where the device has them, as the
-	// driver's ipoib_cm_dev_init prefers; without, each has its own.
+	// driver's ipoib_cm_dev_init prefers; without, each has its own. The queue itself
+	// is made at the first passive connection (cmSharedRQ): a device may register its
+	// buffers' memory when it is made, and most interfaces never take a connection.
 	p := i.e.params
 	if sd, ok := dev.(verbs.SRQDevice); ok {
-		if srq, err := sd.CreateSRQ(verbs.SRQAttr{MaxWR: p.RecvQueueSize}); err == nil {
-			i.cmSRQ = srq
+		if srq, err := sd.CreateSRQ(verbs.SRQAttr{MaxWR: 1}); err == nil {
+			_ = srq.Close()
+			i.cmHasSRQ = true
 		} else {
 			i.e.tracef(1, "%s: no shared receive queue, one receive queue per connection: %v", i.Name(), err)
 		}
@@ -87,7 +90,7 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 	// shared queue's, or a full receive queue on each of max_nonsrq_conn_qp
 	// connections (the driver's ipoib_transport_dev_init sizes it the same way).
 	entries := p.RecvQueueSize + 1
-	if i.cmSRQ == nil {
+	if !i.cmHasSRQ {
 		entries = p.RecvQueueSize*p.MaxNonSRQConnQP + 1
 	}
 	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: entries}); err != nil {
@@ -142,27 +145,35 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.Name(), req.RemoteLID)
 		return cm.Reject{Reason: mad.RejConsumerDefined}
 	}
-	if i.cmSRQ == nil && n >= i.e.params.MaxNonSRQConnQP {
+	if !i.cmHasSRQ && n >= i.e.params.MaxNonSRQConnQP {
 		i.e.tracef(1, "%s: rejecting a connection: max_nonsrq_conn_qp (%d) reached", i.Name(), n)
 		return cm.Reject{Reason: mad.RejNoQP}
 	}
+	var srq verbs.SRQ
+	if i.cmHasSRQ {
+		var err error
+		if srq, err = i.cmSharedRQ(); err != nil {
+			i.e.tracef(1, "%s: rejecting a connection: shared receive queue: %v", i.Name(), err)
+			return cm.Reject{Reason: mad.RejNoQP}
+		}
+	}
 	qp, err := i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: i.port, SendCQ: i.cmScq, RecvCQ: i.cmRcq,
-		MaxSendWR: 1, MaxRecvWR: i.e.params.RecvQueueSize, SRQ: i.cmSRQ})
+		MaxSendWR: 1, MaxRecvWR: i.e.params.RecvQueueSize, SRQ: srq})
 	if err != nil {
 		return cm.Reject{Reason: mad.RejNoQP}
 	}
 	rx := &cmRx{qp: qp, last: i.e.clk.Now()}
-	if i.cmSRQ == nil {
+	if srq == nil {
 		rx.bufs = make([][]byte, i.e.params.RecvQueueSize)
 	}
 	i.mu.Lock()
 	i.rx[qp.Num()] = rx
 	i.mu.Unlock()
-	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(), SRQ: i.cmSRQ != nil,
+	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(), SRQ: srq != nil,
 		Established: func(c *cm.Conn) {
 			// Buffers are posted once the QP is past INIT (the manager moved it to RTS);
 			// with a shared receive queue, its pool once, at the first connection.
-			wrs := i.cmRxBuffers(rx)
+			wrs := i.cmRxBuffers(rx, srq != nil)
 			i.mu.Lock()
 			if rx.dead { // the interface closed while the connection was set up
 				i.mu.Unlock()
@@ -172,8 +183,8 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 			rx.conn = c
 			i.mu.Unlock()
 			var err error
-			if i.cmSRQ != nil {
-				_, err = i.cmSRQ.PostRecv(wrs)
+			if srq != nil {
+				_, err = srq.PostRecv(wrs)
 			} else {
 				_, err = qp.PostRecv(wrs)
 			}
@@ -196,11 +207,33 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 		}}
 }
 
+// cmSharedRQ returns the interface's shared receive queue, making it the first time.
+func (i *Interface) cmSharedRQ() (verbs.SRQ, error) {
+	i.mu.Lock()
+	srq := i.cmSRQ
+	i.mu.Unlock()
+	if srq != nil {
+		return srq, nil
+	}
+	made, err := i.e.dev.(verbs.SRQDevice).CreateSRQ(verbs.SRQAttr{MaxWR: i.e.params.RecvQueueSize})
+	if err != nil {
+		return nil, err
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.cmSRQ != nil { // another connection made it meanwhile
+		_ = made.Close()
+		return i.cmSRQ, nil
+	}
+	i.cmSRQ = made
+	return made, nil
+}
+
 // cmRxBuffers makes the receive buffers a new passive connection posts: its own
 // ring, or with a shared receive queue the pool, the first time only (nil after).
-func (i *Interface) cmRxBuffers(rx *cmRx) []verbs.RecvWR {
+func (i *Interface) cmRxBuffers(rx *cmRx, shared bool) []verbs.RecvWR {
 	bufs := rx.bufs
-	if i.cmSRQ != nil {
+	if shared {
 		i.mu.Lock()
 		if i.cmSRQBufs != nil {
 			i.mu.Unlock()
@@ -339,7 +372,7 @@ func (i *Interface) cmConnect(t *cmTx) {
 	c, err := i.cmMgr.Connect(ctx, cm.ConnectParams{ServiceID: cmServiceBase | uint64(t.hw.QPN()), QP: qp,
 		DLID: pr.DLID, DGID: t.hw.GID(), SL: pr.SL, PKey: pkey, PathMTU: pr.MTU,
 		PrivateData: i.cmPrivateData(), RetryCount: 7, RNRRetry: 7, AckTimeout: 14, MaxCMRetries: 15,
-		SRQ: i.cmSRQ != nil}) // as ipoib_cm_send_req says whether this interface has one
+		SRQ: i.cmHasSRQ}) // as ipoib_cm_send_req says whether this interface has one
 	if err != nil {
 		var rej *cm.RejectError
 		fail(err, errors.As(err, &rej))
@@ -350,7 +383,7 @@ func (i *Interface) cmConnect(t *cmTx) {
 		mtu = int(binary.BigEndian.Uint32(c.RemotePrivateData[4:]))
 	}
 	if mtu <= encapLen { // the kernel refuses such a REP
-		c.Disconnect()
+		go c.Disconnect() // not waited for: up to 16 DREQ timeouts would hold the interface's close
 		fail(errors.New("peer announced an unusable receive MTU"), true)
 		return
 	}
@@ -358,7 +391,7 @@ func (i *Interface) cmConnect(t *cmTx) {
 	if i.tx[t.hw] != t {
 		q := t.takeQPLocked()
 		i.mu.Unlock()
-		c.Disconnect()
+		go c.Disconnect()
 		if q != nil {
 			q.Close()
 		}

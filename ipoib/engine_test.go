@@ -813,10 +813,11 @@ func TestConnectedSRQSharesOnePool(t *testing.T) {
 		}
 	}
 	a.ib0.mu.Lock()
-	pool := a.ib0.cmSRQBufs
+	srq, pool := a.ib0.cmSRQ, a.ib0.cmSRQBufs
 	a.ib0.mu.Unlock()
-	if a.ib0.cmSRQ == nil || pool != nil {
-		t.Fatalf("before any connection: SRQ %v, pool of %d buffers; want an SRQ and no pool yet", a.ib0.cmSRQ, len(pool))
+	if !a.ib0.cmHasSRQ || srq != nil || pool != nil {
+		t.Fatalf("before any connection: SRQ supported %v, made %v, pool of %d buffers; want supported, not made, no pool",
+			a.ib0.cmHasSRQ, srq, len(pool))
 	}
 	for k, n := range nodes[1:] {
 		src := fmt.Sprintf("10.0.0.%d", k+2)

@@ -118,9 +118,10 @@ type Interface struct {
 	cmMgr        *cm.Manager
 	cmStop       func()
 	cmScq, cmRcq verbs.CQ
-	// With a shared receive queue (the device has one), every passive connection
-	// receives into one pool of recv_queue_size buffers, made when the first
-	// connection comes; cmSRQBufs is set once, under mu.
+	// With a shared receive queue (cmHasSRQ: the device has them), every passive
+	// connection receives into one pool of recv_queue_size buffers; the queue and its
+	// buffers are made when the first connection comes, each set once, under mu.
+	cmHasSRQ  bool
 	cmSRQ     verbs.SRQ
 	cmSRQBufs [][]byte
 	tx        map[HWAddr]*cmTx
