@@ -15,8 +15,59 @@
 // ndisc.go (address resolution, done here because a TUN device has no link layer),
 // vlan.go (P_Key children), fs.go (debugfs text), ethtool.go, params.go.
 //
-// Locking: Engine.mu guards the interface list. Each Interface has one mutex, mu, for
-// its control state (mode, MTU, carrier, groups, paths, neighbours, queues); the data
-// path takes it briefly per batch and never calls the Host or the HCA while holding it,
-// except PostSend/PostRecv, which do not call back. Statistics are atomics.
+// # Locking
+//
+// Locks, outermost first; a goroutine holding one takes only those below it:
+//
+//  1. Interface.childOps (a parent's): one create or delete of its children at a time,
+//     the kernel device included.
+//  2. Bond.mu: a bond's configuration and slaves (bond.go); setActiveSlave and
+//     releaseGone look names up holding it.
+//  3. Bonds.mu: the list of bonds and their device maker.
+//  4. Engine.mu: the interface table, the watchers and the device maker.
+//  5. Interface.txMu: the UD send scratch slices; one UD post at a time.
+//  6. Interface.mu: the rest of the interface: up, carrier, mode, MTUs, P_Key and QP
+//     state, host and addresses, groups, paths, neighbours, connections. A child's is
+//     taken before its parent's (SetUp reads the parent's), never after.
+//  7. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//
+// Below all of them, and never held while this package is called: the CM's lock (its
+// callbacks and listeners run on goroutines of their own, after it is released), the
+// HCA's (completions and events come through channels), the kernel device's (its watch
+// callbacks run with none held), the event log's and the loggers'.
+//
+// Calls out, and the locks held while they are made:
+//   - Host methods: none, except childOps (a child closed or its mode set while it is
+//     created or deleted), Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
+//     state, which calls the slave's own host; a bond's own host is called after
+//     Bond.mu), txMu (Transmit hands the batch's ICMP errors over) and Engine.mu
+//     (createChildLocked sets the mode of, or closes, a new child, which has no host
+//     yet). A Host must not call the engine from these methods.
+//   - Devices.Create and Delete: childOps or none; their implementations take
+//     Interface.mu. BondDevices.CreateBond: Bonds.mu; its implementation takes the new
+//     bond's Bond.mu, which no one else can hold as the bond is not listed yet: the one
+//     pair against the order. DeleteBond: none.
+//   - The SA client and the CM's Connect and Disconnect: none. Joins, path queries,
+//     leaves and connections run on goroutines of their own.
+//   - The HCA: under Interface.mu on the control path (QP state, attach and detach,
+//     address handles, the receive ring); on the data path only recvLoop's PostRecv.
+//     PostSend is made under txMu alone (post) or no lock, never under Interface.mu.
+//   - Options.Event and the loggers: under any lock.
+//
+// Where a lock is dropped to call out: the ...Locked functions that change what a host
+// sees (setCarrierLocked, setMTULocked; a bond's selectActiveLocked,
+// changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
+// that the caller runs after unlocking; Transmit and resend resolve under Interface.mu
+// and post after it, ICMP errors waiting in icmpOut for flushICMP; the receive loops
+// take the host under it and Deliver after (cmRecvLoop answers ARP and ND after too);
+// the goroutines of joins, path queries and connections take it again to finish, and
+// cmConnect checks that its connection is still current before keeping what it made.
+// Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu and
+// call the interfaces after it.
+//
+// The data path takes Interface.mu a few times per batch, not per packet: Transmit
+// holds it over the batch's classification and resolution, cmRecvLoop over the batch's
+// completions, the others briefly (ARP and ND take it per packet). It reads a bond's
+// active slave and host through atomics and counts with atomics.
+// lockorder_test.go checks this order and these rules on the code.
 package ipoib
