@@ -354,6 +354,12 @@ type MADAgent interface {
 	Register(class uint8, h MADHandler)
 }
 
+// GIDMADSender is a MADAgent that can address a MAD by GID, carried in a GRH, as a
+// port without LIDs (RoCE) must. Optional: the CM uses it for a peer whose LID is 0.
+type GIDMADSender interface {
+	SendGID(dgid GID, dqp QPN, mad []byte) error
+}
+
 // MADHandler serves MADs of one management class.
 type MADHandler func(src MADSource, mad []byte) []byte
 

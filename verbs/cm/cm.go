@@ -254,7 +254,7 @@ type conn struct {
 	remoteID uint32
 	rguid    verbs.GUID
 	rqpn     verbs.QPN
-	madLID   verbs.LID // where the peer's CM MADs come from and ours go
+	madTo    madAddr // where the peer's CM MADs come from and ours go
 	qp       verbs.QP
 	psn      uint32 // our starting (send) PSN
 	tid      uint64 // transaction ID of the REQ, reused by REP, RTU and their REJ
@@ -290,9 +290,13 @@ type conn struct {
 type listener struct{ h func(*Request) Decision }
 
 type outMAD struct {
-	lid verbs.LID
-	b   []byte
+	to madAddr
+	b  []byte
 }
+
+// roceHopLimit is the GRH hop limit of a path routed by GID alone (RoCE v2 carries it
+// as the IPv6 hop limit; 0 would be dropped at the first hop).
+const roceHopLimit = 64
 
 // Manager is the communication manager of one port. Create it with New; it registers
 // itself as the port's handler of the CM management class, so there must be only one
@@ -365,7 +369,7 @@ func New(dev verbs.Device, port int, opts ...Option) (*Manager, error) {
 		byRemoteQP: map[remoteQPKey]*conn{},
 		listeners:  map[uint64]*listener{},
 	}
-	m.mu.send = func(o outMAD) { _ = m.agent.Send(o.lid, verbs.GSIQPN, o.b) }
+	m.mu.send = func(o outMAD) { _ = m.sendMAD(o.to, o.b) }
 	for _, o := range opts {
 		o(m)
 	}
@@ -391,9 +395,9 @@ func (m *Manager) Close() {
 	for _, c := range m.conns {
 		switch c.state {
 		case stReqSent, stRepSent:
-			m.sendLocked(c.madLID, m.rejTimeoutMAD(c))
+			m.sendLocked(c.madTo, m.rejTimeoutMAD(c))
 		case stEstablished:
-			m.sendLocked(c.madLID, m.dreqMAD(c))
+			m.sendLocked(c.madTo, m.dreqMAD(c))
 		}
 		m.endLocked(c, verbs.ErrClosed)
 		c.stopTimer()
@@ -443,7 +447,10 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 		return fail(fmt.Errorf("%w: %d bytes of private data (REQ holds %d)", verbs.ErrInvalid, len(p.PrivateData), mad.CMREQPrivateDataSize))
 	}
 	if p.DLID == 0 {
-		return fail(fmt.Errorf("%w: no destination LID", verbs.ErrInvalid))
+		// Without a LID the peer can only be reached by GID, over an agent that can.
+		if _, ok := m.agent.(verbs.GIDMADSender); !ok || p.DGID.IsZero() {
+			return fail(fmt.Errorf("%w: no destination LID (and no GID this port's MADs can be sent to)", verbs.ErrInvalid))
+		}
 	}
 	attr := m.port.Attr()
 	if attr.State != verbs.PortActive {
@@ -500,9 +507,12 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 		return fail(verbs.ErrClosed)
 	}
 	c := m.newConnLocked(true)
-	c.qp, c.madLID = qp, p.DLID
+	c.qp, c.madTo = qp, madAddr{p.DLID, p.DGID}
 	c.psn = rand.Uint32() & 0xffffff
 	c.ah = verbs.AHAttr{Port: m.portNum, DLID: p.DLID, SL: p.SL & 0xf, DGID: p.DGID}
+	if p.DLID == 0 { // no LIDs (RoCE): the GRH routes
+		c.ah.GRH, c.ah.HopLimit = true, roceHopLimit
+	}
 	c.mtu, c.ackTimeout, c.retryCnt = mtu, p.AckTimeout&0x1f, p.RetryCount&7
 	c.timeout, c.retries = responseTimeout(tmo), retries
 	c.twait = c.timeout * time.Duration(retries+1)
@@ -524,7 +534,7 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 	m.mu.Unlock()
 
 	// The first REQ is sent synchronously so that an unreachable destination fails now.
-	if err := m.agent.Send(p.DLID, verbs.GSIQPN, c.msg); err != nil {
+	if err := m.sendMAD(c.madTo, c.msg); err != nil {
 		m.mu.Lock()
 		if c.state == stReqSent {
 			m.endLocked(c, err)
@@ -544,7 +554,7 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 	}
 	m.mu.Lock()
 	if c.state == stReqSent {
-		m.sendLocked(c.madLID, m.rejTimeoutMAD(c))
+		m.sendLocked(c.madTo, m.rejTimeoutMAD(c))
 		m.endLocked(c, ctx.Err())
 		m.enterTimewaitLocked(c)
 	}
@@ -584,8 +594,25 @@ func (m *Manager) newTID(c *conn) uint64 {
 }
 
 // sendLocked queues a MAD to QP1 at lid; releasing m.mu sends it.
-func (m *Manager) sendLocked(lid verbs.LID, b []byte) {
-	m.mu.outq = append(m.mu.outq, outMAD{lid, b})
+func (m *Manager) sendLocked(to madAddr, b []byte) {
+	m.mu.outq = append(m.mu.outq, outMAD{to, b})
+}
+
+// madAddr is where a peer's CM is: its LID, or on a port without LIDs (RoCE, LID 0)
+// its GID.
+type madAddr struct {
+	lid verbs.LID
+	gid verbs.GID
+}
+
+// sendMAD sends a CM MAD to the peer's QP1, by GID where it has no LID.
+func (m *Manager) sendMAD(to madAddr, b []byte) error {
+	if to.lid == 0 && !to.gid.IsZero() {
+		if gs, ok := m.agent.(verbs.GIDMADSender); ok {
+			return gs.SendGID(to.gid, verbs.GSIQPN, b)
+		}
+	}
+	return m.agent.Send(to.lid, verbs.GSIQPN, b)
 }
 
 // callLocked queues a user callback; releasing m.mu starts it on its own goroutine.
@@ -620,13 +647,13 @@ func (m *Manager) fire(c *conn, gen uint64) {
 	case stReqSent, stRepSent, stDreqSent:
 		if c.sent <= c.retries {
 			c.sent++
-			m.sendLocked(c.madLID, c.msg)
+			m.sendLocked(c.madTo, c.msg)
 			m.armLocked(c, c.timeout)
 			return
 		}
 		err := fmt.Errorf("no answer to %s after %d tries: %w", msgName(c.msg), c.sent, verbs.ErrTimeout)
 		if c.state != stDreqSent {
-			m.sendLocked(c.madLID, m.rejTimeoutMAD(c))
+			m.sendLocked(c.madTo, m.rejTimeoutMAD(c))
 		}
 		m.endLocked(c, err)
 		m.enterTimewaitLocked(c)
@@ -738,7 +765,7 @@ func (m *Manager) sendDREQLocked(c *conn) {
 	c.discDone = make(chan struct{})
 	c.msg = m.dreqMAD(c)
 	c.sent = 1
-	m.sendLocked(c.madLID, c.msg)
+	m.sendLocked(c.madTo, c.msg)
 	m.armLocked(c, c.timeout)
 }
 
@@ -776,15 +803,15 @@ func (m *Manager) handleMAD(src verbs.MADSource, b []byte) []byte {
 
 func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 	reject := func(reason mad.CMRejectReason, ari []byte) {
-		m.sendLocked(src.LID, m.rejMAD(tid, 0, req.LocalCommID, mad.CMMsgREQ, reason, ari, nil))
+		m.sendLocked(madAddr{src.LID, src.GID}, m.rejMAD(tid, 0, req.LocalCommID, mad.CMMsgREQ, reason, ari, nil))
 	}
 	if c := m.byRemote[remoteKey{req.LocalCAGUID, req.LocalCommID}]; c != nil {
 		// A retransmission of a REQ we know.
 		switch {
 		case c.state == stRepSent && c.reply != nil:
-			m.sendLocked(c.madLID, c.reply)
+			m.sendLocked(c.madTo, c.reply)
 		case c.state == stTimewait && c.reply != nil && binary.BigEndian.Uint16(c.reply[16:]) == mad.AttrCMREJ:
-			m.sendLocked(c.madLID, c.reply)
+			m.sendLocked(c.madTo, c.reply)
 		case c.state == stTimewait:
 			reject(mad.RejStaleConn, nil)
 		}
@@ -814,10 +841,13 @@ func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 	}
 
 	c := m.newConnLocked(false)
-	c.remoteID, c.rguid, c.rqpn, c.madLID, c.tid = req.LocalCommID, req.LocalCAGUID, req.LocalQPN, src.LID, tid
+	c.remoteID, c.rguid, c.rqpn, c.madTo, c.tid = req.LocalCommID, req.LocalCAGUID, req.LocalQPN, madAddr{src.LID, src.GID}, tid
 	pp := req.Primary
 	c.ah = verbs.AHAttr{Port: m.portNum, DLID: pp.LocalLID, SL: pp.SL, StaticRate: pp.PacketRate,
-		GRH: !pp.SubnetLocal, DGID: pp.LocalGID, FlowLabel: pp.FlowLabel, HopLimit: pp.HopLimit, TClass: pp.TrafficClass}
+		GRH: !pp.SubnetLocal || pp.LocalLID == 0, DGID: pp.LocalGID, FlowLabel: pp.FlowLabel, HopLimit: pp.HopLimit, TClass: pp.TrafficClass}
+	if c.ah.GRH && c.ah.HopLimit == 0 {
+		c.ah.HopLimit = roceHopLimit
+	}
 	c.mtu, c.rqpsn = req.PathMTU, req.StartingPSN
 	c.ackTimeout, c.retryCnt, c.rnrRetry = pp.LocalACKTimeout, req.RetryCount, req.RNRRetryCount
 	c.timeout, c.retries = responseTimeout(req.LocalCMResponseTimeout), int(req.MaxCMRetries)
@@ -915,7 +945,7 @@ func (m *Manager) acceptLocked(c *conn, acc *Accept, r *Request, failover uint8)
 	c.reply = c.msg
 	c.sent = 1
 	c.state = stRepSent
-	m.sendLocked(c.madLID, c.msg)
+	m.sendLocked(c.madTo, c.msg)
 	m.armLocked(c, c.timeout)
 	return 0, nil
 }
@@ -930,7 +960,7 @@ func (m *Manager) failAccept(acc Accept, err error) {
 // duplicates of the REQ during timewait.
 func (m *Manager) rejectLocked(c *conn, reason mad.CMRejectReason, ari, pd []byte) {
 	c.reply = m.rejMAD(c.tid, c.localID, c.remoteID, mad.CMMsgREQ, reason, ari, pd)
-	m.sendLocked(c.madLID, c.reply)
+	m.sendLocked(c.madTo, c.reply)
 	c.state = stTimewait
 	m.enterTimewaitLocked(c)
 }
@@ -952,7 +982,7 @@ func (m *Manager) toRTS(c *conn, qp verbs.QP) error {
 func (m *Manager) onREP(src verbs.MADSource, tid uint64, rep *mad.CMREP) {
 	c := m.conns[rep.RemoteCommID]
 	if c == nil {
-		m.sendLocked(src.LID, m.rejMAD(tid, rep.RemoteCommID, rep.LocalCommID, mad.CMMsgREP, mad.RejInvalidCommID, nil, nil))
+		m.sendLocked(madAddr{src.LID, src.GID}, m.rejMAD(tid, rep.RemoteCommID, rep.LocalCommID, mad.CMMsgREP, mad.RejInvalidCommID, nil, nil))
 		return
 	}
 	if !c.active {
@@ -961,7 +991,7 @@ func (m *Manager) onREP(src verbs.MADSource, tid uint64, rep *mad.CMREP) {
 	switch c.state {
 	case stEstablished:
 		if rep.LocalCommID == c.remoteID && c.reply != nil {
-			m.sendLocked(c.madLID, c.reply) // the RTU was lost
+			m.sendLocked(c.madTo, c.reply) // the RTU was lost
 		}
 		return
 	case stReqSent:
@@ -976,7 +1006,7 @@ func (m *Manager) onREP(src verbs.MADSource, tid uint64, rep *mad.CMREP) {
 		err = m.toRTS(c, c.qp)
 	}
 	if err != nil {
-		m.sendLocked(c.madLID, m.rejMAD(c.tid, c.localID, c.remoteID, mad.CMMsgREP, mad.RejNoQP, nil, nil))
+		m.sendLocked(c.madTo, m.rejMAD(c.tid, c.localID, c.remoteID, mad.CMMsgREP, mad.RejNoQP, nil, nil))
 		c.connectCh <- err
 		qpToErr(c.qp)
 		m.enterTimewaitLocked(c)
@@ -988,7 +1018,7 @@ func (m *Manager) onREP(src verbs.MADSource, tid uint64, rep *mad.CMREP) {
 	pub.RemotePrivateData = append([]byte(nil), rep.PrivateData[:]...)
 	m.byRemote[remoteKey{c.rguid, c.remoteID}] = c
 	c.reply = mad.NewCMMAD(c.tid, &mad.CMRTU{LocalCommID: c.localID, RemoteCommID: c.remoteID})
-	m.sendLocked(c.madLID, c.reply)
+	m.sendLocked(c.madTo, c.reply)
 	c.state = stEstablished
 	c.connectCh <- nil
 }
@@ -1000,7 +1030,7 @@ func (m *Manager) onRTU(rtu *mad.CMRTU) {
 	}
 	c.stopTimer()
 	if err := m.toRTS(c, c.qp); err != nil {
-		m.sendLocked(c.madLID, m.rejMAD(c.tid, c.localID, c.remoteID, mad.CMMsgOther, mad.RejNoQP, nil, nil))
+		m.sendLocked(c.madTo, m.rejMAD(c.tid, c.localID, c.remoteID, mad.CMMsgOther, mad.RejNoQP, nil, nil))
 		m.endLocked(c, fmt.Errorf("cm: accept: %w", err))
 		m.enterTimewaitLocked(c)
 		return
@@ -1054,7 +1084,7 @@ func (m *Manager) onDREQ(src verbs.MADSource, tid uint64, dreq *mad.CMDREQ) {
 	}
 	c := m.conns[dreq.RemoteCommID]
 	if c == nil {
-		m.sendLocked(src.LID, drep(dreq.RemoteCommID, dreq.LocalCommID))
+		m.sendLocked(madAddr{src.LID, src.GID}, drep(dreq.RemoteCommID, dreq.LocalCommID))
 		return
 	}
 	if dreq.LocalCommID != c.remoteID || c.qp == nil || dreq.RemoteQPN != c.qp.Num() {
@@ -1072,7 +1102,7 @@ func (m *Manager) onDREQ(src verbs.MADSource, tid uint64, dreq *mad.CMDREQ) {
 	default:
 		return
 	}
-	m.sendLocked(c.madLID, drep(c.localID, c.remoteID))
+	m.sendLocked(c.madTo, drep(c.localID, c.remoteID))
 }
 
 func (m *Manager) onDREP(drep *mad.CMDREP) {

@@ -861,3 +861,51 @@ func TestClose(t *testing.T) {
 	}
 	a.m.Close()
 }
+
+// On ports without LIDs (RoCE) the peer is reached by GID: every CM MAD goes by
+// GID (verbs.GIDMADSender), the request names LID 0 and both QPs' address handles
+// carry a GRH with the peer's GID and a usable hop limit; a disconnect reaches the
+// other side the same way.
+func TestConnectByGIDWithoutLIDs(t *testing.T) {
+	f := newFabric(t)
+	f.roce = true
+	a, b := newNode(t, f, 1, true), newNode(t, f, 2, true)
+	if a.dev.port.Attr().LID != 0 {
+		t.Fatalf("RoCE fake port has LID %d", a.dev.port.Attr().LID)
+	}
+	qpA, qpB := a.dev.newQP(verbs.QPTypeRC), b.dev.newQP(verbs.QPTypeRC)
+	reqs, est := make(chan *cm.Request, 1), make(chan *cm.Conn, 1)
+	stop, err := b.m.Listen(svc, func(r *cm.Request) cm.Decision {
+		reqs <- r
+		return &cm.Accept{QP: qpB, PrivateData: ipoibPD(0x49), Established: func(c *cm.Conn) { est <- c }}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	p := params(qpA, b)
+	p.DLID = 0
+	conn, err := a.m.Connect(ctxT(t), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := recv(t, reqs, "the request")
+	bc := recv(t, est, "the passive connection")
+	if r.RemoteLID != 0 || r.RemoteGID != a.gid {
+		t.Errorf("request from LID %d GID %v, want LID 0 and %v", r.RemoteLID, r.RemoteGID, a.gid)
+	}
+	for _, c := range []struct {
+		side string
+		qp   *fakeQP
+		peer verbs.GID
+	}{{"active", qpA, b.gid}, {"passive", qpB, a.gid}} {
+		rtr := c.qp.modsTo(verbs.QPRTR)
+		if len(rtr) != 1 || rtr[0].AH.DLID != 0 || !rtr[0].AH.GRH || rtr[0].AH.DGID != c.peer || rtr[0].AH.HopLimit == 0 {
+			t.Errorf("%s RTR %+v: want a GRH to %v with a hop limit, no LID", c.side, rtr, c.peer)
+		}
+	}
+	if err := conn.Disconnect(); err != nil {
+		t.Fatalf("disconnect by GID: %v", err)
+	}
+	recv(t, bc.Done(), "the passive side's end")
+}

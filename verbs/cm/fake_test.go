@@ -37,6 +37,9 @@ type fabric struct {
 	// not returned); changed is closed and replaced when it or log changes.
 	inflight int
 	changed  chan struct{}
+	// roce makes the nodes added from now on ports without LIDs (RoCE): their ports
+	// say LID 0, MADs to LID 0 are lost, and they are reached by GID (SendGID).
+	roce bool
 }
 
 type sentMAD struct {
@@ -112,7 +115,10 @@ func (f *fabric) sent(attr uint16) []sentMAD {
 }
 
 func (f *fabric) addAgent(lid verbs.LID, gid verbs.GID) *fakeAgent {
-	a := &fakeAgent{f: f, lid: lid, gid: gid, in: make(chan delivery, 1024), stop: make(chan struct{})}
+	a := &fakeAgent{f: f, lid: lid, src: lid, gid: gid, in: make(chan delivery, 1024), stop: make(chan struct{})}
+	if f.roce {
+		a.src = 0
+	}
 	f.mu.Lock()
 	f.agents[lid] = a
 	f.mu.Unlock()
@@ -129,7 +135,8 @@ type delivery struct {
 
 type fakeAgent struct {
 	f    *fabric
-	lid  verbs.LID
+	lid  verbs.LID // the fabric's key for it (0 is never used)
+	src  verbs.LID // the LID its MADs come from: lid, or 0 on RoCE
 	gid  verbs.GID
 	mu   sync.Mutex
 	h    map[uint8]verbs.MADHandler
@@ -156,7 +163,11 @@ func (a *fakeAgent) run() {
 			a.mu.Unlock()
 			if h != nil {
 				if resp := h(d.src, d.b); resp != nil {
-					_ = a.Send(d.src.LID, d.src.QPN, resp)
+					if d.src.LID == 0 {
+						_ = a.SendGID(d.src.GID, d.src.QPN, resp)
+					} else {
+						_ = a.Send(d.src.LID, d.src.QPN, resp)
+					}
 				}
 			}
 			a.f.handled()
@@ -181,7 +192,30 @@ func (a *fakeAgent) Register(class uint8, h verbs.MADHandler) {
 	}
 }
 
+// SendGID reaches the agent whose port has dgid (verbs.GIDMADSender).
+func (a *fakeAgent) SendGID(dgid verbs.GID, dqp verbs.QPN, b []byte) error {
+	a.f.mu.Lock()
+	var dlid verbs.LID
+	for l, o := range a.f.agents {
+		if o.gid == dgid {
+			dlid = l
+		}
+	}
+	a.f.mu.Unlock()
+	if dlid == 0 {
+		return nil // nobody has it: lost
+	}
+	return a.send(dlid, dqp, b)
+}
+
 func (a *fakeAgent) Send(dlid verbs.LID, dqp verbs.QPN, b []byte) error {
+	if a.f.roce && dlid != 0 {
+		return fmt.Errorf("fake agent: MAD to LID %d on a fabric without LIDs", dlid)
+	}
+	return a.send(dlid, dqp, b)
+}
+
+func (a *fakeAgent) send(dlid verbs.LID, dqp verbs.QPN, b []byte) error {
 	if len(b) != mad.Size {
 		return fmt.Errorf("fake agent: %d-byte MAD", len(b))
 	}
@@ -205,7 +239,7 @@ func (a *fakeAgent) Send(dlid verbs.LID, dqp verbs.QPN, b []byte) error {
 	}
 	for range copies {
 		select {
-		case dst.in <- delivery{verbs.MADSource{LID: a.lid, GID: a.gid, QPN: verbs.GSIQPN}, b}:
+		case dst.in <- delivery{verbs.MADSource{LID: a.src, GID: a.gid, QPN: verbs.GSIQPN}, b}:
 			f.inflight++
 		default:
 			f.t.Errorf("fake fabric: queue of LID %d full", dlid)
@@ -370,7 +404,7 @@ func newNode(t testing.TB, f *fabric, lid verbs.LID, withCM bool) *node {
 	gid := verbs.MakeGID(verbs.DefaultGIDPrefix, guid)
 	a := f.addAgent(lid, gid)
 	d := &fakeDevice{name: fmt.Sprintf("fake%d", lid), guid: guid,
-		port: &fakePort{lid: lid, gid: gid, agent: a, pkeys: []verbs.PKey{0xffff, 0x8001}}}
+		port: &fakePort{lid: a.src, gid: gid, agent: a, pkeys: []verbs.PKey{0xffff, 0x8001}}}
 	d.nextQPN.Store(uint32(lid) << 8)
 	n := &node{dev: d, agent: a, lid: lid, gid: gid}
 	if withCM {

@@ -56,11 +56,19 @@ static int ipoibfs_umad_register(int portid, int cls, int version, int rmpp, int
 
 // ipoibfs_umad_send sends len bytes of mad from agent to dqp at dlid; buf holds
 // umad_size() + len bytes. timeout_ms > 0 makes it a request the MAD layer tracks.
+// With gid non-NULL the MAD carries a GRH to it (a port without LIDs: RoCE).
 static int ipoibfs_umad_send(int portid, int agent, void *buf, const void *mad, int len,
-                             int dlid, int dqp, int qkey, int timeout_ms) {
+                             int dlid, int dqp, int qkey, int timeout_ms, const void *gid) {
 	memset(buf, 0, umad_size());
 	memcpy(umad_get_mad(buf), mad, len);
 	umad_set_addr(buf, dlid, dqp, 0, qkey);
+	if (gid) {
+		struct ib_user_mad *u = buf;
+		u->addr.grh_present = 1;
+		u->addr.gid_index = 0;
+		u->addr.hop_limit = 64; // RoCE v2 carries it as the IPv6 hop limit
+		memcpy(u->addr.gid, gid, 16);
+	}
 	if (umad_send(portid, agent, buf, len, timeout_ms, 0) < 0)
 		return errno ? -errno : -EIO;
 	return 0;
@@ -253,6 +261,11 @@ func (a *Agent) sendAgent(class, version uint8) (C.int, error) {
 }
 
 func (a *Agent) send(agent C.int, dlid verbs.LID, dqp verbs.QPN, m []byte, timeout time.Duration) error {
+	return a.sendTo(agent, dlid, nil, dqp, m, timeout)
+}
+
+// sendTo is send with, when dgid is not nil, a GRH to dgid.
+func (a *Agent) sendTo(agent C.int, dlid verbs.LID, dgid *verbs.GID, dqp verbs.QPN, m []byte, timeout time.Duration) error {
 	if len(m) > mad.Size {
 		return fmt.Errorf("%w: MAD of %d bytes (long answers are not sent from userspace)", verbs.ErrInvalid, len(m))
 	}
@@ -261,8 +274,16 @@ func (a *Agent) send(agent C.int, dlid verbs.LID, dqp verbs.QPN, m []byte, timeo
 	if a.sbuf == nil {
 		return verbs.ErrClosed
 	}
+	var gid unsafe.Pointer
+	var g [16]C.uint8_t // C memory for the GID: cgo may not keep a Go pointer
+	if dgid != nil {
+		for k := range g {
+			g[k] = C.uint8_t(dgid[k])
+		}
+		gid = unsafe.Pointer(&g[0])
+	}
 	r := C.ipoibfs_umad_send(a.id, agent, a.sbuf, unsafe.Pointer(unsafe.SliceData(m)), C.int(len(m)),
-		C.int(dlid), C.int(dqp), C.int(gsiQKey), C.int(timeout.Milliseconds()))
+		C.int(dlid), C.int(dqp), C.int(gsiQKey), C.int(timeout.Milliseconds()), gid)
 	if r < 0 {
 		return syscall.Errno(-r)
 	}
@@ -345,6 +366,22 @@ func (a *Agent) Send(dlid verbs.LID, dqp verbs.QPN, m []byte) error {
 	}
 	if err != nil {
 		return &verbs.Error{Op: "mad_send", Obj: a.String(), Err: err}
+	}
+	return nil
+}
+
+// SendGID sends a MAD to dqp at the port with dgid, with a GRH (verbs.GIDMADSender):
+// how QP1 is reached on a port without LIDs (RoCE).
+func (a *Agent) SendGID(dgid verbs.GID, dqp verbs.QPN, m []byte) error {
+	if len(m) < mad.HeaderSize {
+		return &verbs.Error{Op: "mad_send", Obj: a.String(), Err: verbs.ErrInvalid}
+	}
+	agent, err := a.sendAgent(m[1], m[2])
+	if err == nil {
+		err = a.sendTo(agent, 0, &dgid, dqp, m, 0)
+	}
+	if err != nil {
+		return &verbs.Error{Op: "mad_send", Obj: fmt.Sprintf("%s to %v", a, dgid), Err: err}
 	}
 	return nil
 }
@@ -515,7 +552,11 @@ func (a *Agent) dispatch(src verbs.MADSource, agent, status int, m []byte) {
 		return
 	}
 	if resp := h(src, m); resp != nil {
-		err := a.send(C.int(agent), src.LID, src.QPN, resp, 0)
+		var dgid *verbs.GID
+		if src.LID == 0 && !src.GID.IsZero() { // came by GID (RoCE): answer the same way
+			dgid = &src.GID
+		}
+		err := a.sendTo(C.int(agent), src.LID, dgid, src.QPN, resp, 0)
 		if err != nil {
 			a.Errors.Add(1)
 		}
