@@ -51,7 +51,7 @@ const rxeMcastEnv = "IPOIBFS_RXE_MCAST_JOIN"
 // fd09::1 and fd09::2, for IPv6 neighbour discovery.
 var rxeMcastGroups = []string{"ff12:401b:ffff::ffff:ffff", "ff12:601b:ffff::1:ff00:1", "ff12:601b:ffff::1:ff00:2"}
 
-var rxePingSteps = []string{"rxe", "join", "daemons", "ib0", "carrier", "mtu", "ping", "ping-4092", "ping6"}
+var rxePingSteps = []string{"rxe", "join", "daemons", "ib0", "carrier", "mtu", "ping", "ping-4092", "ping6", "connected", "ping-connected"}
 
 const rxePingScript = `echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
 echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
@@ -77,7 +77,7 @@ for k in $(seq 50); do grep -q '^joined' /tmp/join.log && break; sleep 0.2; done
 if grep -q '^joined' /tmp/join.log; then pass join; else fail join "$(cat /tmp/join.log)"; fi
 pids=
 for d in 0:A 1:B 2:C 3:D; do
-	@@BIN@@ -hca rxe${d%:*} -ifname ib0=ib0 -mount "" -9p "" -netns ns${d#*:} -param debug_level=1 -param mcast_debug_level=1 > /tmp/${d#*:}.log 2>&1 &
+	@@BIN@@ -hca rxe${d%:*} -ifname ib0=ib0 -mount "" -9p unix:/tmp/${d#*:}.9p -netns ns${d#*:} -param debug_level=1 -param mcast_debug_level=1 > /tmp/${d#*:}.log 2>&1 &
 	pids="$pids $!"
 done
 ok=0
@@ -113,6 +113,19 @@ if [ $rc = 0 ]; then pass ping-4092; else fail ping-4092 "ping -s 4000 exit $rc"
 nsenter --net=/run/netns/nsC ping6 -c 3 -W 5 fd09::2
 rc=$?
 if [ $rc = 0 ]; then pass ping6; else fail ping6 "ping6 exit $rc"; fi
+# Connected mode over RoCE: the CM by GID on QP1 (ib_cm is not loaded here, so the
+# daemon's MAD agent owns the CM class), RC queue pairs, the shared receive queue.
+ok=1
+for ns in C D; do
+	echo connected | @@BIN@@ 9p unix:/tmp/$ns.9p write class/net/ib0/mode || ok=0
+	m=$(@@BIN@@ 9p unix:/tmp/$ns.9p read class/net/ib0/mode)
+	[ "$m" = connected ] || { ok=0; echo "ns$ns mode: $m"; }
+done
+mtus=$(for ns in C D; do $IP -n ns$ns link show ib0 | grep -o 'mtu [0-9]*'; done | tr '\n' ' ')
+if [ $ok = 1 ] && [ "$mtus" = "mtu 65520 mtu 65520 " ]; then pass connected; else fail connected "mode writes ok=$ok, ib0 MTUs $mtus (want 65520)"; fi
+nsenter --net=/run/netns/nsC ping -c 3 -W 5 -s 30000 10.9.2.2
+rc=$?
+if [ $rc = 0 ]; then pass ping-connected; else fail ping-connected "ping -s 30000 in connected mode exit $rc"; fi
 kill $pids
 sleep 1
 kill $jpid
@@ -129,7 +142,7 @@ func TestHCARxeGuestPing(t *testing.T) {
 	}
 	testenv.Short(t, "boots a QEMU guest with rdma_rxe and four daemons (30-60 s)")
 	// As verbs/rdma's TestRxe, and tun for the daemons' kernel devices.
-	kit := vm.PrepareRxe(t, "tun")
+	kit := vm.PrepareRxe(t, "tun", "ib_umad") // ib_umad: the MAD agent of connected mode's CM
 	goTool := testenv.Tool(t, "go")
 
 	dir := t.TempDir()
