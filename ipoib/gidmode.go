@@ -29,8 +29,9 @@ import (
 // it would be from the SA; on one Ethernet segment all ports normally agree.
 //
 // An interface is in GID mode when its port's link layer is Ethernet, or for every
-// port when Options.GIDMode is set. Datagram mode only: connected mode's CM talks
-// MADs, which RoCE does not carry here (and the rdma provider has no RC yet). Where
+// port when Options.GIDMode is set. Connected mode works there too: the path's DLID
+// is 0, so the CM sends its MADs by GID (verbs.GIDMADSender) and the RC QPs' address
+// handles carry the GRH. Where
 // the device does not join the group's Ethernet multicast (the 6.1 kernel's rxe adds
 // the MAC but not the IPv6 group), the host must hold the IPv6 membership of each MGID
 // on the netdev for multicast to arrive; the rxe test does so from a socket.
