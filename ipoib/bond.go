@@ -885,16 +885,26 @@ func (b *Bond) setPrimary(val string) error {
 // this bond (EINVAL), and up with a link (EINVAL) unless it is already the active one.
 func (b *Bond) setActiveSlave(val string) error {
 	name := scanWord(val, ifNameSize-1)
+	clear := name == "" || strings.HasPrefix(val, "\n")
+	// The names are looked up before Bond.mu is taken, as Enslave does: Bonds.mu and
+	// Engine.mu come before it in the lock order (package doc).
+	var i *Interface
+	var known, isBond bool
+	if !clear {
+		i, known = b.bs.e.Interface(name)
+		if !known {
+			_, isBond = b.bs.Bond(name)
+		}
+	}
 	b.mu.Lock()
 	var acts []func()
 	defer func() { b.mu.Unlock(); run(acts) }()
-	if name == "" || strings.HasPrefix(val, "\n") {
+	if clear {
 		acts = append(b.changeActiveLocked(nil), b.selectActiveLocked()...)
 		return nil
 	}
-	i, ok := b.bs.e.Interface(name)
-	if !ok {
-		if _, isBond := b.bs.Bond(name); isBond {
+	if !known {
+		if isBond {
 			return b.err("active_slave", syscall.EINVAL, "Device %s is not bonding slave", name)
 		}
 		return b.err("active_slave", syscall.ENODEV, "no interface %s", name)

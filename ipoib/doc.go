@@ -21,9 +21,9 @@
 //
 //  1. Interface.childOps (a parent's): one create or delete of its children at a time,
 //     the kernel device included.
-//  2. Bond.mu: a bond's configuration and slaves (bond.go); setActiveSlave and
-//     releaseGone look names up holding it.
-//  3. Bonds.mu: the list of bonds and their device maker.
+//  2. Bonds.mu: the list of bonds and their device maker.
+//  3. Bond.mu: a bond's configuration and slaves (bond.go); releaseGone looks names
+//     up in the engine holding it.
 //  4. Engine.mu: the interface table, the watchers and the device maker.
 //  5. Interface.txMu: the UD send scratch slices; one UD post at a time.
 //  6. Interface.mu: the rest of the interface: up, carrier, mode, MTUs, P_Key and QP
@@ -45,8 +45,7 @@
 //     yet). A Host must not call the engine from these methods.
 //   - Devices.Create and Delete: childOps or none; their implementations take
 //     Interface.mu. BondDevices.CreateBond: Bonds.mu; its implementation takes the new
-//     bond's Bond.mu, which no one else can hold as the bond is not listed yet: the one
-//     pair against the order. DeleteBond: none.
+//     bond's Bond.mu. DeleteBond: none.
 //   - The SA client and the CM's Connect and Disconnect: none. Joins, path queries,
 //     leaves and connections run on goroutines of their own.
 //   - The HCA: under Interface.mu on the control path (QP state, attach and detach,

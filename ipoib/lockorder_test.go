@@ -61,8 +61,8 @@ import (
 // lockOrder is doc.go's order, outermost first.
 var lockOrder = []string{
 	"Interface.childOps",
-	"Bond.mu",
 	"Bonds.mu",
+	"Bond.mu",
 	"Engine.mu",
 	"Interface.txMu",
 	"Interface.mu",
@@ -94,8 +94,6 @@ type lockException struct {
 }
 
 var lockExceptions = []lockException{
-	{"Bonds.mu", "Bond.mu", "Bonds.Create",
-		"CreateBond's implementation takes the Bond.mu of the bond being created, not yet in the list, so nobody else can hold it while waiting for Bonds.mu"},
 	{"Bond.mu", "Host", "Bond.Enslave",
 		"the slave's SetMTU and SetUp call the slave's own host (its kernel device), which calls nothing of the engine"},
 	{"Bond.mu", "Host", "Bond.SetMTU",
