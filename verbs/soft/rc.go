@@ -4,7 +4,9 @@ package soft
 //
 // An RC QP is a requester (send queue) and a responder (receive queue) joined to one
 // peer QP. The behaviour follows the InfiniBand RC rules as rdma_rxe implements them,
-// written from the specification's description:
+// written from the specification's description, with the additions real HCAs make
+// for lossy (RoCE) fabrics so that random loss costs throughput in proportion and the
+// transfer stays exact:
 //
 // Requester. PostSend copies every message into its packets at once: the gather list is
 // cut into PathMTU-sized payloads (SEND_FIRST, MIDDLE..., LAST or SEND_ONLY, the _IMM
@@ -13,47 +15,74 @@ package soft
 // reuse its buffers as soon as PostSend returns and a retransmission costs no encoding.
 // Packets leave in batches (one endpoint Send per batch) bounded by a window of at most
 // 1024 packets or 4 MiB in flight; messages beyond it wait in the QP. Inside that bound
-// the window is adjusted like TCP's congestion window (slow start, halving on a
-// sequence NAK, back to the minimum on a timeout), because the emulated fabric drops
-// packets where a real InfiniBand link applies credit flow control, and go-back-N with a
-// 4 MiB window on a lossy path would resend megabytes per lost packet.
+// the window is adjusted like TCP's congestion window (slow start; halved on a sequence
+// NAK, but at most once per recovery episode, that is until the PSNs in flight at the
+// first NAK are acknowledged; back to the minimum on an ACK timeout), because the
+// emulated fabric drops packets where a real InfiniBand link applies credit flow
+// control, and go-back-N resends the whole window behind a lost packet. The window
+// never falls below 32 packets.
 //
 // AckReq is set on the last packet of every message and on every packet whose PSN is
-// 15 mod 16. With a window of at least 16 packets there is therefore always a packet
-// asking for an ACK among those in flight, and a window-limited sender never has to
-// wait for a timeout to learn that its packets arrived.
+// 15 mod 16. With a window of at least 32 packets there are therefore always two
+// packets asking for an ACK among those in flight, and a window-limited sender does
+// not have to wait for a timeout to learn that its packets arrived when one ACK is lost.
 //
 // An ACK for PSN p acknowledges every packet up to p and completes the messages that
 // end there (a completion only when the WR was signalled or the QP signals all; errors
 // always). A NAK acknowledges the packets before its PSN. A PSN sequence error NAK
-// rewinds the sender to the NAK's PSN (go-back-N). An RNR NAK stops the sender for the
-// delay its timer field encodes, then resends from its PSN, at first only up to the next
-// packet that asks for an ACK so that a receiver without buffers is probed rather than
-// flooded; RNRRetry 7 retries for ever, smaller values count down and, exhausted,
-// complete the WR with WCRNRRetryExcErr. A remote invalid request NAK completes the WR
-// with WCRemInvReqErr. Each fatal error completes the oldest outstanding WR with its
-// status, flushes the rest and moves the QP to ERR.
+// rewinds the sender to the NAK's PSN at once (go-back-N). The responder sends every
+// sequence NAK twice, so the second copy of the NAK acted on is ignored (and so is a
+// copy the fabric duplicated in the same batch); a NAK for the same PSN after that,
+// once the resend is on the wire, means the resent packet was lost too and rewinds
+// again. An RNR NAK stops the sender for the delay its timer field encodes, then
+// resends from its PSN, at first only up to the next packet that asks for an ACK so that
+// a receiver without buffers is probed rather than flooded; RNRRetry 7 retries for
+// ever, smaller values count down and, exhausted, complete the WR with
+// WCRNRRetryExcErr. A remote invalid request NAK completes the WR with WCRemInvReqErr.
+// Each fatal error completes the oldest outstanding WR with its status, flushes the
+// rest and moves the QP to ERR.
 //
-// Timer. One timer per QP serves the ACK timeout and the RNR wait. It is not reset on
-// every acknowledgement: progress only records its time, and when the timer fires
-// before the timeout measured from the last progress it re-arms itself for the rest.
-// A timeout resends from the oldest unacknowledged PSN; RetryCnt timeouts in a row
-// without progress complete the oldest WR with WCRetryExcErr.
+// Timer. One timer per QP serves the ACK timeout, the RNR wait and early
+// retransmission. It is not reset on every acknowledgement: progress only records its
+// time, and when the timer fires before its deadline it re-arms itself for the rest.
+// The local ACK timeout keeps its meaning: a timeout resends from the oldest
+// unacknowledged PSN, and RetryCnt timeouts in a row without progress complete the
+// oldest WR with WCRetryExcErr. Before it, like the adaptive retransmission of RoCE
+// HCAs, the requester retransmits early when nothing has been acknowledged for two
+// round trips (smoothed over packets sent once; at least 0.5 ms; before the first
+// measurement a quarter of the ACK timeout, at most 2 ms) since the last progress or
+// retransmission: it resends the oldest unacknowledged packets up to the next one
+// asking for an ACK, without going back (the ACK or NAK they draw says where the
+// responder is, and a responder that is only slow gets a few duplicates, not the window
+// again), which recovers a lost ACK, NAK or resent packet in a round trip or two. Early
+// retransmissions count no retry and do not delay the ACK timeout; each doubles the
+// wait for the next, and they stop once that wait reaches the ACK timeout, so a peer
+// that is gone still exhausts RetryCnt in the time the specification gives (with a few
+// more packets sent than 1 + RetryCnt). There is none with an ACK timeout below 2 ms
+// (Timeout 8 or less: short enough itself), nor with Timeout 0 (no ACK timeout).
 //
 // Responder. Packets are accepted only in PSN order and copied straight into the head
 // receive buffer; LAST or ONLY completes it. A duplicate (an older PSN) is acknowledged
-// again and not delivered. A PSN ahead of the expected one (a gap) draws one sequence
-// error NAK carrying the expected PSN, after which everything is dropped silently until
-// the expected PSN arrives. A FIRST or ONLY without a posted receive buffer draws an RNR
-// NAK (and the same silence). A message longer than its buffer, a wrong opcode sequence
-// or a bad payload length draws a remote invalid request NAK, completes the receive
-// with an error and moves the QP to ERR. ACKs (syndrome 0x1f: no end-to-end credits)
-// carry the MSN and are coalesced: one is owed at a packet with AckReq, after every 16
-// accepted packets and for duplicates, and the owed ACK goes out once per received
-// batch, naming the last PSN accepted so far.
+// again and not delivered. A packet one PSN ahead of the expected one is held (one
+// packet, copied) until the next packet of the batch: if that is the expected one, both
+// are accepted, since the fabric only swapped them; otherwise, or at the end of the
+// batch, it is a gap. A gap draws a sequence error NAK carrying the expected PSN (sent
+// twice, against its loss), after which everything is dropped silently until the
+// expected PSN arrives, except that when the requester is seen going back (two packets
+// in PSN order below the highest PSN dropped since the NAK) while the expected PSN is
+// still missing, the resent packet was lost as well and the NAK goes out once more. A
+// FIRST or ONLY without a posted receive buffer draws an RNR NAK (and the same
+// silence). A message longer than its buffer, a wrong opcode sequence or a bad payload
+// length draws a remote invalid request NAK, completes the receive with an error and
+// moves the QP to ERR. ACKs (syndrome 0x1f: no end-to-end credits) carry the MSN and are
+// coalesced: one is owed at a packet with AckReq, after every 16 accepted packets and
+// for duplicates, and the owed ACK goes out once per received batch, naming the last
+// PSN accepted so far, preceded by one for the first packet of the batch that owed it
+// when that is an earlier PSN, so that one lost ACK does not stall the requester.
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"ipoibfs/verbs"
@@ -64,12 +93,13 @@ const (
 	rcMaxMsg       = 1 << 20 // largest message PostSend accepts
 	rcWinMaxPkts   = 1024    // packets in flight at most
 	rcWinMaxBytes  = 4 << 20 // payload bytes in flight at most
-	rcWinMin       = 16      // never below: the AckReq spacing
+	rcWinMin       = 32      // never below: two packets asking for an ACK in every window
 	rcWinInit      = 64      // starting window (slow start grows it)
 	rcAckEvery     = 16      // the responder owes an ACK after this many packets
 	rcAckReqSpace  = 16      // AckReq on every packet whose PSN is 15 mod 16
 	rcMinRNRTimer  = 12      // RNR NAK timer field the responder advertises: 0.64 ms
 	rcMinAckTimout = time.Millisecond
+	rcMinEarly     = 500 * time.Microsecond // early retransmission never sooner
 
 	synACK      = 0x1f // ACK, no end-to-end credit information
 	synRNR      = 0x20 // RNR NAK; the low 5 bits are the timer
@@ -158,6 +188,7 @@ type rcReq struct {
 	recover                 uint32 //
 	nakSeen                 bool   // a sequence NAK for nakPSN was acted on (duplicates are ignored)
 	nakPSN                  uint32 //
+	nakTwin                 bool   // the second copy of the NAK for nakPSN is still to come
 
 	retryLeft, rnrLeft uint8
 	rnrWait            bool // stopped by an RNR NAK until rnrUntil
@@ -167,6 +198,18 @@ type rcReq struct {
 	probeEnd           uint32
 
 	progressAt time.Time // last acknowledgement progress (or start of transmission)
+
+	// Early retransmission: the round trip is measured on packets sent once
+	// (smoothed in srtt), and when nothing is acknowledged for two of them the
+	// requester resends una..resendEnd without counting a retry.
+	srtt      time.Duration
+	rttOn     bool // a measurement is running: rttPSN was sent at rttAt
+	rttPSN    uint32
+	rttAt     time.Time
+	retxAt    time.Time // last go-back-N or early retransmission
+	earlyN    uint8     // early retransmissions since the last progress
+	resend    bool      // an early retransmission of una..resendEnd is owed
+	resendEnd uint32
 }
 
 // rcResp is the responder state.
@@ -174,12 +217,34 @@ type rcResp struct {
 	epsn       uint32 // expected PSN
 	msn        uint32 // messages completed
 	nakSent    bool   // a NAK went out for epsn: drop silently until it arrives
+	nakHi      uint32 // highest PSN dropped since the NAK
+	nakBack    bool   // a PSN below nakHi arrived since: the requester may have gone back
+	nakBackPSN uint32 // the last such PSN
 	inMsg      bool   // between FIRST and LAST
 	wr         verbs.RecvWR
 	n          int // bytes received into wr
 	unacked    int // packets accepted since the last ACK
 	ackPending bool
+	ackFirst   bool   // an earlier accepted packet of the batch owed the ACK
+	ackPSN     uint32 // that packet's PSN and the MSN then
+	ackMSN     uint32
 	peer       ctlRoute // where the last accepted request came from
+
+	// One packet that arrived a PSN early, held until the next packet (or the end
+	// of the batch) shows whether the expected one was only overtaken.
+	held    bool
+	heldPkt wire.Packet
+	heldBuf []byte
+}
+
+// rcStats counts the protocol events of one QP, for tests and diagnostics.
+type rcStats struct {
+	seqNAKs  uint64 // responder: PSN sequence errors NAKed
+	reNAKs   uint64 // responder: NAKs repeated because a resent packet was lost too
+	rnrNAKs  uint64 // responder: RNR NAKs (no receive buffer)
+	goBacks  uint64 // requester: go-back-N on a sequence NAK
+	early    uint64 // requester: early retransmissions (no retry counted)
+	timeouts uint64 // requester: local ACK timeouts
 }
 
 // rcConn is the RC part of a QP, guarded by QP.mu (the pump fields by its protocol).
@@ -201,6 +266,8 @@ type rcConn struct {
 
 	timer   *time.Timer
 	timerAt time.Time // when the timer fires; zero if it is not armed
+
+	stats rcStats
 
 	// One goroutine at a time transmits (the pump); others leave it a note.
 	pumping, pumpAgain bool
@@ -357,7 +424,7 @@ func (q *QP) rcErrorLocked() {
 	if rc.resp.inMsg {
 		q.recvCQ.push(verbs.WC{WRID: rc.resp.wr.ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.num})
 	}
-	rc.resp.inMsg, rc.resp.wr, rc.resp.ackPending = false, verbs.RecvWR{}, false
+	rc.resp.inMsg, rc.resp.wr, rc.resp.ackPending, rc.resp.ackFirst, rc.resp.held = false, verbs.RecvWR{}, false, false, false
 	q.state = verbs.QPErr
 	q.flushLocked()
 }
@@ -589,27 +656,36 @@ func (q *QP) rcPump() {
 	}
 }
 
-// rcCollectLocked appends the packets the window allows to dst and advances nxt.
+// rcCollectLocked appends the packets to transmit to dst: an early retransmission
+// owed, then what the window allows from nxt, which it advances.
 func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
 	rc := q.rc
 	r := &rc.req
-	if q.state != verbs.QPRTS || r.rnrWait || psnDiff(r.nxt, r.end) >= 0 {
+	if q.state != verbs.QPRTS || r.rnrWait {
 		return dst
 	}
-	limit := r.cwnd - psnDiff(r.nxt, r.una)
-	if r.probing {
-		limit = min(limit, psnDiff(r.probeEnd, r.nxt)+1)
+	limit := 0
+	if psnDiff(r.nxt, r.end) < 0 {
+		limit = min(r.cwnd-psnDiff(r.nxt, r.una), psnDiff(r.end, r.nxt))
+		if r.probing {
+			limit = min(limit, psnDiff(r.probeEnd, r.nxt)+1)
+		}
 	}
-	if limit <= 0 {
+	resend := 0
+	if r.resend {
+		r.resend = false
+		resend = min(psnDiff(r.resendEnd, r.una)+1, psnDiff(r.smax, r.una))
+	}
+	if limit <= 0 && resend <= 0 {
 		return dst
 	}
 	p := q.port
 	var dgid verbs.GID
 	var ok bool
 	rc.rsv, dgid, ok = p.resolve(rc.ah.DLID, rc.rsv[:0])
-	var addr Datagram
+	var addr netip.AddrPort
 	if ok {
-		addr = rc.rsv[0]
+		addr = rc.rsv[0].Addr
 	}
 	p.mu.RLock()
 	sgid := p.gid0()
@@ -618,37 +694,55 @@ func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
 	if psnDiff(r.una, r.smax) == 0 {
 		r.progressAt = now // nothing was outstanding: the ACK timeout starts now
 	}
-	i := max(r.cur, r.h)
 	sent := 0
-	for limit > 0 && psnDiff(r.nxt, r.end) < 0 {
-		for psnDiff(r.nxt, r.sq[i].last()) > 0 {
-			i++
-		}
-		m := r.sq[i]
-		k := psnDiff(r.nxt, m.first)
-		cnt := min(limit, m.n-k)
-		if ok {
-			if m.dgid != dgid || m.sgid != sgid {
-				m.fixICRC(sgid, dgid)
-			}
-			for j := k; j < k+cnt; j++ {
-				dst = append(dst, Datagram{Addr: addr.Addr, Data: m.pkt(j)})
-			}
-		}
-		r.nxt = psnAdd(r.nxt, cnt)
-		limit -= cnt
-		sent += cnt
+	if resend > 0 {
+		dst, _ = r.appendPkts(dst, r.h, r.una, resend, addr, ok, sgid, dgid)
+		sent += resend
 	}
-	r.cur = i
+	if limit > 0 {
+		if !r.rttOn && psnDiff(r.nxt, r.smax) >= 0 {
+			// Time the first packet sent for the first time: the earliest is the
+			// likeliest to be acknowledged before a go-back makes the sample moot.
+			r.rttOn, r.rttPSN, r.rttAt = true, r.nxt, now
+		}
+		dst, r.cur = r.appendPkts(dst, max(r.cur, r.h), r.nxt, limit, addr, ok, sgid, dgid)
+		r.nxt = psnAdd(r.nxt, limit)
+		sent += limit
+		if psnDiff(r.nxt, r.smax) > 0 {
+			r.smax = r.nxt
+		}
+	}
 	if !ok {
 		// No route to the peer: the packets are lost on the fabric, as UD's are.
 		p.cnt.xmitDisc.Add(uint64(sent))
 	}
-	if psnDiff(r.nxt, r.smax) > 0 {
-		r.smax = r.nxt
-	}
 	q.rcArmLocked(now)
 	return dst
+}
+
+// appendPkts appends the n packets from psn on, the first in r.sq[i] or a later
+// message, addressed to addr (if send; otherwise they only count as sent), and
+// returns the message index of the last.
+func (r *rcReq) appendPkts(dst []Datagram, i int, psn uint32, n int, addr netip.AddrPort, send bool, sgid, dgid verbs.GID) ([]Datagram, int) {
+	for n > 0 {
+		for psnDiff(psn, r.sq[i].last()) > 0 {
+			i++
+		}
+		m := r.sq[i]
+		k := psnDiff(psn, m.first)
+		cnt := min(n, m.n-k)
+		if send {
+			if m.dgid != dgid || m.sgid != sgid {
+				m.fixICRC(sgid, dgid)
+			}
+			for j := k; j < k+cnt; j++ {
+				dst = append(dst, Datagram{Addr: addr, Data: m.pkt(j)})
+			}
+		}
+		psn = psnAdd(psn, cnt)
+		n -= cnt
+	}
+	return dst, i
 }
 
 // ---- timer ----
@@ -675,6 +769,9 @@ func (q *QP) rcArmLocked(now time.Time) {
 			return
 		}
 		want = r.progressAt.Add(rto)
+		if e, ok := r.earlyAt(rto); ok && e.Before(want) {
+			want = e
+		}
 	default:
 		return // nothing outstanding: a running timer finds nothing to do
 	}
@@ -715,7 +812,24 @@ func (q *QP) rcOnTimer() {
 		kick = true
 	case psnDiff(r.una, r.smax) < 0:
 		rto := ackTimeout(rc.timeout)
-		if rto == 0 || now.Before(r.progressAt.Add(rto)) {
+		if rto == 0 {
+			break
+		}
+		if now.Before(r.progressAt.Add(rto)) {
+			if e, ok := r.earlyAt(rto); ok && !now.Before(e) {
+				// Nothing acknowledged for two round trips: an ACK, a NAK or a
+				// resent packet was probably lost. Resend the oldest packets up to
+				// one asking for an ACK, without counting a retry: the ACK or NAK
+				// they draw tells where the responder is.
+				rc.stats.early++
+				r.earlyN++
+				r.retxAt = now
+				r.resend, r.resendEnd = true, q.rcProbeEndLocked(r.una)
+				if r.rttOn && psnDiff(r.rttPSN, r.resendEnd) <= 0 {
+					r.rttOn = false // the timed packet goes again: its ACK would be ambiguous
+				}
+				kick = true
+			}
 			break
 		}
 		if r.retryLeft == 0 {
@@ -724,7 +838,8 @@ func (q *QP) rcOnTimer() {
 			return
 		}
 		r.retryLeft--
-		r.nxt, r.cur = r.una, r.h
+		rc.stats.timeouts++
+		r.goBack(r.una, now)
 		r.ssthresh = max(r.cwnd/2, rcWinMin)
 		r.cwnd, r.cwndAcc = rcWinMin, 0
 		r.recovering, r.recover = true, r.smax
@@ -736,6 +851,61 @@ func (q *QP) rcOnTimer() {
 	if kick {
 		q.rcPump()
 	}
+}
+
+// goBack rewinds the requester to resend from psn.
+func (r *rcReq) goBack(psn uint32, now time.Time) {
+	r.nxt, r.cur = psn, r.h
+	r.retxAt = now
+	if r.rttOn && psnDiff(r.rttPSN, psn) >= 0 {
+		r.rttOn = false // the timed packet goes again: its ACK would be ambiguous
+	}
+}
+
+// cut halves the window, at most once per recovery episode (until the PSNs in flight
+// when it was cut are acknowledged).
+func (r *rcReq) cut() {
+	if r.recovering {
+		return
+	}
+	r.ssthresh = max(r.cwnd/2, rcWinMin)
+	r.cwnd, r.cwndAcc = r.ssthresh, 0
+	r.recovering, r.recover = true, r.smax
+}
+
+// sampleRTT folds one round-trip measurement into the smoothed round trip.
+func (r *rcReq) sampleRTT(d time.Duration) {
+	if r.srtt == 0 {
+		r.srtt = max(d, 1)
+		return
+	}
+	r.srtt += (d - r.srtt) / 8
+}
+
+// earlyAt returns when the requester retransmits early if nothing is acknowledged by
+// then: two round trips (at least rcMinEarly; before the first round trip is
+// measured a quarter of the ACK timeout rto, at most 2 ms) after the last progress or
+// retransmission,
+// doubling with every early retransmission, and only while that is sooner than the
+// ACK timeout. An ACK timeout below four times rcMinEarly is short enough itself:
+// then there is none, and every transmission after the first is a retry.
+func (r *rcReq) earlyAt(rto time.Duration) (time.Time, bool) {
+	if rto < 4*rcMinEarly || r.earlyN >= 16 {
+		return time.Time{}, false
+	}
+	d := min(rto/4, 4*rcMinEarly)
+	if r.srtt > 0 {
+		d = max(2*r.srtt, rcMinEarly)
+	}
+	if d<<r.earlyN >= rto {
+		return time.Time{}, false
+	}
+	d <<= r.earlyN
+	base := r.progressAt
+	if r.retxAt.After(base) {
+		base = r.retxAt
+	}
+	return base.Add(d), true
 }
 
 // rcProbeEndLocked returns the first PSN from psn on that asks for an ACK.
@@ -851,12 +1021,23 @@ func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID) bool {
 func (q *QP) rcFlush() {
 	q.mu.Lock()
 	rc := q.rc
+	s := &rc.resp
+	if s.held {
+		// The expected packet did not come in the batch: it was lost.
+		s.held = false
+		q.rcGapLocked(s.heldPkt.BTH.PSN)
+	}
 	ctl := rc.ctl
 	rc.ctl = nil
-	s := &rc.resp
 	if s.ackPending && (q.state == verbs.QPRTR || q.state == verbs.QPRTS) {
-		ctl = append(ctl, q.rcCtlPacketLocked(synACK, psnAdd(s.epsn, -1)))
-		s.ackPending, s.unacked = false, 0
+		last := psnAdd(s.epsn, -1)
+		if s.ackFirst && s.ackPSN != last {
+			// Two ACKs, so that losing one does not leave the requester waiting with
+			// its window full.
+			ctl = append(ctl, q.rcCtlPacketLocked(synACK, s.ackPSN, s.ackMSN))
+		}
+		ctl = append(ctl, q.rcCtlPacketLocked(synACK, last, s.msn))
+		s.ackPending, s.ackFirst, s.unacked = false, false, 0
 	}
 	kick := rc.kick
 	rc.kick = false
@@ -877,7 +1058,7 @@ func (q *QP) rcFlush() {
 }
 
 // rcCtlPacketLocked encodes an ACK or NAK to the peer the last request came from.
-func (q *QP) rcCtlPacketLocked(syndrome uint8, psn uint32) Datagram {
+func (q *QP) rcCtlPacketLocked(syndrome uint8, psn, msn uint32) Datagram {
 	rc := q.rc
 	p := q.port
 	p.mu.RLock()
@@ -888,13 +1069,13 @@ func (q *QP) rcCtlPacketLocked(syndrome uint8, psn uint32) Datagram {
 	sgid := p.gid0()
 	p.mu.RUnlock()
 	pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: uint16(pkey), DestQP: uint32(rc.dqpn), PSN: psn},
-		AETH: wire.AETH{Syndrome: syndrome, MSN: rc.resp.msn}}
+		AETH: wire.AETH{Syndrome: syndrome, MSN: msn}}
 	return Datagram{Addr: rc.resp.peer.Addr, Data: pkt.AppendTo(make([]byte, 0, wire.BTHLen+wire.AETHLen+wire.ICRCLen), sgid, rc.resp.peer.GID)}
 }
 
 // rcNAKLocked queues a NAK for the end of the batch.
 func (q *QP) rcNAKLocked(syndrome uint8, psn uint32) {
-	q.rc.ctl = append(q.rc.ctl, q.rcCtlPacketLocked(syndrome, psn))
+	q.rc.ctl = append(q.rc.ctl, q.rcCtlPacketLocked(syndrome, psn, q.rc.resp.msn))
 }
 
 // rcRequestLocked is the responder: one SEND packet from the peer.
@@ -907,13 +1088,34 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ ver
 	case d < 0: // duplicate: acknowledge again, deliver nothing
 		s.ackPending = true
 		return
-	case d > 0: // a gap: one NAK, then silence until epsn arrives
-		if !s.nakSent {
-			s.nakSent = true
-			q.rcNAKLocked(synNAKSeq, s.epsn)
+	case d > 0:
+		switch {
+		case d == 1 && !s.nakSent && !s.held:
+			// Perhaps the expected packet was only overtaken: hold this one.
+			s.heldBuf = append(s.heldBuf[:0], pkt.Payload...)
+			s.held, s.heldPkt = true, *pkt
+			s.heldPkt.Payload = s.heldBuf
+		case s.held && psn == s.heldPkt.BTH.PSN:
+			// A copy of the packet held.
+		default:
+			s.held = false
+			q.rcGapLocked(psn)
 		}
 		return
 	}
+	q.rcAcceptLocked(pkt)
+	if s.held && s.epsn == s.heldPkt.BTH.PSN && q.state != verbs.QPErr {
+		s.held = false
+		q.rcAcceptLocked(&s.heldPkt)
+	}
+	s.held = false
+}
+
+// rcAcceptLocked is the responder's handling of the packet with the expected PSN.
+func (q *QP) rcAcceptLocked(pkt *wire.Packet) {
+	rc := q.rc
+	s := &rc.resp
+	psn := pkt.BTH.PSN
 	op := pkt.BTH.Opcode
 	first := op == wire.OpRCSendFirst || op == wire.OpRCSendOnly || op == wire.OpRCSendOnlyImm
 	last := op != wire.OpRCSendFirst && op != wire.OpRCSendMiddle
@@ -942,6 +1144,8 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ ver
 		if !ok {
 			// No receive buffer: RNR NAK; the requester retries after the delay.
 			s.nakSent = true
+			s.nakHi, s.nakBack = psn, false
+			rc.stats.rnrNAKs++
 			q.rcNAKLocked(synRNR|rcMinRNRTimer, psn)
 			return
 		}
@@ -966,8 +1170,33 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ ver
 		s.inMsg, s.wr = false, verbs.RecvWR{}
 		s.msn = (s.msn + 1) & wire.MaxMSN
 	}
-	if pkt.BTH.AckReq || s.unacked >= rcAckEvery {
-		s.ackPending = true
+	if (pkt.BTH.AckReq || s.unacked >= rcAckEvery) && !s.ackFirst {
+		s.ackPending, s.ackFirst, s.ackPSN, s.ackMSN = true, true, psn, s.msn
+	}
+}
+
+// rcGapLocked handles a request packet beyond the expected PSN. The first draws a
+// sequence NAK; the following ones are dropped silently, except that when the requester
+// is seen going back (two packets in order below the highest PSN dropped since the
+// NAK) and the expected PSN is still missing, the resent packet was lost too, and the
+// NAK goes out again.
+func (q *QP) rcGapLocked(psn uint32) {
+	s := &q.rc.resp
+	switch {
+	case !s.nakSent:
+		s.nakSent = true
+		s.nakHi, s.nakBack = psn, false
+		q.rc.stats.seqNAKs++
+		q.rcNAKLocked(synNAKSeq, s.epsn)
+		q.rcNAKLocked(synNAKSeq, s.epsn)
+	case psnDiff(psn, s.nakHi) >= 0:
+		s.nakHi, s.nakBack = psn, false
+	case s.nakBack && psnDiff(psn, s.nakBackPSN) > 0:
+		s.nakHi, s.nakBack = psn, false
+		q.rc.stats.reNAKs++
+		q.rcNAKLocked(synNAKSeq, s.epsn)
+	default:
+		s.nakBack, s.nakBackPSN = true, psn
 	}
 }
 
@@ -1009,7 +1238,8 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		}
 		now := time.Now()
 		r.rnrWait, r.rnrPSN, r.rnrUntil = true, psn, now.Add(rnrDelay(syn))
-		r.nxt, r.cur = psn, r.h
+		r.goBack(psn, now)
+		r.resend = false
 		q.rcArmLocked(now)
 	case synNAKSeq & synTypeMask:
 		q.rcAckToLocked(psnAdd(psn, -1))
@@ -1027,17 +1257,25 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 			q.rcFailLocked(status)
 			return
 		}
-		if !inFlight(psn) || r.rnrWait || r.nakSeen && psn == r.nakPSN {
+		if !inFlight(psn) || r.rnrWait {
 			return
 		}
+		if r.nakSeen && psn == r.nakPSN {
+			// The responder sends a sequence NAK twice, so the second copy is no news.
+			// A NAK for the same PSN after that, once the resend is on its way, says
+			// the resent packet was lost too.
+			if r.nakTwin || psnDiff(r.nxt, psnAdd(psn, 2)) <= 0 {
+				r.nakTwin = false
+				return
+			}
+		} else {
+			r.nakTwin = true
+		}
+		rc.stats.goBacks++
 		// Go back N: resend from the PSN the responder expects.
 		r.nakSeen, r.nakPSN = true, psn
-		r.nxt, r.cur = psn, r.h
-		if !r.recovering {
-			r.ssthresh = max(r.cwnd/2, rcWinMin)
-			r.cwnd, r.cwndAcc = r.ssthresh, 0
-			r.recovering, r.recover = true, r.smax
-		}
+		r.goBack(psn, time.Now())
+		r.cut()
 		rc.kick = true
 	}
 }
@@ -1066,7 +1304,13 @@ func (q *QP) rcAckToLocked(psn uint32) {
 	if r.h == len(r.sq) {
 		r.sq, r.h, r.cur = r.sq[:0], 0, 0
 	}
-	r.progressAt = time.Now()
+	now := time.Now()
+	if r.rttOn && psnDiff(psn, r.rttPSN) >= 0 {
+		r.rttOn = false
+		r.sampleRTT(now.Sub(r.rttAt))
+	}
+	r.progressAt = now
+	r.earlyN = 0
 	r.retryLeft, r.rnrLeft = rc.retryCnt, rc.rnrRetry
 	r.probing = false
 	if r.rnrWait && psnDiff(r.una, r.rnrPSN) > 0 {
