@@ -286,72 +286,55 @@ func (q *QP) rcFail(op string, err error, format string, a ...any) error {
 
 // ---- state transitions ----
 
+// The attribute groups of the RC transitions.
+const (
+	rcInitAttrs = verbs.QPMaskPKeyIndex | verbs.QPMaskQKey
+	rcRTRAttrs  = verbs.QPMaskDestQPN | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskRQPSN
+	rcRTSAttrs  = verbs.QPMaskSQPSN | verbs.QPMaskTimeout | verbs.QPMaskRetry
+)
+
+// rcTransition is a modify_qp transition an RC QP allows: the attributes it needs and
+// those it accepts.
+type rcTransition struct{ required, allowed verbs.QPMask }
+
+// rcTransitions are the transitions between the working states. Any state may also
+// move to RESET or ERR, with any attributes (ignored).
+var rcTransitions = map[[2]verbs.QPState]rcTransition{
+	{verbs.QPReset, verbs.QPInit}: {required: verbs.QPMaskPKeyIndex, allowed: rcInitAttrs},
+	{verbs.QPInit, verbs.QPInit}:  {allowed: rcInitAttrs},
+	{verbs.QPInit, verbs.QPRTR}:   {required: rcRTRAttrs, allowed: rcRTRAttrs | rcInitAttrs},
+	{verbs.QPRTR, verbs.QPRTS}:    {required: rcRTSAttrs, allowed: rcRTSAttrs},
+	{verbs.QPRTS, verbs.QPRTS}:    {allowed: verbs.QPMaskTimeout | verbs.QPMaskRetry},
+}
+
+// rcAttr is one attribute modify_qp sets on an RC QP: how its value is checked (nil:
+// any value will do) and how it is applied.
+type rcAttr struct {
+	mask  verbs.QPMask
+	check func(q *QP, m *verbs.QPModify) error
+	apply func(q *QP, m *verbs.QPModify)
+}
+
+// rcAttrs are checked all before any is applied, each in this order.
+var rcAttrs = []rcAttr{
+	{verbs.QPMaskPKeyIndex, rcCheckPKeyIndex, func(q *QP, m *verbs.QPModify) { q.pkeyIx = m.PKeyIndex }},
+	{verbs.QPMaskQKey, nil, func(q *QP, m *verbs.QPModify) { q.qkey = m.QKey }}, // not used by RC
+	{verbs.QPMaskDestQPN, rcCheckDestQPN, func(q *QP, m *verbs.QPModify) { q.rc.dqpn = m.DestQPN }},
+	{verbs.QPMaskAH, rcCheckAH, rcApplyAH},
+	{verbs.QPMaskPathMTU, rcCheckPathMTU, func(q *QP, m *verbs.QPModify) { q.rc.mtu = m.PathMTU.Bytes() }},
+	{verbs.QPMaskRQPSN, nil, func(q *QP, m *verbs.QPModify) { q.rc.resp = rcResp{epsn: m.RQPSN & wire.MaxPSN} }},
+	{verbs.QPMaskTimeout, rcCheckTimeout, func(q *QP, m *verbs.QPModify) { q.rc.timeout = m.Timeout }},
+	{verbs.QPMaskRetry, rcCheckRetry, rcApplyRetry},
+	{verbs.QPMaskSQPSN, nil, rcApplySQPSN},
+}
+
 // rcModify applies a state transition with the RC rules. Called with q.mu held.
 func (q *QP) rcModify(m verbs.QPModify) error {
-	rc := q.rc
-	bad := func(format string, a ...any) error { return q.rcFail("modify_qp", verbs.ErrInvalid, format, a...) }
 	next := q.state
 	if m.Mask&verbs.QPMaskState != 0 {
 		next = m.State
 	}
 	attrs := m.Mask &^ verbs.QPMaskState
-	const (
-		initAttrs = verbs.QPMaskPKeyIndex | verbs.QPMaskQKey
-		rtrAttrs  = verbs.QPMaskDestQPN | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskRQPSN
-		rtsAttrs  = verbs.QPMaskSQPSN | verbs.QPMaskTimeout | verbs.QPMaskRetry
-	)
-	var required, allowed verbs.QPMask
-	switch {
-	case next == verbs.QPReset || next == verbs.QPErr:
-		allowed = attrs // attributes are ignored
-	case q.state == verbs.QPReset && next == verbs.QPInit:
-		required, allowed = verbs.QPMaskPKeyIndex, initAttrs
-	case q.state == verbs.QPInit && next == verbs.QPInit:
-		allowed = initAttrs
-	case q.state == verbs.QPInit && next == verbs.QPRTR:
-		required, allowed = rtrAttrs, rtrAttrs|initAttrs
-	case q.state == verbs.QPRTR && next == verbs.QPRTS:
-		required, allowed = rtsAttrs, rtsAttrs
-	case q.state == verbs.QPRTS && next == verbs.QPRTS:
-		allowed = verbs.QPMaskTimeout | verbs.QPMaskRetry
-	default:
-		return q.rcFail("modify_qp", verbs.ErrInvalidState, "%v -> %v", q.state, next)
-	}
-	if attrs&required != required || attrs&^allowed != 0 {
-		return q.rcFail("modify_qp", verbs.ErrInvalidState, "%v -> %v with attribute mask %#x (required %#x, allowed %#x)",
-			q.state, next, uint32(attrs), uint32(required), uint32(allowed))
-	}
-	if next != verbs.QPReset && next != verbs.QPErr {
-		if attrs&verbs.QPMaskPKeyIndex != 0 && (m.PKeyIndex < 0 || m.PKeyIndex >= verbs.PKeyTableCapacity) {
-			return bad("P_Key index %d", m.PKeyIndex)
-		}
-		if attrs&verbs.QPMaskDestQPN != 0 && (m.DestQPN <= verbs.GSIQPN || m.DestQPN >= verbs.MulticastQPN) {
-			return bad("destination QPN %#x", uint32(m.DestQPN))
-		}
-		if attrs&verbs.QPMaskAH != 0 {
-			if m.AH.DLID == verbs.LIDReserved || m.AH.DLID.IsMulticast() {
-				return bad("DLID %#x", m.AH.DLID)
-			}
-			if m.AH.Port != 0 && m.AH.Port != q.port.num {
-				return bad("address handle for port %d on a QP of port %d", m.AH.Port, q.port.num)
-			}
-		}
-		if attrs&verbs.QPMaskPathMTU != 0 {
-			q.port.mu.RLock()
-			maxMTU := q.port.attr.MaxMTU
-			q.port.mu.RUnlock()
-			if m.PathMTU.Bytes() == 0 || m.PathMTU > maxMTU {
-				return bad("path MTU %d (port maximum %d)", m.PathMTU, maxMTU)
-			}
-		}
-		if attrs&verbs.QPMaskTimeout != 0 && m.Timeout > 31 {
-			return bad("timeout %d", m.Timeout)
-		}
-		if attrs&verbs.QPMaskRetry != 0 && (m.RetryCnt > 7 || m.RNRRetry > 7) {
-			return bad("retry count %d, RNR retry %d", m.RetryCnt, m.RNRRetry)
-		}
-	}
-
 	switch next {
 	case verbs.QPReset:
 		q.rcResetLocked()
@@ -361,40 +344,101 @@ func (q *QP) rcModify(m verbs.QPModify) error {
 		q.rcErrorLocked()
 		return nil
 	}
-	if attrs&verbs.QPMaskPKeyIndex != 0 {
-		q.pkeyIx = m.PKeyIndex
+	tr, ok := rcTransitions[[2]verbs.QPState{q.state, next}]
+	if !ok {
+		return q.rcFail("modify_qp", verbs.ErrInvalidState, "%v -> %v", q.state, next)
 	}
-	if attrs&verbs.QPMaskQKey != 0 {
-		q.qkey = m.QKey // not used by RC
+	if attrs&tr.required != tr.required || attrs&^tr.allowed != 0 {
+		return q.rcFail("modify_qp", verbs.ErrInvalidState, "%v -> %v with attribute mask %#x (required %#x, allowed %#x)",
+			q.state, next, uint32(attrs), uint32(tr.required), uint32(tr.allowed))
 	}
-	if attrs&verbs.QPMaskDestQPN != 0 {
-		rc.dqpn = m.DestQPN
+	for _, a := range rcAttrs {
+		if attrs&a.mask != 0 && a.check != nil {
+			if err := a.check(q, &m); err != nil {
+				return err
+			}
+		}
 	}
-	if attrs&verbs.QPMaskAH != 0 {
-		rc.ah = m.AH
-		rc.ah.Port = q.port.num
-	}
-	if attrs&verbs.QPMaskPathMTU != 0 {
-		rc.mtu = m.PathMTU.Bytes()
-	}
-	if attrs&verbs.QPMaskRQPSN != 0 {
-		rc.resp = rcResp{epsn: m.RQPSN & wire.MaxPSN}
-	}
-	if attrs&verbs.QPMaskTimeout != 0 {
-		rc.timeout = m.Timeout
-	}
-	if attrs&verbs.QPMaskRetry != 0 {
-		rc.retryCnt, rc.rnrRetry = m.RetryCnt, m.RNRRetry
-		rc.req.retryLeft, rc.req.rnrLeft = m.RetryCnt, m.RNRRetry
-	}
-	if attrs&verbs.QPMaskSQPSN != 0 {
-		psn := m.SQPSN & wire.MaxPSN
-		r := &rc.req
-		r.end, r.una, r.nxt, r.smax = psn, psn, psn, psn
-		r.cwnd, r.ssthresh = min(rcWinInit, rc.winMax()), rc.winMax()
+	for _, a := range rcAttrs {
+		if attrs&a.mask != 0 {
+			a.apply(q, &m)
+		}
 	}
 	q.state = next
 	return nil
+}
+
+func (q *QP) rcBadAttr(format string, a ...any) error {
+	return q.rcFail("modify_qp", verbs.ErrInvalid, format, a...)
+}
+
+func rcCheckPKeyIndex(q *QP, m *verbs.QPModify) error {
+	if m.PKeyIndex < 0 || m.PKeyIndex >= verbs.PKeyTableCapacity {
+		return q.rcBadAttr("P_Key index %d", m.PKeyIndex)
+	}
+	return nil
+}
+
+func rcCheckDestQPN(q *QP, m *verbs.QPModify) error {
+	if m.DestQPN <= verbs.GSIQPN || m.DestQPN >= verbs.MulticastQPN {
+		return q.rcBadAttr("destination QPN %#x", uint32(m.DestQPN))
+	}
+	return nil
+}
+
+func rcCheckAH(q *QP, m *verbs.QPModify) error {
+	if m.AH.DLID == verbs.LIDReserved || m.AH.DLID.IsMulticast() {
+		return q.rcBadAttr("DLID %#x", m.AH.DLID)
+	}
+	if m.AH.Port != 0 && m.AH.Port != q.port.num {
+		return q.rcBadAttr("address handle for port %d on a QP of port %d", m.AH.Port, q.port.num)
+	}
+	return nil
+}
+
+func rcCheckPathMTU(q *QP, m *verbs.QPModify) error {
+	q.port.mu.RLock()
+	maxMTU := q.port.attr.MaxMTU
+	q.port.mu.RUnlock()
+	if m.PathMTU.Bytes() == 0 || m.PathMTU > maxMTU {
+		return q.rcBadAttr("path MTU %d (port maximum %d)", m.PathMTU, maxMTU)
+	}
+	return nil
+}
+
+func rcCheckTimeout(q *QP, m *verbs.QPModify) error {
+	if m.Timeout > 31 {
+		return q.rcBadAttr("timeout %d", m.Timeout)
+	}
+	return nil
+}
+
+func rcCheckRetry(q *QP, m *verbs.QPModify) error {
+	if m.RetryCnt > 7 || m.RNRRetry > 7 {
+		return q.rcBadAttr("retry count %d, RNR retry %d", m.RetryCnt, m.RNRRetry)
+	}
+	return nil
+}
+
+// rcApplyAH connects the QP to the address handle's port, always through the QP's own.
+func rcApplyAH(q *QP, m *verbs.QPModify) {
+	q.rc.ah = m.AH
+	q.rc.ah.Port = q.port.num
+}
+
+func rcApplyRetry(q *QP, m *verbs.QPModify) {
+	rc := q.rc
+	rc.retryCnt, rc.rnrRetry = m.RetryCnt, m.RNRRetry
+	rc.req.retryLeft, rc.req.rnrLeft = m.RetryCnt, m.RNRRetry
+}
+
+// rcApplySQPSN starts the requester at the send PSN, with the initial window.
+func rcApplySQPSN(q *QP, m *verbs.QPModify) {
+	rc := q.rc
+	psn := m.SQPSN & wire.MaxPSN
+	r := &rc.req
+	r.end, r.una, r.nxt, r.smax = psn, psn, psn, psn
+	r.cwnd, r.ssthresh = min(rcWinInit, rc.winMax()), rc.winMax()
 }
 
 // rcResetLocked forgets everything, posted work requests included, without completions.
