@@ -85,6 +85,7 @@ import (
 	"net/netip"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/wire"
 )
@@ -264,7 +265,7 @@ type rcConn struct {
 	ctl  []Datagram // ACKs and NAKs to send at the end of the receive batch
 	kick bool       // the requester may send: pump at the end of the receive batch
 
-	timer   *time.Timer
+	timer   clock.Timer
 	timerAt time.Time // when the timer fires; zero if it is not armed
 
 	stats rcStats
@@ -734,7 +735,7 @@ func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
 	p.mu.RLock()
 	sgid := p.gid0()
 	p.mu.RUnlock()
-	now := time.Now()
+	now := q.hca.cfg.Clock.Now()
 	if psnDiff(r.una, r.smax) == 0 {
 		r.progressAt = now // nothing was outstanding: the ACK timeout starts now
 	}
@@ -825,7 +826,7 @@ func (q *QP) rcArmLocked(now time.Time) {
 	rc.timerAt = want
 	d := max(want.Sub(now), 0)
 	if rc.timer == nil {
-		rc.timer = time.AfterFunc(d, q.rcOnTimer)
+		rc.timer = q.hca.cfg.Clock.AfterFunc(d, q.rcOnTimer)
 	} else {
 		rc.timer.Reset(d)
 	}
@@ -840,7 +841,7 @@ func (q *QP) rcOnTimer() {
 	}
 	rc.timerAt = time.Time{}
 	r := &rc.req
-	now := time.Now()
+	now := q.hca.cfg.Clock.Now()
 	kick := false
 	switch {
 	case r.rnrWait:
@@ -1280,7 +1281,7 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 			}
 			r.rnrLeft--
 		}
-		now := time.Now()
+		now := q.hca.cfg.Clock.Now()
 		r.rnrWait, r.rnrPSN, r.rnrUntil = true, psn, now.Add(rnrDelay(syn))
 		r.goBack(psn, now)
 		r.resend = false
@@ -1318,7 +1319,7 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		rc.stats.goBacks++
 		// Go back N: resend from the PSN the responder expects.
 		r.nakSeen, r.nakPSN = true, psn
-		r.goBack(psn, time.Now())
+		r.goBack(psn, q.hca.cfg.Clock.Now())
 		r.cut()
 		rc.kick = true
 	}
@@ -1348,7 +1349,7 @@ func (q *QP) rcAckToLocked(psn uint32) {
 	if r.h == len(r.sq) {
 		r.sq, r.h, r.cur = r.sq[:0], 0, 0
 	}
-	now := time.Now()
+	now := q.hca.cfg.Clock.Now()
 	if r.rttOn && psnDiff(psn, r.rttPSN) >= 0 {
 		r.rttOn = false
 		r.sampleRTT(now.Sub(r.rttAt))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/sa"
@@ -32,19 +33,25 @@ func mustParts(t testing.TB, conf string) *partitions.Config {
 // fabric starts an in-process fabric: node "sm" hosts the subnet manager, the others join.
 func fabric(t testing.TB, conf string, names ...string) (*MemNetwork, *HCA, []*HCA) {
 	t.Helper()
+	return fabricOn(t, nil, conf, names...)
+}
+
+// fabricOn is fabric with every HCA on clk (nil: the real clock).
+func fabricOn(t testing.TB, clk clock.Clock, conf string, names ...string) (*MemNetwork, *HCA, []*HCA) {
+	t.Helper()
 	n := NewMemNetwork()
 	var parts *partitions.Config
 	if conf != "" {
 		parts = mustParts(t, conf)
 	}
-	smh, err := New(Config{Name: "sm", Network: n, HostSM: true, Partitions: parts, Heartbeat: testHB})
+	smh, err := New(Config{Name: "sm", Network: n, HostSM: true, Partitions: parts, Heartbeat: testHB, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { smh.Close() })
 	var nodes []*HCA
 	for _, name := range names {
-		h, err := New(Config{Name: name, Network: n, SM: smh.Endpoint(1), Heartbeat: testHB})
+		h, err := New(Config{Name: name, Network: n, SM: smh.Endpoint(1), Heartbeat: testHB, Clock: clk})
 		if err != nil {
 			t.Fatal(err)
 		}
