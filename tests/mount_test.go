@@ -69,8 +69,16 @@ func TestRemoteMountTranscript(t *testing.T) {
 		t.Errorf("mode on B after nobody's write: %q, %v", b, err)
 	}
 
-	// B goes away: the remote mount answers ENOTCONN at once.
+	// B goes away: the remote mount answers ENOTCONN at once. (Once B has exited: the
+	// signal only starts its shutdown, and until it closes the connection the mount
+	// still answers.)
 	_ = td.cmd.Process.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(20 * time.Second); syscall.Kill(td.cmd.Process.Pid, 0) == nil; {
+		if time.Now().After(deadline) {
+			t.Fatalf("B did not exit within 20 s of SIGTERM")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "cat", filepath.Join(remote, "class/net/ib0/pkey")).CombinedOutput()
