@@ -3,6 +3,7 @@
 package kernel
 
 import (
+	"net/netip"
 	"sync"
 	"time"
 
@@ -23,6 +24,16 @@ type monitor struct {
 
 	mu   sync.Mutex
 	devs map[int]*Device
+
+	// The namespace's multicast lists, shared by its devices' reads (groupLists).
+	gmu      sync.Mutex
+	gcond    *sync.Cond
+	gReading bool
+	gWaiters int    // callers waiting for a read (tests wait for them)
+	gStarted uint64 // reads started
+	gResFrom uint64 // the number of the read gRes came from
+	gRes     map[int][]netip.Addr
+	gErr     error
 
 	stop chan struct{}
 	done chan struct{}

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
@@ -56,6 +57,12 @@ func (d *Device) RefreshGroups() { d.mark(dirtyGroups) }
 // Watch reports the device's changes to ev's functions, first its current state and
 // then each change, until Close. Calls of one Watch are sequential and only report
 // values that differ from the last ones reported. The functions must not call Close.
+//
+// A watch that follows the link (ev.Link) reads addresses and groups only while the
+// device is up, and reads them when it comes up: both are read from lists of the
+// whole namespace (an address dump, /proc/net/igmp6), so reading them for every new
+// device made creating the thousandth child cost a thousand times the first, and an
+// interface that is down uses neither.
 func (d *Device) Watch(ev Events) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -83,6 +90,7 @@ func (d *Device) runWatch(w *watcher) {
 		addrs  []netip.Prefix
 		groups []netip.Addr
 		seen   uint32 // which of the three have been reported once
+		held   uint32 // address and group reads put off while the device is down
 	)
 	for {
 		select {
@@ -109,6 +117,14 @@ func (d *Device) runWatch(w *watcher) {
 			if l, err := d.linkState(); err == nil && (seen&dirtyLink == 0 || l != link) && !closing() {
 				link, seen = l, seen|dirtyLink
 				w.ev.Link(l)
+			}
+		}
+		if w.ev.Link != nil && seen&dirtyLink != 0 {
+			if link.Up {
+				bits, held = bits|held, 0
+			} else {
+				held |= bits & (dirtyAddrs | dirtyGroups)
+				bits &^= dirtyAddrs | dirtyGroups
 			}
 		}
 		if bits&dirtyAddrs != 0 && w.ev.Addrs != nil {
@@ -157,32 +173,87 @@ func (d *Device) linkState() (Link, error) {
 // Groups returns the device's multicast list as the kernel's IGMP and MLD code hold it
 // (/proc/net/igmp and /proc/net/igmp6 of its namespace): the groups applications and
 // the stack joined on it, all-hosts and solicited-node groups included. IPv4 first.
+// The lists cover every device of the namespace, so devices asking at the same time
+// share one read (monitor.groupLists) made after they asked.
 func (d *Device) Groups() ([]netip.Addr, error) {
-	var out []netip.Addr
-	err := d.control(func() error {
-		return inNetNS(d.ns, func() error {
-			// thread-self: the namespace of this thread, which inNetNS entered.
-			v4, err := os.ReadFile("/proc/thread-self/net/igmp")
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
-				return d.errorf("multicast list: %w", err)
-			}
-			v6, err := os.ReadFile("/proc/thread-self/net/igmp6")
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
-				return d.errorf("multicast list: %w", err)
-			}
-			out = append(parseIGMP(v4, d.index), parseIGMP6(v6, d.index)...)
-			return nil
+	read := func() (map[int][]netip.Addr, error) {
+		var all map[int][]netip.Addr
+		err := d.control(func() error {
+			return inNetNS(d.ns, func() error {
+				// thread-self: the namespace of this thread, which inNetNS entered.
+				v4, err := os.ReadFile("/proc/thread-self/net/igmp")
+				if err != nil && !errors.Is(err, os.ErrNotExist) {
+					return d.errorf("multicast list: %w", err)
+				}
+				v6, err := os.ReadFile("/proc/thread-self/net/igmp6")
+				if err != nil && !errors.Is(err, os.ErrNotExist) {
+					return d.errorf("multicast list: %w", err)
+				}
+				all = parseIGMPAll(v4)
+				for idx, g := range parseIGMP6All(v6) {
+					all[idx] = append(all[idx], g...)
+				}
+				return nil
+			})
 		})
-	})
-	return out, err
+		return all, err
+	}
+	var all map[int][]netip.Addr
+	var err error
+	if d.mon != nil {
+		all, err = d.mon.groupLists(read)
+	} else {
+		all, err = read()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(all[d.index]), nil
 }
 
-// parseIGMP reads /proc/net/igmp: a line per device ("Idx Device : Count Querier")
+// groupLists returns the namespace's multicast lists from a read that started after
+// the call: a caller that arrives while a read is under way waits for it and then
+// for (or makes) the next, since that one may predate the change it asks about.
+func (m *monitor) groupLists(read func() (map[int][]netip.Addr, error)) (map[int][]netip.Addr, error) {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	if m.gcond == nil {
+		m.gcond = sync.NewCond(&m.gmu)
+	}
+	arrived := m.gStarted
+	for {
+		if m.gResFrom > arrived {
+			return m.gRes, m.gErr
+		}
+		if !m.gReading {
+			break
+		}
+		m.gWaiters++
+		m.gcond.Wait()
+		m.gWaiters--
+	}
+	m.gReading = true
+	m.gStarted++
+	mine := m.gStarted
+	m.gmu.Unlock()
+	res, err := read()
+	m.gmu.Lock()
+	m.gReading = false
+	m.gRes, m.gErr, m.gResFrom = res, err, mine
+	m.gcond.Broadcast()
+	return res, err
+}
+
+// parseIGMP and parseIGMP6 return the groups of one interface index.
+func parseIGMP(b []byte, index int) []netip.Addr  { return parseIGMPAll(b)[index] }
+func parseIGMP6(b []byte, index int) []netip.Addr { return parseIGMP6All(b)[index] }
+
+// parseIGMPAll reads /proc/net/igmp: a line per device ("Idx Device : Count Querier")
 // followed by a tab-indented line per group, the group in hex as the kernel's native
-// byte order shows a big-endian address.
-func parseIGMP(b []byte, index int) []netip.Addr {
-	var out []netip.Addr
-	mine := false
+// byte order shows a big-endian address. The groups by interface index.
+func parseIGMPAll(b []byte) map[int][]netip.Addr {
+	out := map[int][]netip.Addr{}
+	cur := -1
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		line := sc.Text()
@@ -192,10 +263,13 @@ func parseIGMP(b []byte, index int) []netip.Addr {
 		}
 		if !strings.HasPrefix(line, "\t") {
 			idx, err := strconv.Atoi(f[0])
-			mine = err == nil && idx == index
+			if err != nil {
+				idx = -1
+			}
+			cur = idx
 			continue
 		}
-		if !mine {
+		if cur < 0 {
 			continue
 		}
 		v, err := strconv.ParseUint(f[0], 16, 32)
@@ -205,22 +279,24 @@ func parseIGMP(b []byte, index int) []netip.Addr {
 		var a [4]byte
 		binary.NativeEndian.PutUint32(a[:], uint32(v))
 		if g := netip.AddrFrom4(a); g.IsMulticast() {
-			out = append(out, g)
+			out[cur] = append(out[cur], g)
 		}
 	}
 	return out
 }
 
-// parseIGMP6 reads /proc/net/igmp6: "index name group(32 hex) users flags timer".
-func parseIGMP6(b []byte, index int) []netip.Addr {
-	var out []netip.Addr
+// parseIGMP6All reads /proc/net/igmp6: "index name group(32 hex) users flags timer".
+// The groups by interface index.
+func parseIGMP6All(b []byte) map[int][]netip.Addr {
+	out := map[int][]netip.Addr{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) < 3 || len(f[2]) != 32 {
 			continue
 		}
-		if idx, err := strconv.Atoi(f[0]); err != nil || idx != index {
+		idx, err := strconv.Atoi(f[0])
+		if err != nil {
 			continue
 		}
 		raw, err := hex.DecodeString(f[2])
@@ -228,7 +304,7 @@ func parseIGMP6(b []byte, index int) []netip.Addr {
 			continue
 		}
 		if g := netip.AddrFrom16([16]byte(raw)); g.IsMulticast() {
-			out = append(out, g)
+			out[idx] = append(out[idx], g)
 		}
 	}
 	return out
