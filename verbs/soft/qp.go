@@ -1,7 +1,9 @@
 package soft
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,13 +30,15 @@ type QP struct {
 	qkey   uint32
 	recvQ  []verbs.RecvWR // posted receive buffers, FIFO
 	recvH  int            // head index into recvQ
-	posted chan struct{}  // signalled by PostRecv, for awaitRecvLocked
-	starve time.Time      // a wait for buffers timed out then: drop at once until later
+	posted chan struct{}  // signalled by PostRecv and state changes, for awaitRecvLocked
+	starve bool           // a wait for buffers ran out: drop at once until the next PostRecv
 	psn    uint32
 
 	sendMu  sync.Mutex // serialises PostSend so the scratch buffers can be reused
 	scratch []byte
 	dgrams  []Datagram
+	spans   []udSpan
+	comps   []verbs.WC
 
 	rc  *rcConn // RC only
 	srq *SRQ    // receive buffers come from here when set (RC only)
@@ -157,6 +161,9 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	case verbs.QPReset:
 		q.recvQ, q.recvH = nil, 0
 	}
+	if next != verbs.QPRTR && next != verbs.QPRTS {
+		q.wakeReceiveLocked() // a receive waiting for buffers gives up now
+	}
 	_ = prev
 	return nil
 }
@@ -171,18 +178,18 @@ func (q *QP) flushLocked() {
 
 // UD has no flow control: a datagram finding no receive buffer is dropped. The
 // software wire, though, hands over bursts of thousands of packets at once (GRO batches)
-// where a real link would spread them over time, so before dropping, the receive path
-// waits briefly for the consumer to post buffers: at most rqWait per packet, and not at
-// all for starveHold after a wait ran out (the consumer is gone or overloaded).
-const (
-	rqWait     = 5 * time.Millisecond
-	starveHold = 20 * time.Millisecond
-)
+// where a real link would spread them over time, and the consumer is a goroutine that
+// the machine may not run for a while, so before dropping, the receive path waits for
+// the consumer to post buffers, leaving the rest of the burst in the socket's buffer:
+// up to rqWait per packet. Once such a wait has run out, the QP's consumer counts as
+// gone and its datagrams are dropped at once until it posts again (a stalled consumer
+// must not stall the port's other QPs for rqWait per packet).
+const rqWait = 50 * time.Millisecond
 
 // awaitRecvLocked waits (releasing q.mu) for a receive buffer; reports whether one is
 // there.
 func (q *QP) awaitRecvLocked() bool {
-	if time.Now().Before(q.starve) || q.posted == nil {
+	if q.starve || q.posted == nil {
 		return false
 	}
 	t := time.NewTimer(rqWait)
@@ -201,11 +208,22 @@ func (q *QP) awaitRecvLocked() bool {
 			return false
 		}
 		if timedOut && q.recvH == len(q.recvQ) {
-			q.starve = time.Now().Add(starveHold)
+			q.starve = true
 			return false
 		}
 	}
 	return true
+}
+
+// wakeReceiveLocked tells a receive waiting in awaitRecvLocked to look again (buffers
+// were posted, or the QP left RTR/RTS).
+func (q *QP) wakeReceiveLocked() {
+	if q.posted != nil {
+		select {
+		case q.posted <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // takeRecvLocked takes the next receive buffer: from the shared receive queue when
@@ -227,14 +245,7 @@ func (q *QP) takeRecvLocked() (verbs.RecvWR, bool) {
 func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	defer func() {
-		if q.posted != nil {
-			select {
-			case q.posted <- struct{}{}:
-			default:
-			}
-		}
-	}()
+	defer q.wakeReceiveLocked()
 	if q.srq != nil {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: fmt.Errorf("%w: the QP receives from a shared receive queue", verbs.ErrInvalid)}
 	}
@@ -250,6 +261,7 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 			return n, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrQueueFull}
 		}
 		q.recvQ = append(q.recvQ, wr)
+		q.starve = false
 		n++
 	}
 	return n, nil
@@ -257,6 +269,11 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 
 // PostSend transmits UD sends. Sends to unknown LIDs complete successfully but are
 // lost on the fabric, as on real UD; they are counted as port transmit discards.
+//
+// Each packet is encoded once, in the QP's send buffer: headers, the gather list
+// copied in (the only copy of the payload before the socket), pad and ICRC. Nothing
+// is allocated per packet, and one destination lookup serves a run of sends with the
+// same address handle.
 func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	if q.rc != nil {
 		return q.rcPostSend(wrs)
@@ -279,11 +296,22 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 
 	q.sendMu.Lock()
 	defer q.sendMu.Unlock()
-	q.scratch = q.scratch[:0]
+	// The send buffer takes the whole batch without moving while it is filled.
+	need := 0
+	for i := range wrs {
+		for _, d := range wrs[i].Data {
+			need += len(d)
+		}
+		need += udMaxOverhead
+	}
+	q.scratch = slices.Grow(q.scratch[:0], need)
 	q.dgrams = q.dgrams[:0]
-	type span struct{ from, to, off, end int }
-	spans := make([]span, 0, len(wrs))
-	var comps []verbs.WC
+	spans := q.spans[:0]
+	comps := q.comps[:0]
+	// The destinations of the last address handle resolved: q.dgrams[lastFrom:lastTo].
+	var lastAH *AH
+	var lastDGID verbs.GID
+	lastFrom, lastTo := 0, 0
 	for i := range wrs {
 		wr := &wrs[i]
 		n := 0
@@ -305,7 +333,16 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 			from := len(q.dgrams)
 			var dgid verbs.GID
 			var ok bool
-			q.dgrams, dgid, ok = p.resolve(ah.attr.DLID, q.dgrams)
+			if ah == lastAH {
+				q.dgrams = append(q.dgrams, q.dgrams[lastFrom:lastTo]...)
+				dgid, ok = lastDGID, true
+			} else {
+				q.dgrams, dgid, ok = p.resolve(ah.attr.DLID, q.dgrams)
+				lastAH, lastDGID, lastFrom, lastTo = ah, dgid, from, len(q.dgrams)
+				if !ok {
+					lastAH = nil
+				}
+			}
 			if !ok {
 				p.cnt.xmitDisc.Add(1)
 			} else {
@@ -320,40 +357,33 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 				psn := q.psn
 				q.psn = (q.psn + 1) & 0xffffff
 				q.mu.Unlock()
-				pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(pkey),
-					DestQP: uint32(wr.RemoteQPN), PSN: psn}, DETH: wire.DETH{QKey: rq, SrcQP: uint32(q.num)}}
+				op := uint8(wire.OpUDSendOnly)
 				if wr.WithImm {
-					pkt.BTH.Opcode, pkt.Imm = wire.OpUDSendOnlyImm, wr.Imm
-				}
-				if len(wr.Data) == 1 {
-					pkt.Payload = wr.Data[0]
-				} else {
-					buf := make([]byte, 0, n)
-					for _, d := range wr.Data {
-						buf = append(buf, d...)
-					}
-					pkt.Payload = buf
+					op = wire.OpUDSendOnlyImm
 				}
 				off := len(q.scratch)
-				q.scratch = pkt.AppendTo(q.scratch, sgid, dgid)
-				spans = append(spans, span{from, len(q.dgrams), off, len(q.scratch)})
+				q.scratch = appendUD(q.scratch, op, uint16(pkey), uint32(wr.RemoteQPN), psn, rq, uint32(q.num), wr.Imm,
+					wr.Data, n, sgid, dgid)
+				spans = append(spans, udSpan{from, len(q.dgrams), off, len(q.scratch)})
 			}
 		}
 		if status != verbs.WCSuccess || wr.Signaled || q.sigAll {
 			comps = append(comps, verbs.WC{WRID: wr.ID, Status: status, Opcode: verbs.WCSend, QPN: q.num, ByteLen: n})
 		}
 	}
-	// scratch may have moved while growing: attach the data now.
+	// Attach the data now, should the buffer have moved after all while it grew.
 	var pkts, bytes uint64
 	for _, s := range spans {
 		for i := s.from; i < s.to; i++ {
-			q.dgrams[i].Data = q.scratch[s.off:s.end]
+			q.dgrams[i].Data = q.scratch[s.off:s.end:s.end]
 			pkts++
 			bytes += uint64(s.end - s.off)
 		}
 	}
+	q.spans = spans[:0]
 	p.cnt.xmitPkts.Add(pkts)
 	p.cnt.xmitBytes.Add(bytes)
+	q.comps = comps[:0]
 	if len(q.dgrams) > 0 {
 		if err := p.ep.Send(q.dgrams); err != nil {
 			return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: err}
@@ -363,6 +393,41 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 		q.sendCQ.push(c)
 	}
 	return len(wrs), nil
+}
+
+// udSpan says which datagrams carry which bytes of the send buffer.
+type udSpan struct{ from, to, off, end int }
+
+// udMaxOverhead is what a UD packet adds to its payload: BTH, DETH, ImmDt, pad, ICRC.
+const udMaxOverhead = wire.BTHLen + wire.DETHLen + wire.ImmLen + 3 + wire.ICRCLen
+
+// appendUD appends a UD SEND_ONLY packet (with ImmDt for OpUDSendOnlyImm) carrying the
+// n bytes of data to b: the bytes wire.Packet.AppendTo encodes for the same fields
+// (SE, MigReq, TVer, FECN, BECN and AckReq clear), the payload gathered in place.
+func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, data [][]byte, n int, sgid, dgid verbs.GID) []byte {
+	hl := wire.HeaderLen(op)
+	pad := wire.PadLen(n)
+	start := len(b)
+	size := hl + n + pad + wire.ICRCLen
+	b = slices.Grow(b, size)[:start+size]
+	pkt := b[start:]
+	pkt[0] = op
+	pkt[1] = uint8(pad) << 4
+	binary.BigEndian.PutUint16(pkt[2:], pkey)
+	binary.BigEndian.PutUint32(pkt[4:], dqp&wire.MaxQPN)
+	binary.BigEndian.PutUint32(pkt[8:], psn&wire.MaxPSN)
+	binary.BigEndian.PutUint32(pkt[wire.BTHLen:], qkey)
+	binary.BigEndian.PutUint32(pkt[wire.BTHLen+4:], sqp&wire.MaxQPN)
+	if op == wire.OpUDSendOnlyImm {
+		binary.BigEndian.PutUint32(pkt[wire.BTHLen+wire.DETHLen:], imm)
+	}
+	off := hl
+	for _, d := range data {
+		off += copy(pkt[off:], d)
+	}
+	clear(pkt[off : off+pad])
+	binary.LittleEndian.PutUint32(pkt[size-wire.ICRCLen:], wire.ICRC(pkt, sgid, dgid))
+	return b
 }
 
 // deliver runs the receive checks of one packet for this QP and completes a receive.
@@ -481,6 +546,7 @@ func (q *QP) Close() error {
 	}
 	q.state = verbs.QPReset
 	q.recvQ, q.recvH = nil, 0
+	q.wakeReceiveLocked()
 	q.mu.Unlock()
 	return nil
 }
