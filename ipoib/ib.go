@@ -3,6 +3,7 @@ package ipoib
 import (
 	"encoding/binary"
 	"net/netip"
+	"sync"
 
 	"ipoibfs/verbs"
 )
@@ -34,12 +35,31 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		i.txHdr = make([][encapLen]byte, len(pkts))
 	}
 	hdrs := i.txHdr[:len(pkts)]
+	fb := framePool.Get().(*[][]byte)
+	if cap(*fb) < 2*len(pkts) {
+		*fb = make([][]byte, 2*len(pkts))
+	}
+	frames := (*fb)[:2*len(pkts)]
+	defer func() {
+		clear(frames) // no references to the caller's packets stay behind
+		framePool.Put(fb)
+	}()
 	i.mu.Lock()
 	if !i.up || !i.carrier || !i.qpReady {
 		i.mu.Unlock()
 		i.stats.txDropped.Add(uint64(len(pkts)))
 		return
 	}
+	// The UD destination of the last unicast packet: the packets of one batch mostly
+	// go to one peer (a large send's segments), and with i.mu held its neighbour and
+	// path stay as they are, so one lookup serves the run. In connected mode every
+	// packet takes the full way (connections come and go by the clock).
+	var last struct {
+		dst netip.Addr
+		ah  verbs.AH
+		qpn verbs.QPN
+	}
+	cache := i.mode == Datagram
 	for k, pkt := range pkts {
 		et, dst, ok := classify(pkt)
 		if !ok {
@@ -55,7 +75,12 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		}
 		binary.BigEndian.PutUint16(hdrs[k][:], et)
 		hdrs[k][2], hdrs[k][3] = 0, 0
-		frame := [][]byte{hdrs[k][:], pkt}
+		frame := frames[2*k : 2*k+2 : 2*k+2]
+		frame[0], frame[1] = hdrs[k][:], pkt
+		if last.ah != nil && dst == last.dst && len(pkt) <= i.mcastMTU {
+			out = append(out, outFrame{ah: last.ah, qpn: last.qpn, frame: frame, size: len(pkt) + encapLen})
+			continue
+		}
 		if mgid, ok := i.groupForDstLocked(dst); ok {
 			if len(pkt) > i.mcastMTU { // connected mode: multicast stays on UD
 				i.tooLongLocked(frame)
@@ -67,15 +92,26 @@ func (i *Interface) Transmit(pkts [][]byte) {
 			}
 			continue
 		}
-		if o, ok := i.sendUnicastLocked(dst, frame, len(pkt)+encapLen); ok {
+		o, ok := i.sendUnicastLocked(dst, frame, len(pkt)+encapLen)
+		if ok {
 			out = append(out, o)
+		}
+		if cache && ok && o.tx == nil && o.ah != nil {
+			last.dst, last.ah, last.qpn = dst, o.ah, o.qpn
+		} else {
+			last.ah = nil
 		}
 	}
 	i.mu.Unlock()
 	i.post(out)
+	clear(out)
 	i.txOut = out[:0]
 	i.flushICMP()
 }
+
+// framePool holds the gather lists (IPoIB header, packet) of Transmit batches: a
+// packet costs no allocation on its way to the HCA.
+var framePool = sync.Pool{New: func() any { return new([][]byte) }}
 
 // nil4 stands in for the IPoIB header where only the packet matters.
 var nil4 [encapLen]byte
@@ -244,20 +280,15 @@ func lastAddr(p netip.Prefix) netip.Addr {
 // recvLoop is the receive completion handler (ipoib_ib_handle_rx_wc).
 //
 // Received packets are copied out of the receive buffers, the buffers go straight
-// back to the receive queue, and a second goroutine hands the copies to the host: a
-// slow write into the kernel then delays delivery but does not leave the receive queue
-// empty (which would make the HCA drop, as UD has no flow control).
+// back to the receive queue, and the copies go to the host from this goroutine, with
+// no hand-off on the way: a packet reaches the kernel one wakeup after it reached the
+// HCA. While the host takes a batch the HCA has every other buffer of the queue
+// (and waits briefly for more before it drops, see verbs/soft).
 func (i *Interface) recvLoop() {
 	defer i.wg.Done()
 	wcs := make([]verbs.WC, recvBatch)
 	repost := make([]verbs.RecvWR, 0, recvBatch)
-	batches := make(chan *rxBatch, 8)
-	free := make(chan *rxBatch, 10)
-	for range cap(free) {
-		free <- &rxBatch{} // arenas grow to what batches hold: most interfaces are idle
-	}
-	go i.deliverLoop(batches, free)
-	defer close(batches)
+	var b rxBatch // grows to what batches hold: most interfaces are idle
 	for {
 		select {
 		case <-i.stop:
@@ -266,12 +297,6 @@ func (i *Interface) recvLoop() {
 		}
 		for n := i.rcq.Poll(wcs); n > 0; n = i.rcq.Poll(wcs) {
 			repost = repost[:0]
-			var b *rxBatch
-			select {
-			case b = <-free:
-			case <-i.stop:
-				return
-			}
 			b.arena, b.pkts = b.arena[:0], b.pkts[:0]
 			if need := n * i.maxIBMTU; cap(b.arena) < need {
 				b.arena = make([]byte, 0, need) // appends below never move it
@@ -284,6 +309,7 @@ func (i *Interface) recvLoop() {
 			i.mu.Unlock()
 			p, _ := i.e.dev.Port(i.port)
 			ownLID := p.Attr().LID
+			var pkts, bytes, mcast, dropped uint64
 			for _, wc := range wcs[:n] {
 				if wc.Status == verbs.WCWRFlushErr {
 					continue // QP reset: the buffer is re-posted at the next open
@@ -291,7 +317,7 @@ func (i *Interface) recvLoop() {
 				buf := i.recvBufs[wc.WRID]
 				repost = append(repost, verbs.RecvWR{ID: wc.WRID, Buf: buf})
 				if wc.Status != verbs.WCSuccess || wc.ByteLen < grhLen+encapLen {
-					i.stats.rxDropped.Add(1)
+					dropped++
 					continue
 				}
 				if fromSelf(wc, buf, ownLID, ownQPN, ownGID) {
@@ -312,17 +338,27 @@ func (i *Interface) recvLoop() {
 					i.handleND(pkt)
 					continue
 				case rxDrop:
-					i.stats.rxDropped.Add(1)
+					dropped++
 					continue
 				}
 				if dgid.IsMulticast() && dgid != bgid {
-					i.stats.multicast.Add(1)
+					mcast++
 				}
-				i.stats.rxPackets.Add(1)
-				i.stats.rxBytes.Add(uint64(len(pkt)))
+				pkts++
+				bytes += uint64(len(pkt))
 				off := len(b.arena)
 				b.arena = append(b.arena, pkt...)
 				b.pkts = append(b.pkts, b.arena[off:len(b.arena):len(b.arena)])
+			}
+			if dropped > 0 {
+				i.stats.rxDropped.Add(dropped)
+			}
+			if mcast > 0 {
+				i.stats.multicast.Add(mcast)
+			}
+			if pkts > 0 {
+				i.stats.rxPackets.Add(pkts)
+				i.stats.rxBytes.Add(bytes)
 			}
 			// A QP restart posts every buffer afresh; re-posting ours then would post
 			// them twice.
@@ -332,12 +368,19 @@ func (i *Interface) recvLoop() {
 					i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
 				}
 			}
+			var host Host
+			if len(b.pkts) > 0 {
+				host = i.upperHostLocked() // its own, or its bond's (bond.go)
+			}
 			i.mu.Unlock()
 			if len(b.pkts) == 0 {
-				free <- b
 				continue
 			}
-			batches <- b
+			if host != nil {
+				host.Deliver(b.pkts)
+			} else {
+				i.stats.rxDropped.Add(uint64(len(b.pkts)))
+			}
 		}
 	}
 }
@@ -346,19 +389,4 @@ func (i *Interface) recvLoop() {
 type rxBatch struct {
 	arena []byte
 	pkts  [][]byte
-}
-
-// deliverLoop hands received batches to the host and recycles them.
-func (i *Interface) deliverLoop(batches <-chan *rxBatch, free chan<- *rxBatch) {
-	for b := range batches {
-		i.mu.Lock()
-		host := i.upperHostLocked() // its own, or its bond's (bond.go)
-		i.mu.Unlock()
-		if host != nil {
-			host.Deliver(b.pkts)
-		} else {
-			i.stats.rxDropped.Add(uint64(len(b.pkts)))
-		}
-		free <- b
-	}
 }
