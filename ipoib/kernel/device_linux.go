@@ -68,6 +68,9 @@ type Device struct {
 	wmu   sync.Mutex
 	wbufs [][]byte // write slots, cap vnetHdrLen+maxPacket each (GRO grows packets in place)
 	wvec  [][]byte
+
+	rmu     sync.Mutex // serialises Read
+	readErr error      // met by a Read after its first packet; the next Read returns it
 }
 
 // Open creates the TUN device cfg.Name in cfg.NetNS (creating the namespace when
@@ -254,10 +257,13 @@ func (d *Device) ioErr(op string, err error) error {
 	return d.errorf("%s: %w", op, err)
 }
 
-// Read reads one packet from the kernel and returns it as n IP packets in
+// Read waits for a packet from the kernel and returns it as IP packets in
 // bufs[i][:sizes[i]]: a super-packet (TSO) is split into MTU-sized packets with fixed-up
 // IP/TCP/UDP headers and checksums, a packet with a partial checksum gets it completed.
-// Every packet returned fits the MTU.
+// Then, without waiting, it takes what else the kernel has queued while buffers are
+// left, so a burst (of plain packets, with large send off) makes one batch: n counts
+// the packets of all of them. A queued super-packet that needs more of the remaining
+// buffers than there are stays for the next Read. Every packet returned fits the MTU.
 //
 // Buffers need no headroom (offset 0). Each element of bufs must hold at least the MTU
 // (Read refuses smaller ones), and len(bufs) should be BatchSize(): the device's
@@ -266,6 +272,7 @@ func (d *Device) ioErr(op string, err error) error {
 // tun.ErrTooManySegments is returned with them. len(sizes) must be >= len(bufs).
 // If the MTU is raised behind the package's back (ip link set mtu) beyond the buffers,
 // such packets are dropped with an error. After Close, errors.Is(err, os.ErrClosed).
+// An error met after the first packet is returned by the next call, with no packets.
 func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
 	if len(bufs) == 0 {
 		return 0, nil
@@ -279,6 +286,12 @@ func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
 			return 0, d.errorf("read: buffer %d holds %d bytes, the MTU is %d", i, len(b), mtu)
 		}
 	}
+	d.rmu.Lock()
+	defer d.rmu.Unlock()
+	if err := d.readErr; err != nil {
+		d.readErr = nil
+		return 0, err
+	}
 	defer func() {
 		// wireguard's split indexes the output buffers without length checks; a buffer
 		// smaller than a segment (MTU raised externally) must not crash the engine.
@@ -290,7 +303,26 @@ func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
 	if err != nil {
 		return n, d.ioErr("read", err)
 	}
+	if tr, ok := d.tun.(tryReader); ok {
+		for n < len(bufs) {
+			m, err := tr.TryRead(bufs[n:], sizes[n:], 0)
+			if err != nil {
+				d.readErr = d.ioErr("read", err) // the packets so far are good
+				break
+			}
+			if m == 0 {
+				break
+			}
+			n += m
+		}
+	}
 	return n, nil
+}
+
+// tryReader is the patched wireguard TUN's read without waiting (third_party/wireguard).
+type tryReader interface {
+	TryRead(bufs [][]byte, sizes []int, offset int) (int, error)
+	ReadKept() bool
 }
 
 // Write injects IP packets into the kernel as if received on the device. With GRO on,
@@ -355,6 +387,9 @@ func (d *Device) Write(pkts [][]byte) (n int, err error) {
 // os.ErrClosed once the device is closed: a reader can hold no buffers while its device
 // is idle (a child created and never used).
 func (d *Device) WaitReadable() error {
+	if tr, ok := d.tun.(tryReader); ok && tr.ReadKept() {
+		return nil // a packet is waiting in the device already
+	}
 	err := d.rc.Read(func(fd uintptr) bool {
 		// Readable now? (The poller waits for the next edge otherwise; a packet left
 		// queued by an earlier Read makes no new one.)

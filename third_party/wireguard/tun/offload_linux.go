@@ -69,6 +69,12 @@ type tcpFlowKey struct {
 type tcpGROTable struct {
 	itemsByFlow map[tcpFlowKey][]tcpGROItem
 	itemsPool   [][]tcpGROItem
+	// ipoibfs patch: the flow used last and its items as stored in itemsByFlow (when
+	// lastOK), so that a run of one flow's segments, the common case, costs one key
+	// comparison per segment instead of map lookups.
+	lastKey   tcpFlowKey
+	lastItems []tcpGROItem
+	lastOK    bool
 }
 
 func newTCPGROTable() *tcpGROTable {
@@ -99,8 +105,12 @@ func newTCPFlowKey(pkt []byte, srcAddrOffset, dstAddrOffset, tcphOffset int) tcp
 // is found.
 func (t *tcpGROTable) lookupOrInsert(pkt []byte, srcAddrOffset, dstAddrOffset, tcphOffset, tcphLen, bufsIndex int) ([]tcpGROItem, bool) {
 	key := newTCPFlowKey(pkt, srcAddrOffset, dstAddrOffset, tcphOffset)
+	if t.lastOK && key == t.lastKey { // ipoibfs patch
+		return t.lastItems, true
+	}
 	items, ok := t.itemsByFlow[key]
 	if ok {
+		t.lastKey, t.lastItems, t.lastOK = key, items, true // ipoibfs patch
 		return items, ok
 	}
 	// TODO: insert() performs another map lookup. This could be rearranged to avoid.
@@ -126,9 +136,14 @@ func (t *tcpGROTable) insert(pkt []byte, srcAddrOffset, dstAddrOffset, tcphOffse
 	}
 	items = append(items, item)
 	t.itemsByFlow[key] = items
+	t.lastKey, t.lastItems, t.lastOK = key, items, true // ipoibfs patch
 }
 
 func (t *tcpGROTable) updateAt(item tcpGROItem, i int) {
+	if t.lastOK && item.key == t.lastKey { // ipoibfs patch
+		t.lastItems[i] = item
+		return
+	}
 	items, _ := t.itemsByFlow[item.key]
 	items[i] = item
 }
@@ -137,6 +152,7 @@ func (t *tcpGROTable) deleteAt(key tcpFlowKey, i int) {
 	items, _ := t.itemsByFlow[key]
 	items = append(items[:i], items[i+1:]...)
 	t.itemsByFlow[key] = items
+	t.lastKey, t.lastItems, t.lastOK = key, items, true // ipoibfs patch
 }
 
 // tcpGROItem represents bookkeeping data for a TCP packet during the lifetime
@@ -159,6 +175,7 @@ func (t *tcpGROTable) newItems() []tcpGROItem {
 }
 
 func (t *tcpGROTable) reset() {
+	t.lastItems, t.lastOK = nil, false // ipoibfs patch
 	for k, items := range t.itemsByFlow {
 		items = items[:0]
 		t.itemsPool = append(t.itemsPool, items)
@@ -430,7 +447,9 @@ func coalesceUDPPackets(pkt []byte, item *udpGROItem, bufs [][]byte, bufsOffset 
 		return coalescePktInvalidCSum
 	}
 	extendBy := len(pkt) - int(headersLen)
-	bufs[item.bufsIndex] = append(bufs[item.bufsIndex], make([]byte, extendBy)...)
+	// ipoibfs patch: the capacity is there (checked above) and the copy fills what is
+	// added, so extend without zeroing it first.
+	bufs[item.bufsIndex] = bufs[item.bufsIndex][:len(bufs[item.bufsIndex])+extendBy]
 	copy(bufs[item.bufsIndex][bufsOffset+len(pktHead):], pkt[headersLen:])
 
 	item.numMerged++
@@ -467,7 +486,9 @@ func coalesceTCPPackets(mode canCoalesce, pkt []byte, pktBuffsIndex int, gsoSize
 		}
 		item.sentSeq = seq
 		extendBy := coalescedLen - len(pktHead)
-		bufs[pktBuffsIndex] = append(bufs[pktBuffsIndex], make([]byte, extendBy)...)
+		// ipoibfs patch: the capacity is there (checked above) and the copy fills what
+		// is added, so extend without zeroing it first.
+		bufs[pktBuffsIndex] = bufs[pktBuffsIndex][:len(bufs[pktBuffsIndex])+extendBy]
 		copy(bufs[pktBuffsIndex][bufsOffset+len(pkt):], bufs[item.bufsIndex][bufsOffset+int(headersLen):])
 		// Flip the slice headers in bufs as part of prepend. The index of item
 		// is already being tracked for writing.
@@ -493,7 +514,9 @@ func coalesceTCPPackets(mode canCoalesce, pkt []byte, pktBuffsIndex int, gsoSize
 			pktHead[item.iphLen+tcpFlagsOffset] |= tcpFlagPSH
 		}
 		extendBy := len(pkt) - int(headersLen)
-		bufs[item.bufsIndex] = append(bufs[item.bufsIndex], make([]byte, extendBy)...)
+		// ipoibfs patch: the capacity is there (checked above) and the copy fills what
+		// is added, so extend without zeroing it first.
+		bufs[item.bufsIndex] = bufs[item.bufsIndex][:len(bufs[item.bufsIndex])+extendBy]
 		copy(bufs[item.bufsIndex][bufsOffset+len(pktHead):], pkt[headersLen:])
 	}
 

@@ -48,6 +48,8 @@ type NativeTun struct {
 
 	readOpMu sync.Mutex                     // readOpMu guards readBuff
 	readBuff *[virtioNetHdrLen + 65535]byte // if vnetHdr every read() is prefixed by virtioNetHdr; ipoibfs patch: allocated at the first Read
+	readKept int                            // ipoibfs patch: length of a packet in readBuff that TryRead had too few buffers for
+	readRC   syscall.RawConn                // ipoibfs patch: tunFile's, for TryRead
 
 	writeOpMu   sync.Mutex // writeOpMu guards toWrite, tcpGROTable
 	toWrite     []int
@@ -464,6 +466,10 @@ func (tun *NativeTun) Read(bufs [][]byte, sizes []int, offset int) (int, error) 
 				tun.readBuff = new([virtioNetHdrLen + 65535]byte)
 			}
 			readInto = tun.readBuff[:]
+			if n := tun.readKept; n > 0 { // ipoibfs patch: what TryRead kept comes first
+				tun.readKept = 0
+				return handleVirtioRead(readInto[:n], bufs, sizes, offset)
+			}
 		}
 		n, err := tun.tunFile.Read(readInto)
 		if errors.Is(err, syscall.EBADFD) {
@@ -479,6 +485,71 @@ func (tun *NativeTun) Read(bufs [][]byte, sizes []int, offset int) (int, error) 
 			return 1, nil
 		}
 	}
+}
+
+// TryRead is Read without waiting (an ipoibfs patch, for taking a burst of queued
+// packets in one batch): it returns 0 packets and no error when the kernel has none
+// queued. With the virtio-net header, a super-packet that needs more of bufs than
+// there are is kept instead, and the next Read or TryRead returns it first.
+func (tun *NativeTun) TryRead(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	tun.readOpMu.Lock()
+	defer tun.readOpMu.Unlock()
+	readInto := bufs[0][offset:]
+	if tun.vnetHdr {
+		if tun.readBuff == nil {
+			tun.readBuff = new([virtioNetHdrLen + 65535]byte)
+		}
+		readInto = tun.readBuff[:]
+	}
+	n := tun.readKept
+	tun.readKept = 0
+	if n == 0 {
+		if tun.readRC == nil {
+			rc, err := tun.tunFile.SyscallConn()
+			if err != nil {
+				return 0, err
+			}
+			tun.readRC = rc
+		}
+		var rerr error
+		err := tun.readRC.Read(func(fd uintptr) bool {
+			n, rerr = unix.Read(int(fd), readInto)
+			return true // never wait for readiness
+		})
+		if err == nil {
+			err = rerr
+		}
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return 0, nil
+		case errors.Is(err, syscall.EBADFD), errors.Is(err, os.ErrClosed):
+			return 0, os.ErrClosed
+		case err != nil:
+			return 0, err
+		}
+	}
+	if !tun.vnetHdr {
+		sizes[0] = n
+		return 1, nil
+	}
+	c, err := handleVirtioRead(readInto[:n], bufs, sizes, offset)
+	if errors.Is(err, ErrTooManySegments) {
+		// Splitting again later gives the same packets: gsoSplit only clears
+		// checksum fields it recomputes.
+		tun.readKept = n
+		return 0, nil
+	}
+	return c, err
+}
+
+// ReadKept reports whether TryRead kept a packet for the next Read (an ipoibfs patch).
+func (tun *NativeTun) ReadKept() bool {
+	tun.readOpMu.Lock()
+	defer tun.readOpMu.Unlock()
+	return tun.readKept > 0
 }
 
 func (tun *NativeTun) Events() <-chan Event {
