@@ -2,28 +2,51 @@
 // a veth pair with the same MTU, measured in the same run: iperf3 single-stream TCP
 // throughput and ping RTT, at MTU 2044 (2K broadcast group) and 4092 (4K group) with
 // the kernel's large-send offload on and off, and in connected mode at MTU 65520. It
-// prints the numbers and the ratios.
+// prints the numbers and the ratios, and the CPU time the two daemons took per GB
+// iperf3 moved (on a shared machine a steadier measure of the engine than Gb/s).
 //
 // Needs root, iperf3, ping, ethtool and ip; run it as `go run ./bench/netbench`.
+//
+// -only picks configurations (2044on, 2044off, 4092on, 4092off, connected), -count
+// repeats each, and -profile DIR builds the daemon with -tags pprof and leaves in DIR,
+// per configuration and run, both daemons' CPU profiles over the iperf3 run
+// (<config>-<run>-a.pprof, -b.pprof), a runtime trace of each over the ping run
+// (-a.trace, -b.trace) and the binary to read them with (go tool pprof DIR/ipoibfs
+// FILE; go tool trace FILE).
 package main
 
 import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 )
 
 var (
-	dur     = flag.Duration("t", 5*time.Second, "iperf3 duration per measurement")
-	binPath string
+	dur      = flag.Duration("t", 5*time.Second, "iperf3 duration per measurement")
+	only     = flag.String("only", "", "comma-separated configurations to run (2044on,2044off,4092on,4092off,connected); empty: all")
+	count    = flag.Int("count", 1, "runs of each configuration")
+	profDir  = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
+	prebuilt = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
+	binPath  string
 )
+
+// profiling is what -profile needs while a configuration runs.
+type profiling struct {
+	prefix   string // DIR/<config>-<run>
+	cmds     [2]*exec.Cmd
+	pprofAdr [2]string // the daemons' net/http/pprof addresses
+}
 
 func main() {
 	flag.Parse()
@@ -38,33 +61,59 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 	binPath = filepath.Join(dir, "ipoibfs")
-	if out, err := exec.Command("go", "build", "-o", binPath, "./cmd/ipoibfs").CombinedOutput(); err != nil {
+	build := []string{"build", "-o", binPath}
+	if *profDir != "" {
+		if err := os.MkdirAll(*profDir, 0o755); err != nil {
+			die("%v", err)
+		}
+		binPath = filepath.Join(*profDir, "ipoibfs")
+		build = []string{"build", "-tags", "pprof", "-o", binPath}
+	}
+	if *prebuilt != "" {
+		binPath = *prebuilt
+	} else if out, err := exec.Command("go", append(build, "./cmd/ipoibfs")...).CombinedOutput(); err != nil {
 		die("build: %v\n%s", err, out)
 	}
+	want := map[string]bool{}
+	for _, c := range strings.Split(*only, ",") {
+		if c != "" {
+			want[c] = true
+		}
+	}
 	fmt.Printf("single-stream TCP (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", *dur)
-	fmt.Printf("%-6s %-9s %12s %12s %7s %10s %10s %7s\n", "MTU", "offloads", "ipoib Gb/s", "veth Gb/s", "ratio", "ipoib RTT", "veth RTT", "ratio")
+	fmt.Printf("%-6s %-9s %12s %12s %7s %10s %10s %7s %9s\n", "MTU", "offloads", "ipoib Gb/s", "veth Gb/s", "ratio", "ipoib RTT", "veth RTT", "ratio", "CPU s/GB")
 	for _, mtu := range []int{2044, 4092, 65520} {
 		for _, off := range []bool{true, false} {
 			if mtu == 65520 && !off {
 				continue // connected mode has no stateless offloads to switch
 			}
-			ib, err := measureIPoIB(dir, mtu, off)
-			if err != nil {
-				die("ipoib MTU %d: %v", mtu, err)
-			}
-			ve, err := measureVeth(mtu, off)
-			if err != nil {
-				die("veth MTU %d: %v", mtu, err)
-			}
 			mode := "on"
 			if !off {
 				mode = "off"
 			}
+			name := fmt.Sprint(mtu, mode)
 			if mtu == 65520 {
-				mode = "connected"
+				mode, name = "connected", "connected"
 			}
-			fmt.Printf("%-6d %-9s %12.2f %12.2f %7.2f %9.3fms %9.3fms %7.2f\n", mtu, mode,
-				ib.gbps, ve.gbps, ib.gbps/ve.gbps, ib.rtt, ve.rtt, ib.rtt/ve.rtt)
+			if len(want) > 0 && !want[name] {
+				continue
+			}
+			for run := 1; run <= *count; run++ {
+				var prof *profiling
+				if *profDir != "" {
+					prof = &profiling{prefix: filepath.Join(*profDir, fmt.Sprintf("%s-%d", name, run))}
+				}
+				ib, err := measureIPoIB(dir, mtu, off, prof)
+				if err != nil {
+					die("ipoib MTU %d: %v", mtu, err)
+				}
+				ve, err := measureVeth(mtu, off)
+				if err != nil {
+					die("veth MTU %d: %v", mtu, err)
+				}
+				fmt.Printf("%-6d %-9s %12.2f %12.2f %7.2f %9.3fms %9.3fms %7.2f %9.2f\n", mtu, mode,
+					ib.gbps, ve.gbps, ib.gbps/ve.gbps, ib.rtt, ve.rtt, ib.rtt/ve.rtt, ib.cpu)
+			}
 		}
 	}
 }
@@ -72,6 +121,10 @@ func main() {
 type result struct {
 	gbps float64
 	rtt  float64 // ms
+	// cpu is the CPU time (user and system, all threads) the two daemons took per
+	// gigabyte iperf3 moved: what the engine costs, less sensitive than Gb/s to
+	// whatever else the machine runs.
+	cpu float64 // seconds per GB
 }
 
 func die(format string, a ...any) {
@@ -87,7 +140,7 @@ func sh(args ...string) (string, error) {
 	return string(out), nil
 }
 
-func measureIPoIB(dir string, mtu int, offloads bool) (result, error) {
+func measureIPoIB(dir string, mtu int, offloads bool, prof *profiling) (result, error) {
 	nsA, nsB := "nbipa", "nbipb"
 	for _, n := range []string{nsA, nsB} {
 		sh("ip", "netns", "del", n)
@@ -104,7 +157,14 @@ func measureIPoIB(dir string, mtu int, offloads bool) (result, error) {
 	mA, mB := filepath.Join(dir, "mnt-a"), filepath.Join(dir, "mnt-b")
 	a := exec.Command(binPath, "-name", "bench-a", "-sm", "127.0.3.1:4791", "-netns", nsA, "-partitions", conf, "-mount", mA, "-9p", "")
 	b := exec.Command(binPath, "-name", "bench-b", "-fabric", "127.0.3.1:4791", "-listen", "127.0.3.2:4791", "-netns", nsB, "-mount", mB, "-9p", "")
-	for _, c := range []*exec.Cmd{a, b} {
+	for k, c := range []*exec.Cmd{a, b} {
+		if prof != nil {
+			side := string(rune('a' + k))
+			prof.pprofAdr[k] = fmt.Sprintf("127.0.0.1:%d", 6391+k)
+			prof.cmds[k] = c
+			c.Env = append(os.Environ(), "IPOIBFS_CPUPROFILE="+prof.prefix+"-"+side+".pprof",
+				"IPOIBFS_PPROF_ADDR="+prof.pprofAdr[k])
+		}
 		if err := c.Start(); err != nil {
 			return result{}, err
 		}
@@ -131,7 +191,7 @@ func measureIPoIB(dir string, mtu int, offloads bool) (result, error) {
 			}
 		}
 	}
-	return measurePair(nsA, nsB, "ib0", "ib0", mtu, offloads)
+	return measurePair(nsA, nsB, "ib0", "ib0", mtu, offloads, []*exec.Cmd{a, b}, prof)
 }
 
 func measureVeth(mtu int, offloads bool) (result, error) {
@@ -151,7 +211,7 @@ func measureVeth(mtu int, offloads bool) (result, error) {
 			return result{}, err
 		}
 	}
-	return measurePair(nsA, nsB, "v0", "v1", mtu, offloads)
+	return measurePair(nsA, nsB, "v0", "v1", mtu, offloads, nil, nil)
 }
 
 func waitFile(p string) error {
@@ -177,7 +237,7 @@ func waitCarrier(ns, dev string) error {
 	return fmt.Errorf("%s in %s has no carrier", dev, ns)
 }
 
-func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool) (result, error) {
+func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool, daemons []*exec.Cmd, prof *profiling) (result, error) {
 	for _, x := range [][]string{{nsA, devA, "10.99.0.1/24"}, {nsB, devB, "10.99.0.2/24"}} {
 		if _, err := sh("ip", "-n", x[0], "addr", "add", x[2], "dev", x[1]); err != nil {
 			return result{}, err
@@ -206,14 +266,17 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool) (result, e
 	}
 	defer func() { srv.Process.Kill(); srv.Wait() }()
 	time.Sleep(300 * time.Millisecond)
+	cpu0 := cpuTime(daemons)
 	out, err := sh("ip", "netns", "exec", nsA, "iperf3", "-c", "10.99.0.2", "-p", "5399", "-J",
 		"-t", strconv.Itoa(int(dur.Seconds())))
 	if err != nil {
 		return result{}, err
 	}
+	cpu := cpuTime(daemons) - cpu0
 	var j struct {
 		End struct {
 			SumReceived struct {
+				Bytes         float64 `json:"bytes"`
 				BitsPerSecond float64 `json:"bits_per_second"`
 			} `json:"sum_received"`
 		} `json:"end"`
@@ -221,14 +284,74 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool) (result, e
 	if err := json.Unmarshal([]byte(out), &j); err != nil {
 		return result{}, fmt.Errorf("iperf3 output: %v", err)
 	}
+	var traces sync.WaitGroup
+	if prof != nil {
+		for k, c := range prof.cmds {
+			c.Process.Signal(syscall.SIGUSR1) // ends the CPU profile
+			side := string(rune('a' + k))
+			traces.Go(func() {
+				if err := fetch("http://"+prof.pprofAdr[k]+"/debug/pprof/trace?seconds=1", prof.prefix+"-"+side+".trace"); err != nil {
+					fmt.Fprintf(os.Stderr, "netbench: trace: %v\n", err)
+				}
+			})
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	pout, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "50", "-i", "0.01", "-q", "10.99.0.2")
 	if err != nil {
 		return result{}, err
 	}
+	traces.Wait()
 	m := regexp.MustCompile(`= [0-9.]+/([0-9.]+)/`).FindStringSubmatch(pout)
 	if m == nil {
 		return result{}, fmt.Errorf("ping output: %s", pout)
 	}
 	rtt, _ := strconv.ParseFloat(m[1], 64)
-	return result{gbps: j.End.SumReceived.BitsPerSecond / 1e9, rtt: rtt}, nil
+	r := result{gbps: j.End.SumReceived.BitsPerSecond / 1e9, rtt: rtt}
+	if gb := j.End.SumReceived.Bytes / 1e9; gb > 0 {
+		r.cpu = cpu / gb
+	}
+	return r, nil
+}
+
+// cpuTime returns the CPU time in seconds the processes have used so far (utime and
+// stime of /proc/PID/stat, which count every thread).
+func cpuTime(cmds []*exec.Cmd) float64 {
+	var ticks float64
+	for _, c := range cmds {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.Process.Pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the parenthesised command name; utime and stime are the
+		// 14th and 15th of the whole line.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 12 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			s, _ := strconv.ParseFloat(f[12], 64)
+			ticks += u + s
+		}
+	}
+	return ticks / 100 // USER_HZ
+}
+
+// fetch saves what url returns in file.
+func fetch(url, file string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
