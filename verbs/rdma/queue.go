@@ -54,14 +54,31 @@ static int ipoibfs_post_send(struct ibv_qp *qp, uint64_t id, void *addr, uint32_
 	return ibv_post_send(qp, &wr, &bad);
 }
 
-static int ipoibfs_post_recv(struct ibv_qp *qp, uint64_t id, void *addr, uint32_t len, uint32_t lkey) {
+// ipoibfs_post_recv posts one receive buffer to the QP, or to srq when it is set.
+static int ipoibfs_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, uint64_t id, void *addr, uint32_t len, uint32_t lkey) {
 	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
 	struct ibv_recv_wr wr, *bad;
 	memset(&wr, 0, sizeof wr);
 	wr.wr_id = id;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
-	return ibv_post_recv(qp, &wr, &bad);
+	return srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad);
+}
+
+// ipoibfs_fill_ah fills an address vector: by LID, and with grh by GID too.
+static void ipoibfs_fill_ah(struct ibv_ah_attr *a, int port, int dlid, int sl, int grh,
+                            const void *dgid, int sgid_index, uint32_t flow, int hop, int tclass) {
+	a->dlid = dlid;
+	a->sl = sl;
+	a->port_num = port;
+	if (grh) {
+		a->is_global = 1;
+		memcpy(a->grh.dgid.raw, dgid, 16);
+		a->grh.sgid_index = sgid_index;
+		a->grh.flow_label = flow;
+		a->grh.hop_limit = hop;
+		a->grh.traffic_class = tclass;
+	}
 }
 
 static int ipoibfs_modify_qp(struct ibv_qp *qp, int state, int pkey_index, int port, uint32_t qkey, int mask) {
@@ -95,46 +112,16 @@ static int ipoibfs_modify_rc(struct ibv_qp *qp, int state, int mask, int pkey_in
 	a.min_rnr_timer = 12; // 0.64 ms, as the kernel's ipoib_cm
 	a.max_dest_rd_atomic = 1;
 	a.max_rd_atomic = 1;
-	a.ah_attr.dlid = dlid;
-	a.ah_attr.sl = sl;
-	a.ah_attr.port_num = port;
-	if (grh) {
-		a.ah_attr.is_global = 1;
-		memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
-		a.ah_attr.grh.sgid_index = sgid_index;
-		a.ah_attr.grh.flow_label = flow;
-		a.ah_attr.grh.hop_limit = hop;
-		a.ah_attr.grh.traffic_class = tclass;
-	}
+	ipoibfs_fill_ah(&a.ah_attr, port, dlid, sl, grh, dgid, sgid_index, flow, hop, tclass);
 	return ibv_modify_qp(qp, &a, mask);
-}
-
-static int ipoibfs_post_srq_recv(struct ibv_srq *srq, uint64_t id, void *addr, uint32_t len, uint32_t lkey) {
-	struct ibv_sge sge = { .addr = (uintptr_t)addr, .length = len, .lkey = lkey };
-	struct ibv_recv_wr wr, *bad;
-	memset(&wr, 0, sizeof wr);
-	wr.wr_id = id;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	return ibv_post_srq_recv(srq, &wr, &bad);
 }
 
 static struct ibv_ah *ipoibfs_create_ah(struct ibv_pd *pd, int port, int dlid, int sl, int rate, int grh,
                                         const void *dgid, int sgid_index, uint32_t flow, int hop, int tclass) {
 	struct ibv_ah_attr a;
 	memset(&a, 0, sizeof a);
-	a.dlid = dlid;
-	a.sl = sl;
+	ipoibfs_fill_ah(&a, port, dlid, sl, grh, dgid, sgid_index, flow, hop, tclass);
 	a.static_rate = rate;
-	a.port_num = port;
-	if (grh) {
-		a.is_global = 1;
-		memcpy(a.grh.dgid.raw, dgid, 16);
-		a.grh.sgid_index = sgid_index;
-		a.grh.flow_label = flow;
-		a.grh.hop_limit = hop;
-		a.grh.traffic_class = tclass;
-	}
 	return ibv_create_ah(pd, &a);
 }
 
@@ -316,6 +303,56 @@ const (
 // completions do not say their opcode.
 const recvBit = 1 << 63
 
+// recvSlots are registered receive slots and the caller's buffers posted in them: a
+// QP's own receive queue or an SRQ's. The caller's lock guards them.
+type recvSlots struct {
+	mem  unsafe.Pointer // slot 0
+	size int
+	free []int
+	id   []uint64
+	buf  [][]byte
+}
+
+func newRecvSlots(mem unsafe.Pointer, n, size int) recvSlots {
+	r := recvSlots{mem: mem, size: size, id: make([]uint64, n), buf: make([][]byte, n)}
+	for i := range n {
+		r.free = append(r.free, i)
+	}
+	return r
+}
+
+// post posts a free slot for each buffer through postC (work request ID: the slot
+// number with recvBit) and returns how many were posted.
+func (r *recvSlots) post(wrs []verbs.RecvWR, obj string, postC func(id uint64, addr unsafe.Pointer, n int) C.int) (int, error) {
+	for i, wr := range wrs {
+		if len(r.free) == 0 {
+			return i, &verbs.Error{Op: "post_recv", Obj: obj, Err: verbs.ErrQueueFull}
+		}
+		k := r.free[len(r.free)-1]
+		if e := postC(uint64(k)|recvBit, unsafe.Add(r.mem, k*r.size), min(len(wr.Buf), r.size)); e != 0 {
+			return i, &verbs.Error{Op: "ibv_post_recv", Obj: obj, Err: syscall.Errno(e)}
+		}
+		r.free = r.free[:len(r.free)-1]
+		r.id[k], r.buf[k] = wr.ID, wr.Buf
+	}
+	return len(wrs), nil
+}
+
+// complete turns a receive's work request ID back into the caller's, copies the data
+// into the caller's buffer and frees the slot.
+func (r *recvSlots) complete(id uint64, wc *verbs.WC) {
+	k := int(id &^ recvBit)
+	if k >= len(r.id) {
+		return
+	}
+	wc.Opcode, wc.WRID = verbs.WCRecv, r.id[k]
+	if wc.Status == verbs.WCSuccess {
+		copy(r.buf[k], unsafe.Slice((*byte)(unsafe.Add(r.mem, k*r.size)), min(wc.ByteLen, r.size)))
+	}
+	r.buf[k] = nil
+	r.free = append(r.free, k)
+}
+
 // QP is a UD queue pair with one registered memory region of send and receive slots.
 type QP struct {
 	dev    *Device
@@ -325,7 +362,6 @@ type QP struct {
 	num    verbs.QPN
 	mem    unsafe.Pointer
 	mr     *C.struct_ibv_mr
-	nsend  int
 	slotSz int
 	sigAll bool
 	srq    *SRQ // receives come from here when set
@@ -334,11 +370,9 @@ type QP struct {
 	state    verbs.QPState
 	qkey     uint32 // as last set by Modify: sent for a RemoteQKey with the high bit set
 	sendFree []int
-	sendQ    []int    // slots in posting order (unsignaled sends free with the next completion)
-	sendID   []uint64 // by slot
-	recvFree []int
-	recvID   []uint64
-	recvBuf  [][]byte
+	sendQ    []int     // slots in posting order (unsignaled sends free with the next completion)
+	sendID   []uint64  // by slot
+	recv     recvSlots // its own receive queue (none with an SRQ)
 	closed   bool
 }
 
@@ -380,8 +414,8 @@ func (d *Device) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if attr.SigAll {
 		init.sq_sig_all = 1
 	}
-	q := &QP{dev: d, typ: attr.Type, port: attr.Port, nsend: ns, slotSz: sz, sigAll: attr.SigAll, srq: srq,
-		sendID: make([]uint64, ns), recvID: make([]uint64, nr), recvBuf: make([][]byte, nr)}
+	q := &QP{dev: d, typ: attr.Type, port: attr.Port, slotSz: sz, sigAll: attr.SigAll, srq: srq,
+		sendID: make([]uint64, ns)}
 	size := C.size_t((ns + nr) * sz)
 	q.mem = C.calloc(1, size)
 	if q.mem == nil {
@@ -405,9 +439,7 @@ func (d *Device) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	for i := range ns {
 		q.sendFree = append(q.sendFree, i)
 	}
-	for i := range nr {
-		q.recvFree = append(q.recvFree, i)
-	}
+	q.recv = newRecvSlots(q.slot(ns), nr, sz)
 	d.qpMu.Lock()
 	d.qps[uint32(q.num)] = q
 	d.qpMu.Unlock()
@@ -609,19 +641,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	if q.state == verbs.QPReset {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
-	for i, wr := range wrs {
-		if len(q.recvFree) == 0 {
-			return i, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrQueueFull}
-		}
-		s := q.recvFree[len(q.recvFree)-1]
-		n := min(len(wr.Buf), q.slotSz)
-		if r := C.ipoibfs_post_recv(q.qp, C.uint64_t(s)|recvBit, q.slot(s+q.nsend), C.uint32_t(n), q.mr.lkey); r != 0 {
-			return i, &verbs.Error{Op: "ibv_post_recv", Obj: q.String(), Err: syscall.Errno(r)}
-		}
-		q.recvFree = q.recvFree[:len(q.recvFree)-1]
-		q.recvID[s], q.recvBuf[s] = wr.ID, wr.Buf
-	}
-	return len(wrs), nil
+	return q.recv.post(wrs, q.String(), func(id uint64, addr unsafe.Pointer, n int) C.int {
+		return C.ipoibfs_post_recv(q.qp, nil, C.uint64_t(id), addr, C.uint32_t(n), q.mr.lkey)
+	})
 }
 
 // complete turns a hardware work request ID back into the caller's, frees the slot
@@ -639,16 +661,7 @@ func (q *QP) complete(id uint64, wc *verbs.WC) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if id&recvBit != 0 {
-		s := int(id &^ recvBit)
-		if s >= len(q.recvID) {
-			return
-		}
-		wc.Opcode, wc.WRID = verbs.WCRecv, q.recvID[s]
-		if wc.Status == verbs.WCSuccess {
-			copy(q.recvBuf[s], unsafe.Slice((*byte)(q.slot(s+q.nsend)), min(wc.ByteLen, q.slotSz)))
-		}
-		q.recvBuf[s] = nil
-		q.recvFree = append(q.recvFree, s)
+		q.recv.complete(id, wc)
 		return
 	}
 	s := int(id)
@@ -710,9 +723,7 @@ type SRQ struct {
 	mr  *C.struct_ibv_mr
 
 	mu      sync.Mutex
-	free    []int
-	id      []uint64
-	buf     [][]byte
+	slots   recvSlots
 	users   int
 	closed  bool
 	destroy sync.Once
@@ -732,7 +743,7 @@ func (d *Device) CreateSRQ(attr verbs.SRQAttr) (verbs.SRQ, error) {
 	}
 	var init C.struct_ibv_srq_init_attr
 	init.attr.max_wr, init.attr.max_sge = C.uint32_t(attr.MaxWR), 1
-	s := &SRQ{dev: d, id: make([]uint64, attr.MaxWR), buf: make([][]byte, attr.MaxWR)}
+	s := &SRQ{dev: d}
 	size := C.size_t(attr.MaxWR * rcSlotSize)
 	if s.mem = C.calloc(1, size); s.mem == nil {
 		return fail(syscall.ENOMEM)
@@ -751,14 +762,11 @@ func (d *Device) CreateSRQ(attr verbs.SRQAttr) (verbs.SRQ, error) {
 		return nil, &verbs.Error{Op: "ibv_create_srq", Obj: d.name, Err: err}
 	}
 	s.srq = srq
-	for i := range attr.MaxWR {
-		s.free = append(s.free, i)
-	}
+	s.slots = newRecvSlots(s.mem, attr.MaxWR, rcSlotSize)
 	return s, nil
 }
 
-func (s *SRQ) String() string            { return s.dev.name + " srq" }
-func (s *SRQ) slot(i int) unsafe.Pointer { return unsafe.Add(s.mem, i*rcSlotSize) }
+func (s *SRQ) String() string { return s.dev.name + " srq" }
 
 func (s *SRQ) use(n int) {
 	s.mu.Lock()
@@ -773,35 +781,18 @@ func (s *SRQ) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	if s.closed {
 		return 0, &verbs.Error{Op: "post_srq_recv", Obj: s.String(), Err: verbs.ErrClosed}
 	}
-	for i, wr := range wrs {
-		if len(s.free) == 0 {
-			return i, &verbs.Error{Op: "post_srq_recv", Obj: s.String(), Err: verbs.ErrQueueFull}
-		}
-		k := s.free[len(s.free)-1]
-		n := min(len(wr.Buf), rcSlotSize)
-		if r := C.ipoibfs_post_srq_recv(s.srq, C.uint64_t(k)|recvBit, s.slot(k), C.uint32_t(n), s.mr.lkey); r != 0 {
-			return i, &verbs.Error{Op: "ibv_post_srq_recv", Obj: s.String(), Err: syscall.Errno(r)}
-		}
-		s.free = s.free[:len(s.free)-1]
-		s.id[k], s.buf[k] = wr.ID, wr.Buf
-	}
-	return len(wrs), nil
+	return s.slots.post(wrs, s.String(), func(id uint64, addr unsafe.Pointer, n int) C.int {
+		return C.ipoibfs_post_recv(nil, s.srq, C.uint64_t(id), addr, C.uint32_t(n), s.mr.lkey)
+	})
 }
 
 // complete turns the slot back into the caller's work request ID and copies the data.
 func (s *SRQ) complete(id uint64, wc *verbs.WC) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := int(id &^ recvBit)
-	if k >= len(s.id) || s.closed {
-		return
+	if !s.closed {
+		s.slots.complete(id, wc)
 	}
-	wc.Opcode, wc.WRID = verbs.WCRecv, s.id[k]
-	if wc.Status == verbs.WCSuccess {
-		copy(s.buf[k], unsafe.Slice((*byte)(s.slot(k)), min(wc.ByteLen, rcSlotSize)))
-	}
-	s.buf[k] = nil
-	s.free = append(s.free, k)
 }
 
 // Close destroys the SRQ once no QP uses it (the kernel says EBUSY otherwise).

@@ -594,8 +594,8 @@ func rxeGuest(t *testing.T) {
 		qp.mu.Lock()
 		free := len(qp.sendFree)
 		qp.mu.Unlock()
-		if free != qp.nsend {
-			t.Errorf("%d of %d send slots free after the send", free, qp.nsend)
+		if free != len(qp.sendID) {
+			t.Errorf("%d of %d send slots free after the send", free, len(qp.sendID))
 		}
 	})
 
