@@ -59,10 +59,36 @@ type daemon struct {
 // startDaemon runs ipoibfs with args; on cleanup it sends SIGTERM and requires exit 0.
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, daemonOpts{}, name, args...)
+}
+
+// daemonOpts are what startDaemonWith changes from startDaemon's defaults.
+type daemonOpts struct {
+	bin      string              // the binary (default: binPath)
+	env      []string            // added to the environment
+	exitWait time.Duration       // how long the cleanup waits after SIGTERM (default 10 s)
+	logShown func(string) string // what of the log a failure shows (default all)
+}
+
+// startDaemonWith is startDaemon with o.
+func startDaemonWith(t *testing.T, o daemonOpts, name string, args ...string) *daemon {
+	t.Helper()
+	if o.bin == "" {
+		o.bin = binPath
+	}
+	if o.exitWait == 0 {
+		o.exitWait = 10 * time.Second
+	}
+	if o.logShown == nil {
+		o.logShown = func(s string) string { return s }
+	}
 	d := &daemon{name: name, log: &testenv.Buffer{}, done: make(chan error, 1)}
 	// No mount and no 9P unless the test asks: several daemons share this host.
 	base := []string{"-name", name, "-mount", "", "-9p", ""}
-	d.cmd = exec.Command(binPath, append(base, args...)...)
+	d.cmd = exec.Command(o.bin, append(base, args...)...)
+	if o.env != nil {
+		d.cmd.Env = append(os.Environ(), o.env...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -73,14 +99,15 @@ func startDaemon(t *testing.T, name string, args ...string) *daemon {
 		select {
 		case err := <-d.done:
 			if err != nil {
-				t.Errorf("%s exited with %v after SIGTERM; log:\n%s", name, err, d.log)
+				t.Errorf("%s exited with %v after SIGTERM; log:\n%s", name, err, o.logShown(d.log.String()))
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(o.exitWait):
 			_ = d.cmd.Process.Kill()
-			t.Errorf("%s did not exit within 10 s of SIGTERM; log:\n%s", name, d.log)
+			<-d.done
+			t.Errorf("%s did not exit within %v of SIGTERM; log:\n%s", name, o.exitWait, o.logShown(d.log.String()))
 		}
 		if t.Failed() {
-			t.Logf("%s log:\n%s", name, d.log)
+			t.Logf("%s log:\n%s", name, o.logShown(d.log.String()))
 		}
 	})
 	return d

@@ -157,24 +157,32 @@ func TestChildren4000LeaveNothing(t *testing.T) {
 	}
 	t.Logf("baseline: %d goroutines, %d file descriptors, %d MiB resident", baseG.total, sumCounts(baseFD), rssKiB(t, pid)>>10)
 
-	// Create: each device exists when its write returns (every 40th and the members are
-	// looked at; all of them are counted at the end).
-	var createTotal, createMax time.Duration
-	createChunks := make([]time.Duration, n/1000)
-	for k := 1; k <= n; k++ {
-		d := write("create_child", k)
-		createTotal += d
-		createMax = max(createMax, d)
-		createChunks[(k-1)/1000] += d
-		if k%40 == 0 || isMember[k] {
-			if out, err := run(t, 5*time.Second, "ip", "-n", td.ns, "link", "show", "dev", name(k)); err != nil {
-				t.Fatalf("%s: no device when create_child returned: %v %s", name(k), err, out)
+	// writeAll writes children 1..n to file, looks at every 40th child and every
+	// member with look when its write has returned, and logs the time the writes took.
+	writeAll := func(file, order string, look func(k int)) {
+		var total, longest time.Duration
+		chunks := make([]time.Duration, n/1000)
+		for k := 1; k <= n; k++ {
+			d := write(file, k)
+			total += d
+			longest = max(longest, d)
+			chunks[(k-1)/1000] += d
+			if k%40 == 0 || isMember[k] {
+				look(k)
 			}
 		}
+		t.Logf("%d %s writes: %v, %v each on average, %v the longest", n, file, total.Round(time.Millisecond),
+			(total / n).Round(time.Microsecond), longest.Round(time.Microsecond))
+		t.Logf("%s per write by thousand (%s): %v", file, order, perWrite(chunks, 1000))
 	}
-	t.Logf("%d create_child writes: %v, %v each on average, %v the longest", n, createTotal.Round(time.Millisecond),
-		(createTotal / n).Round(time.Microsecond), createMax.Round(time.Microsecond))
-	t.Logf("create_child per write by thousand (children 1-1000 first): %v", perWrite(createChunks, 1000))
+
+	// Create: each device exists when its write returns (every 40th and the members are
+	// looked at; all of them are counted at the end).
+	writeAll("create_child", "children 1-1000 first", func(k int) {
+		if out, err := run(t, 5*time.Second, "ip", "-n", td.ns, "link", "show", "dev", name(k)); err != nil {
+			t.Fatalf("%s: no device when create_child returned: %v %s", name(k), err, out)
+		}
+	})
 	if links := treeLinks(t, td.ns); len(links) != n+1 {
 		t.Fatalf("%d TUN devices after %d create_child writes returned, want %d", len(links), n, n+1)
 	}
@@ -192,22 +200,11 @@ func TestChildren4000LeaveNothing(t *testing.T) {
 
 	// Delete: each device is gone when its write returns (every 40th and the members are
 	// looked at; what is left is listed at the end).
-	var deleteTotal, deleteMax time.Duration
-	deleteChunks := make([]time.Duration, n/1000)
-	for k := 1; k <= n; k++ {
-		d := write("delete_child", k)
-		deleteTotal += d
-		deleteMax = max(deleteMax, d)
-		deleteChunks[(k-1)/1000] += d
-		if k%40 == 0 || isMember[k] {
-			if out, err := run(t, 5*time.Second, "ip", "-n", td.ns, "link", "show", "dev", name(k)); err == nil {
-				t.Fatalf("%s: device still there when delete_child returned: %s", name(k), out)
-			}
+	writeAll("delete_child", "the first thousand deleted first", func(k int) {
+		if out, err := run(t, 5*time.Second, "ip", "-n", td.ns, "link", "show", "dev", name(k)); err == nil {
+			t.Fatalf("%s: device still there when delete_child returned: %s", name(k), out)
 		}
-	}
-	t.Logf("%d delete_child writes: %v, %v each on average, %v the longest", n, deleteTotal.Round(time.Millisecond),
-		(deleteTotal / n).Round(time.Microsecond), deleteMax.Round(time.Microsecond))
-	t.Logf("delete_child per write by thousand (the first thousand deleted first): %v", perWrite(deleteChunks, 1000))
+	})
 	if links := treeLinks(t, td.ns); !slices.Equal(links, []string{"ib0"}) {
 		t.Errorf("TUN devices left after the deletes returned: %d: %v", len(links), firstN(links, 20))
 	}
@@ -311,7 +308,11 @@ func treeStartPprof(t *testing.T, bin, tag string, extra ...string) (*treeDaemon
 	tr := &http.Transport{DisableKeepAlives: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	pp := &pprofClient{addr: fmt.Sprintf("127.0.0.1:%d", treeFreePort(t)), c: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
-	td.daemon = startDaemonEnv(t, bin, []string{"IPOIBFS_PPROF_ADDR=" + pp.addr}, "tree-"+tag,
+	// The cleanup waits longer for the exit (a test that failed half way leaves
+	// thousands of devices to remove) and shows the end of the log without the lines
+	// every child makes.
+	td.daemon = startDaemonWith(t, daemonOpts{bin: bin, env: []string{"IPOIBFS_PPROF_ADDR=" + pp.addr}, exitWait: 3 * time.Minute,
+		logShown: func(s string) string { return logTail(unroutine(s), 200) }}, "tree-"+tag,
 		append([]string{"-mount", mnt, "-netns", td.ns}, extra...)...)
 	treeWait(t, mnt, td.log)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -322,40 +323,6 @@ func treeStartPprof(t *testing.T, bin, tag string, extra ...string) (*treeDaemon
 		}
 	}
 	return td, pp
-}
-
-// startDaemonEnv is startDaemon for another binary with extra environment. Its cleanup
-// waits longer for the exit (a test that failed half way leaves thousands of devices
-// to remove) and logs only the end of the log (thousands of writes are logged).
-func startDaemonEnv(t *testing.T, bin string, env []string, name string, args ...string) *daemon {
-	t.Helper()
-	d := &daemon{name: name, log: &testenv.Buffer{}, done: make(chan error, 1)}
-	base := []string{"-name", name, "-mount", "", "-9p", ""}
-	d.cmd = exec.Command(bin, append(base, args...)...)
-	d.cmd.Env = append(os.Environ(), env...)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.done <- d.cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-d.done:
-			if err != nil {
-				t.Errorf("%s exited with %v after SIGTERM; log ends:\n%s", name, err, logTail(unroutine(d.log.String()), 200))
-			}
-		case <-time.After(3 * time.Minute):
-			_ = d.cmd.Process.Kill()
-			<-d.done
-			t.Errorf("%s did not exit within 3 minutes of SIGTERM; log ends:\n%s", name, logTail(unroutine(d.log.String()), 200))
-		}
-		if t.Failed() {
-			t.Logf("%s log ends (the lines of every create, delete and flags write and the shutdown's statistics left out):\n%s",
-				name, logTail(unroutine(d.log.String()), 200))
-		}
-	})
-	return d
 }
 
 // unroutine drops the log lines every child makes, so that a failure shows the rest.
