@@ -1,7 +1,6 @@
 package ipoib
 
 import (
-	"net/netip"
 	"testing"
 	"time"
 
@@ -29,13 +28,7 @@ func TestPassiveConnectionReapedAfter512sIdle(t *testing.T) {
 		}
 	}, "a", "b")
 	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
-	for _, n := range nodes {
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
+	connectedNodes(t, nodes)
 	ping(t, b.ib0, a.ib0, a.host, "10.0.0.2", "10.0.0.1", 1)
 	bigTo := func(seq uint16) {
 		t.Helper()

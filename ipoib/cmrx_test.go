@@ -1,6 +1,7 @@
 package ipoib
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -70,14 +71,20 @@ func TestIdleConnectionReaped(t *testing.T) {
 func connectedPair(t *testing.T) (a, b *node) {
 	t.Helper()
 	_, nodes := testFabric(t, "", "a", "b")
+	connectedNodes(t, nodes)
 	a, b = nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
-	for _, n := range nodes {
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	return a, b
+}
+
+// connectedNodes gives node k the address 10.0.0.k+1/24 and puts every ib0 in
+// connected mode.
+func connectedNodes(t *testing.T, nodes []*node) {
+	t.Helper()
+	for k, n := range nodes {
+		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
 		if err := n.ib0.SetMode(Connected); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
-	return a, b
 }

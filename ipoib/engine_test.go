@@ -761,12 +761,7 @@ func TestMaxNonSRQConnQPAndChildMode(t *testing.T) {
 	_, nodes := testFabricWith(t, "", func(c *soft.Config, _ *Options) { c.NoSRQ = true }, "a", "b", "c")
 	a, b, c := nodes[0], nodes[1], nodes[2]
 	a.e.params.MaxNonSRQConnQP = 1
-	for k, n := range nodes {
-		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
+	connectedNodes(t, nodes)
 	ping(t, b.ib0, a.ib0, a.host, "10.0.0.2", "10.0.0.1", 1)
 	waitFor(t, "b's connection to a", func() bool {
 		b.ib0.mu.Lock()
@@ -806,12 +801,7 @@ func TestConnectedSRQSharesOnePool(t *testing.T) {
 	_, nodes := testFabric(t, "", "a", "b", "c")
 	a := nodes[0]
 	a.e.params.MaxNonSRQConnQP = 1 // not a limit with SRQ
-	for k, n := range nodes {
-		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
+	connectedNodes(t, nodes)
 	a.ib0.mu.Lock()
 	srq, pool := a.ib0.cmSRQ, a.ib0.cmSRQBufs
 	a.ib0.mu.Unlock()
@@ -874,13 +864,7 @@ func TestConnectedSRQSharesOnePool(t *testing.T) {
 func TestConnectedPeerRestart(t *testing.T) {
 	smh, nodes := testFabric(t, "", "a", "b")
 	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
-	for _, n := range nodes {
-		if err := n.ib0.SetMode(Connected); err != nil {
-			t.Fatal(err)
-		}
-	}
+	connectedNodes(t, nodes)
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
 	b.e.Close()
 	b.hca.Close()
