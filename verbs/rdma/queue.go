@@ -722,11 +722,10 @@ type SRQ struct {
 	mem unsafe.Pointer
 	mr  *C.struct_ibv_mr
 
-	mu      sync.Mutex
-	slots   recvSlots
-	users   int
-	closed  bool
-	destroy sync.Once
+	mu     sync.Mutex
+	slots  recvSlots
+	users  int
+	closed bool
 }
 
 // CreateSRQ creates a shared receive queue of attr.MaxWR RC-sized slots, if the
@@ -803,13 +802,14 @@ func (s *SRQ) Close() error {
 		s.mu.Unlock()
 		return &verbs.Error{Op: "destroy_srq", Obj: s.String(), Err: fmt.Errorf("%w: %d QPs use it", verbs.ErrBusy, n)}
 	}
+	already := s.closed
 	s.closed = true
 	s.mu.Unlock()
-	s.destroy.Do(func() {
+	if !already {
 		C.ibv_destroy_srq(s.srq)
 		C.ibv_dereg_mr(s.mr)
 		C.free(s.mem)
-	})
+	}
 	return nil
 }
 
