@@ -63,8 +63,7 @@ func (i *Interface) handleARP(b []byte) {
 		i.stats.rxDropped.Add(1)
 		return
 	}
-	i.mu.Lock()
-	own := i.ownAddrsLocked()
+	own := i.ownAddrs()
 	mine := false
 	for _, o := range own {
 		if o == a.TargetIP {
@@ -72,6 +71,7 @@ func (i *Interface) handleARP(b []byte) {
 		}
 	}
 	var flush [][]byte
+	i.dmu.Lock()
 	if _, known := i.neigh[a.SenderIP]; mine || known || a.Op == arpReply {
 		flush = i.learnLocked(a.SenderIP, a.SenderHW)
 	}
@@ -80,12 +80,12 @@ func (i *Interface) handleARP(b []byte) {
 		r := arpPacket{Op: arpReply, SenderHW: i.hw, SenderIP: a.TargetIP, TargetHW: a.SenderHW, TargetIP: a.SenderIP}
 		reply = r.appendFrame(nil)
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	i.resend(a.SenderHW, flush)
 	if reply != nil {
-		i.mu.Lock()
+		i.dmu.Lock()
 		ah, qpn, ok := i.sendToHWLocked(a.SenderHW, [][]byte{reply})
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		if ok {
 			i.sendFrames([][]byte{reply}, ah, qpn)
 		}
@@ -94,26 +94,26 @@ func (i *Interface) handleARP(b []byte) {
 
 // sendARPRequest broadcasts a who-has for ip from the matching local address.
 func (i *Interface) sendARPRequest(ip netip.Addr) {
-	i.mu.Lock()
-	src, ok := i.sourceForLocked(ip)
+	i.dmu.Lock()
+	src, ok := i.sourceFor(ip)
 	if !ok {
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		return
 	}
 	r := arpPacket{Op: arpRequest, SenderHW: i.hw, SenderIP: src, TargetIP: ip}
 	frame := r.appendFrame(nil)
-	ah, sendNow := i.sendMulticastLocked(i.bcast.GID(), frame)
-	i.mu.Unlock()
+	ah, sendNow := i.sendMulticastLocked(i.data().bcast.GID(), frame)
+	i.dmu.Unlock()
 	if sendNow {
 		i.sendFrames([][]byte{frame}, ah, verbs.MulticastQPN)
 	}
 }
 
-// sourceForLocked picks the local address of the same family whose prefix contains
+// sourceFor picks the local address of the same family whose prefix contains
 // dst, or the first of that family.
-func (i *Interface) sourceForLocked(dst netip.Addr) (netip.Addr, bool) {
+func (i *Interface) sourceFor(dst netip.Addr) (netip.Addr, bool) {
 	var first netip.Addr
-	for _, p := range i.hostAddrs {
+	for _, p := range i.data().hostAddrs {
 		if p.Addr().Is4() != dst.Is4() {
 			continue
 		}

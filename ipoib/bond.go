@@ -1001,8 +1001,9 @@ func (b *Bond) Enslave(name string) error {
 		return b.err("enslave", syscall.EBUSY, "Device %s is in use and cannot be enslaved", name)
 	}
 	i.mu.Lock()
-	s.ownAddrs, s.ownGroups, s.ownGroupsSet = i.hostAddrs, i.hostGroups, i.hostGroupsSet
-	i.hostAddrs, i.hostGroups, i.hostGroupsSet = nil, nil, false
+	s.ownAddrs, s.ownGroups, s.ownGroupsSet = i.data().hostAddrs, i.hostGroups, i.hostGroupsSet
+	i.setLocked(func(d *dataState) { d.hostAddrs = nil })
+	i.hostGroups, i.hostGroupsSet = nil, false
 	i.mu.Unlock()
 	if err := i.SetUp(true); err != nil {
 		i.bond.Store(nil)
@@ -1279,12 +1280,12 @@ func (b *Bond) carrierLocked() []func() {
 // Master returns the bond the interface is a slave of, nil when it is none's.
 func (i *Interface) Master() *Bond { return i.bond.Load() }
 
-// upperHostLocked is where the interface's received packets go: its own host, or while
-// it is a slave the bond's, from the active slave only (a backup's are dropped).
-func (i *Interface) upperHostLocked() Host {
+// upperHost is where the interface's received packets go: its own host, or while it is
+// a slave the bond's, from the active slave only (a backup's are dropped).
+func (i *Interface) upperHost() Host {
 	b := i.bond.Load()
 	if b == nil {
-		return i.host
+		return i.data().host
 	}
 	if b.active.Load() != i {
 		return nil
@@ -1324,7 +1325,9 @@ func (i *Interface) slaveHostGroups(g []netip.Addr) bool {
 // setBondView sets the addresses and groups the interface answers and joins for.
 func (i *Interface) setBondView(addrs []netip.Prefix, groups []netip.Addr, groupsSet bool) {
 	i.mu.Lock()
-	i.hostAddrs, i.hostGroups, i.hostGroupsSet = slices.Clone(addrs), slices.Clone(groups), groupsSet
+	addrs = slices.Clone(addrs)
+	i.setLocked(func(d *dataState) { d.hostAddrs = addrs })
+	i.hostGroups, i.hostGroupsSet = slices.Clone(groups), groupsSet
 	i.mu.Unlock()
 	i.wake()
 }
@@ -1341,9 +1344,10 @@ func (i *Interface) announce() {
 		ah    verbs.AH
 	}
 	var out []send
-	i.mu.Lock()
+	i.dmu.Lock()
+	d := i.data()
 	seen := map[netip.Addr]bool{}
-	for _, p := range i.hostAddrs {
+	for _, p := range d.hostAddrs {
 		a := p.Addr()
 		if seen[a] || !a.IsValid() {
 			continue
@@ -1353,16 +1357,16 @@ func (i *Interface) announce() {
 		var mgid verbs.GID
 		if a.Is4() {
 			r := arpPacket{Op: arpRequest, SenderHW: i.hw, SenderIP: a, TargetIP: a}
-			frame, mgid = r.appendFrame(nil), i.bcast.GID()
+			frame, mgid = r.appendFrame(nil), d.bcast.GID()
 		} else {
-			frame = i.ndFrameLocked(icmpv6NA, a, allNodes, a, ndOptTgtLL, naFlagOverrid)
-			mgid = mgidForIP(allNodes, i.bcast)
+			frame = i.ndFrame(icmpv6NA, a, allNodes, a, ndOptTgtLL, naFlagOverrid)
+			mgid = mgidForIP(allNodes, d.bcast)
 		}
 		if ah, ok := i.sendMulticastLocked(mgid, frame); ok {
 			out = append(out, send{frame, ah})
 		}
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	for _, o := range out {
 		i.sendFrames([][]byte{o.frame}, o.ah, verbs.MulticastQPN)
 	}

@@ -137,9 +137,7 @@ func TestBondFailoverWithoutPrimary(t *testing.T) {
 		t.Fatalf("bond address %s, want ib0's %s", got, br.a0.HWAddr())
 	}
 	// The backup answers no ARP for the bond's address, and has no addresses of its own.
-	br.a1.mu.Lock()
-	backupAddrs := len(br.a1.hostAddrs)
-	br.a1.mu.Unlock()
+	backupAddrs := len(br.a1.data().hostAddrs)
 	if backupAddrs != 0 {
 		t.Fatalf("the backup has %d of the bond's addresses", backupAddrs)
 	}

@@ -44,8 +44,8 @@ func TestPassiveConnectionReapedAfter512sIdle(t *testing.T) {
 		}
 	}
 	passive := func() (n int, established bool) {
-		a.ib0.mu.Lock()
-		defer a.ib0.mu.Unlock()
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
 		for _, r := range a.ib0.rx {
 			established = established || r.conn != nil
 		}

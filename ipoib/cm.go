@@ -44,8 +44,8 @@ type cmTx struct {
 // cmRx is a passive (receive) connection (struct ipoib_cm_rx).
 type cmRx struct {
 	qp   verbs.QP
-	conn *cm.Conn // under i.mu
-	dead bool     // under i.mu: destroyed (the RTU may still arrive)
+	conn *cm.Conn // under dmu
+	dead bool     // under dmu: destroyed (the RTU may still arrive)
 	bufs [][]byte
 	last time.Time
 }
@@ -116,10 +116,10 @@ func (i *Interface) cmClose() {
 		return
 	}
 	i.cmStop()
-	i.mu.Lock()
+	i.dmu.Lock()
 	txs, rxs := i.tx, i.rx
 	i.tx, i.rx = map[HWAddr]*cmTx{}, map[verbs.QPN]*cmRx{}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	for _, t := range txs {
 		i.cmTxDestroy(t)
 	}
@@ -138,9 +138,9 @@ func (i *Interface) cmPrivateData() []byte {
 
 // cmListen decides on an incoming REQ (ipoib_cm_req_handler).
 func (i *Interface) cmListen(req *cm.Request) cm.Decision {
-	i.mu.Lock()
-	mode, n := i.mode, len(i.rx)
-	i.mu.Unlock()
+	i.dmu.Lock()
+	mode, n := i.data().mode, len(i.rx)
+	i.dmu.Unlock()
 	if mode != Connected {
 		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.Name(), req.RemoteLID)
 		return cm.Reject{Reason: mad.RejConsumerDefined}
@@ -166,22 +166,22 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 	if srq == nil {
 		rx.bufs = make([][]byte, i.e.params.RecvQueueSize)
 	}
-	i.mu.Lock()
+	i.dmu.Lock()
 	i.rx[qp.Num()] = rx
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(), SRQ: srq != nil,
 		Established: func(c *cm.Conn) {
 			// Buffers are posted once the QP is past INIT (the manager moved it to RTS);
 			// with a shared receive queue, its pool once, at the first connection.
 			wrs := i.cmRxBuffers(rx, srq != nil)
-			i.mu.Lock()
+			i.dmu.Lock()
 			if rx.dead { // the interface closed while the connection was set up
-				i.mu.Unlock()
+				i.dmu.Unlock()
 				go c.Disconnect()
 				return
 			}
 			rx.conn = c
-			i.mu.Unlock()
+			i.dmu.Unlock()
 			var err error
 			if srq != nil {
 				_, err = srq.PostRecv(wrs)
@@ -193,25 +193,25 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 			}
 			go func() {
 				<-c.Done()
-				i.mu.Lock()
+				i.dmu.Lock()
 				delete(i.rx, qp.Num())
-				i.mu.Unlock()
+				i.dmu.Unlock()
 				i.cmRxDestroy(rx)
 			}()
 		},
 		Failed: func(error) {
-			i.mu.Lock()
+			i.dmu.Lock()
 			delete(i.rx, qp.Num())
-			i.mu.Unlock()
+			i.dmu.Unlock()
 			i.cmRxDestroy(rx)
 		}}
 }
 
 // cmSharedRQ returns the interface's shared receive queue, making it the first time.
 func (i *Interface) cmSharedRQ() (verbs.SRQ, error) {
-	i.mu.Lock()
+	i.dmu.Lock()
 	srq := i.cmSRQ
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	if srq != nil {
 		return srq, nil
 	}
@@ -219,8 +219,8 @@ func (i *Interface) cmSharedRQ() (verbs.SRQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	i.mu.Lock()
-	defer i.mu.Unlock()
+	i.dmu.Lock()
+	defer i.dmu.Unlock()
 	if i.cmSRQ != nil { // another connection made it meanwhile
 		_ = made.Close()
 		return i.cmSRQ, nil
@@ -234,14 +234,14 @@ func (i *Interface) cmSharedRQ() (verbs.SRQ, error) {
 func (i *Interface) cmRxBuffers(rx *cmRx, shared bool) []verbs.RecvWR {
 	bufs := rx.bufs
 	if shared {
-		i.mu.Lock()
+		i.dmu.Lock()
 		if i.cmSRQBufs != nil {
-			i.mu.Unlock()
+			i.dmu.Unlock()
 			return nil
 		}
 		i.cmSRQBufs = make([][]byte, i.e.params.RecvQueueSize)
 		bufs = i.cmSRQBufs
-		i.mu.Unlock()
+		i.dmu.Unlock()
 	}
 	wrs := make([]verbs.RecvWR, len(bufs))
 	for k := range bufs {
@@ -254,14 +254,14 @@ func (i *Interface) cmRxBuffers(rx *cmRx, shared bool) []verbs.RecvWR {
 // cmRxDestroy ends a passive connection once, whoever gets there first: the
 // connection's end, a failed setup, the reaper or the interface closing.
 func (i *Interface) cmRxDestroy(r *cmRx) {
-	i.mu.Lock()
+	i.dmu.Lock()
 	if r.dead {
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		return
 	}
 	r.dead = true
 	conn := r.conn
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	if conn != nil {
 		go conn.Disconnect()
 	}
@@ -272,10 +272,10 @@ func (i *Interface) cmRxDestroy(r *cmRx) {
 // goroutine may still be running, so the QP and connection are taken under the lock
 // and whichever side takes them closes them.
 func (i *Interface) cmTxDestroy(t *cmTx) {
-	i.mu.Lock()
+	i.dmu.Lock()
 	conn, qp := t.conn, t.takeQPLocked()
 	t.conn = nil
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	if conn != nil {
 		go conn.Disconnect()
 	}
@@ -295,7 +295,7 @@ func (t *cmTx) takeQPLocked() verbs.QP {
 // one if needed; ok=false means "use UD". queued=true means the frame was queued (or
 // dropped) while the connection is being set up.
 func (i *Interface) cmRouteLocked(hw HWAddr, frame [][]byte) (t *cmTx, queued, ok bool) {
-	if i.mode != Connected || i.cmMgr == nil || hw.Flags()&FlagRC == 0 {
+	if i.data().mode != Connected || i.cmMgr == nil || hw.Flags()&FlagRC == 0 {
 		return nil, false, false
 	}
 	t = i.tx[hw]
@@ -329,7 +329,7 @@ func (i *Interface) cmConnect(t *cmTx) {
 	defer i.wg.Done()
 	fail := func(err error, rejected bool) {
 		i.e.tracef(1, "%s: connection to %s failed: %v", i.Name(), t.hw, err)
-		i.mu.Lock()
+		i.dmu.Lock()
 		q := t.queue
 		t.queue = nil
 		if rejected && i.tx[t.hw] == t {
@@ -338,16 +338,14 @@ func (i *Interface) cmConnect(t *cmTx) {
 			delete(i.tx, t.hw) // the next packet tries again
 		}
 		qp := t.takeQPLocked()
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		if qp != nil {
 			qp.Close()
 		}
 		// Frames queued for the connection go over UD when they fit.
-		i.resend(t.hw, fitting(q, i.mcastMTUSnapshot()))
+		i.resend(t.hw, fitting(q, i.data().mcastMTU))
 	}
-	i.mu.Lock()
-	sgid, pkey := i.hw.GID(), i.pkey
-	i.mu.Unlock()
+	sgid, pkey := i.hw.GID(), i.data().pkey
 	ctx, cancel := context.WithTimeout(i.ctx, 30*time.Second)
 	defer cancel()
 	pr, err := i.sa.PathRecord(ctx, sgid, t.hw.GID(), pkey, 0)
@@ -361,14 +359,14 @@ func (i *Interface) cmConnect(t *cmTx) {
 		fail(err, false)
 		return
 	}
-	i.mu.Lock()
+	i.dmu.Lock()
 	if i.tx[t.hw] != t { // the mode switched or the interface closed meanwhile
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		qp.Close()
 		return
 	}
 	t.qp = qp
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	c, err := i.cmMgr.Connect(ctx, cm.ConnectParams{ServiceID: cmServiceBase | uint64(t.hw.QPN()), QP: qp,
 		DLID: pr.DLID, DGID: t.hw.GID(), SL: pr.SL, PKey: pkey, PathMTU: pr.MTU,
 		PrivateData: i.cmPrivateData(), RetryCount: 7, RNRRetry: 7, AckTimeout: 14, MaxCMRetries: 15,
@@ -387,10 +385,10 @@ func (i *Interface) cmConnect(t *cmTx) {
 		fail(errors.New("peer announced an unusable receive MTU"), true)
 		return
 	}
-	i.mu.Lock()
+	i.dmu.Lock()
 	if i.tx[t.hw] != t {
 		q := t.takeQPLocked()
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		go c.Disconnect()
 		if q != nil {
 			q.Close()
@@ -400,19 +398,19 @@ func (i *Interface) cmConnect(t *cmTx) {
 	t.conn, t.up, t.mtu = c, true, mtu
 	q := t.queue
 	t.queue = nil
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	i.e.tracef(1, "%s: connected to %s (peer receive MTU %d)", i.Name(), t.hw, mtu)
 	i.e.event("%s: connection to %s up", i.Name(), t.hw)
 	i.cmPost(t, q)
 	go func() {
 		<-c.Done()
 		i.e.event("%s: connection to %s down", i.Name(), t.hw)
-		i.mu.Lock()
+		i.dmu.Lock()
 		if i.tx[t.hw] == t {
 			delete(i.tx, t.hw)
 		}
 		q := t.takeQPLocked()
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		if q != nil {
 			q.Close()
 		}
@@ -427,12 +425,6 @@ func fitting(frames [][]byte, mcastMTU int) [][]byte {
 		}
 	}
 	return out
-}
-
-func (i *Interface) mcastMTUSnapshot() int {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	return i.mcastMTU
 }
 
 // cmPost sends frames on a connection, one message each.
@@ -450,9 +442,9 @@ func (i *Interface) cmPost(t *cmTx, frames [][]byte) {
 }
 
 func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
-	i.mu.Lock()
+	i.dmu.Lock()
 	qp := t.qp
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	if qp == nil { // torn down since it was routed
 		i.stats.txDropped.Add(uint64(len(wrs)))
 		return
@@ -472,12 +464,12 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 
 // cmTxFailed tears a transmit connection down; the next packet rebuilds it.
 func (i *Interface) cmTxFailed(t *cmTx) {
-	i.mu.Lock()
+	i.dmu.Lock()
 	if i.tx[t.hw] == t {
 		delete(i.tx, t.hw)
 	}
 	conn := t.conn
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	if conn != nil {
 		go conn.Disconnect()
 	}
@@ -500,14 +492,14 @@ func (i *Interface) cmSendLoop() {
 					continue
 				}
 				i.stats.txErrors.Add(1)
-				i.mu.Lock()
+				i.dmu.Lock()
 				var bad *cmTx
 				for _, t := range i.tx {
 					if t.qp != nil && t.qp.Num() == wc.QPN {
 						bad = t
 					}
 				}
-				i.mu.Unlock()
+				i.dmu.Unlock()
 				if bad != nil {
 					i.e.tracef(1, "%s: connected-mode send to %s failed: %v", i.Name(), bad.hw, wc.Status)
 					i.cmTxFailed(bad)
@@ -543,8 +535,8 @@ func (i *Interface) cmRecvLoop() {
 		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
 			deliver, re, local = deliver[:0], re[:0], local[:0]
 			now := i.e.clk.Now()
-			i.mu.Lock()
-			host := i.upperHostLocked() // its own, or its bond's (bond.go)
+			i.dmu.Lock()
+			host := i.upperHost() // its own, or its bond's (bond.go)
 			for _, wc := range wcs[:n] {
 				rx := i.rx[wc.QPN]
 				var buf []byte
@@ -575,7 +567,7 @@ func (i *Interface) cmRecvLoop() {
 				et := binary.BigEndian.Uint16(frame)
 				pkt := frame[encapLen:]
 				switch rxClassify(et, pkt) {
-				case rxARP, rxND: // handled once i.mu is released (they take it)
+				case rxARP, rxND: // handled once dmu is released (they take it)
 					local = append(local, rxLocal{et, pkt})
 					continue
 				case rxDrop:
@@ -586,7 +578,7 @@ func (i *Interface) cmRecvLoop() {
 				i.stats.rxBytes.Add(uint64(len(pkt)))
 				deliver = append(deliver, pkt)
 			}
-			i.mu.Unlock()
+			i.dmu.Unlock()
 			for _, l := range local { // before the buffers are posted again below
 				if l.et == etherARP {
 					i.handleARP(l.pkt)
@@ -616,14 +608,14 @@ func (i *Interface) cmReap() time.Duration {
 	idleFor := i.e.tm.Load().cmRxIdle
 	now := i.e.clk.Now()
 	var idle []*cmRx
-	i.mu.Lock()
+	i.dmu.Lock()
 	for q, r := range i.rx {
 		if r.conn != nil && now.Sub(r.last) > idleFor {
 			idle = append(idle, r)
 			delete(i.rx, q)
 		}
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	for _, r := range idle {
 		i.cmRxDestroy(r)
 	}
@@ -636,7 +628,8 @@ func (i *Interface) cmReap() time.Duration {
 // again, MTU = min(group MTU - 4, current), paths and connections flushed.
 func (i *Interface) SetMode(m Mode) error {
 	i.mu.Lock()
-	if m == i.mode {
+	d := i.data()
+	if m == d.mode {
 		i.mu.Unlock()
 		return nil
 	}
@@ -644,20 +637,24 @@ func (i *Interface) SetMode(m Mode) error {
 		i.mu.Unlock()
 		return &Error{Op: "set_mode", If: i.Name(), Err: syscall.EINVAL, Detail: "the HCA does not support connected mode"}
 	}
-	i.mode = m
+	// The mode and the tables change in one step: a Transmit sees the old mode and
+	// its connections and paths, or the new one with none.
+	i.dmu.Lock()
+	i.publishLocked(func(d *dataState) { d.mode = m })
+	txs := i.tx
+	i.tx = map[HWAddr]*cmTx{}
+	i.flushPathsLocked()
+	i.dmu.Unlock()
 	i.e.event("%s: mode %s", i.Name(), m)
 	var mtuAct func()
 	if m == Connected {
 		i.e.log.Printf("%s: enabling connected mode will cause multicast packet drops", i.Name())
 		mtuAct = i.setMTULocked(cmMaxMTU)
 	} else {
-		i.adminMTU = min(i.mcastMTU, i.mtu)
-		mtuAct = i.setMTULocked(min(i.mcastMTU, i.adminMTU))
+		i.adminMTU = min(d.mcastMTU, d.mtu)
+		mtuAct = i.setMTULocked(min(d.mcastMTU, i.adminMTU))
 	}
-	feat, h := i.effectiveFeaturesLocked(), i.host
-	txs := i.tx
-	i.tx = map[HWAddr]*cmTx{}
-	i.flushPathsLocked()
+	feat, h := i.effectiveFeaturesLocked(), d.host
 	i.mu.Unlock()
 	mtuAct()
 	if h != nil {

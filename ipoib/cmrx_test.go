@@ -13,9 +13,9 @@ import (
 // discovery reach the engine instead of being dropped or handed to the host.
 func TestConnectedModeReceivesARP(t *testing.T) {
 	a, b := connectedPair(t)
-	a.ib0.mu.Lock()
+	a.ib0.dmu.Lock()
 	tx := a.ib0.tx[b.ib0.HWAddr()]
-	a.ib0.mu.Unlock()
+	a.ib0.dmu.Unlock()
 	if tx == nil || !tx.up {
 		t.Fatal("no connection from a to b")
 	}
@@ -26,8 +26,8 @@ func TestConnectedModeReceivesARP(t *testing.T) {
 	dropped := b.ib0.Stats().RxDropped
 	a.ib0.cmPost(tx, [][]byte{req.appendFrame(nil)})
 	waitFor(t, "b learning the ARP sender from the connection", func() bool {
-		b.ib0.mu.Lock()
-		defer b.ib0.mu.Unlock()
+		b.ib0.dmu.Lock()
+		defer b.ib0.dmu.Unlock()
 		_, ok := b.ib0.neigh[sender]
 		return ok
 	})
@@ -44,8 +44,8 @@ func TestConnectedModeReceivesARP(t *testing.T) {
 func TestIdleConnectionReaped(t *testing.T) {
 	a, b := connectedPair(t)
 	passive := func() int {
-		b.ib0.mu.Lock()
-		defer b.ib0.mu.Unlock()
+		b.ib0.dmu.Lock()
+		defer b.ib0.dmu.Unlock()
 		return len(b.ib0.rx)
 	}
 	if passive() != 1 {
@@ -54,8 +54,8 @@ func TestIdleConnectionReaped(t *testing.T) {
 	setTimers(b.e, func(tm *timers) { tm.cmRxIdle = 200 * time.Millisecond })
 	waitFor(t, "b's idle passive connection reaped", func() bool { return passive() == 0 })
 	waitFor(t, "a's connection to b gone or down", func() bool {
-		a.ib0.mu.Lock()
-		defer a.ib0.mu.Unlock()
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
 		tx := a.ib0.tx[b.ib0.HWAddr()]
 		return tx == nil || !tx.up
 	})

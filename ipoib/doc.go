@@ -17,6 +17,15 @@
 //
 // # Locking
 //
+// An interface's state is split by who uses it. The control path (sysfs writes, port
+// events, the join and path task) owns Interface.mu. What the data path reads (up,
+// carrier, QP ready and its ring generation, mode, MTUs, Q_Key, P_Key, broadcast
+// address, host and the host's addresses) is a dataState published whole through an
+// atomic pointer: Transmit, the receive loops and post load it once per batch and take
+// no lock for it. The tables both paths change (neighbours, paths, multicast groups,
+// connections, queued ICMP errors) are under Interface.dmu. The hardware address and
+// the verbs objects are fixed once newInterface returns.
+//
 // Locks, outermost first; a goroutine holding one takes only those below it:
 //
 //  1. Interface.childOps (a parent's): one create or delete of its children at a time,
@@ -26,10 +35,24 @@
 //     up in the engine holding it.
 //  4. Engine.mu: the interface table, the watchers and the device maker.
 //  5. Interface.txMu: the UD send scratch slices; one UD post at a time.
-//  6. Interface.mu: the rest of the interface: up, carrier, mode, MTUs, P_Key and QP
-//     state, host and addresses, groups, paths, neighbours, connections. A child's is
-//     taken before its parent's (SetUp reads the parent's), never after.
-//  7. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//  6. Interface.mu: the control path's fields (admin MTU, features, moderation,
+//     children, the host's groups, the P_Key index, closed). The dataState is replaced
+//     only with it held (setLocked), so a holder reads a state that stays current. A
+//     child's is taken before its parent's (SetUp reads the parent's), never after.
+//  7. Interface.rxMu: re-posting received UD buffers against restartQP posting the
+//     ring afresh; a buffer's work request ID carries the ring generation it was
+//     posted in, so one polled across a restart is not posted twice.
+//  8. Interface.dmu: the tables, and the moment a new dataState is published
+//     (setLocked takes it; publishLocked is for a holder), so that Transmit, which
+//     holds it over a batch, routes on the mode and addresses its tables were made
+//     for; SetMode changes the mode and empties the tables in one step.
+//  9. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//
+// Functions named ...Locked say what they need: setCarrierLocked, setMTULocked,
+// wantedGroupsLocked and the bond's need mu; the table functions (sendUnicastLocked,
+// sendToPeerLocked, sendToHWLocked, sendMulticastLocked, cmRouteLocked, learnLocked,
+// flushPathsLocked, startJoinLocked, bcastGroupLocked, tooLongLocked) need dmu;
+// dropGroupLocked needs both.
 //
 // Below all of them, and never held while this package is called: the CM's lock (its
 // callbacks and listeners run on goroutines of their own, after it is released), the
@@ -40,33 +63,34 @@
 //   - Host methods: none, except childOps (a child closed or its mode set while it is
 //     created or deleted), Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
 //     state, which calls the slave's own host; a bond's own host is called after
-//     Bond.mu), txMu (Transmit hands the batch's ICMP errors over) and Engine.mu
-//     (createChildLocked sets the mode of, or closes, a new child, which has no host
-//     yet). A Host must not call the engine from these methods.
+//     Bond.mu) and Engine.mu (createChildLocked sets the mode of, or closes, a new
+//     child, which has no host yet). A Host must not call the engine from these
+//     methods.
 //   - Devices.Create and Delete: childOps or none; their implementations take
-//     Interface.mu. BondDevices.CreateBond: Bonds.mu; its implementation takes the new
-//     bond's Bond.mu. DeleteBond: none.
+//     Interface.mu and what is below it. BondDevices.CreateBond: Bonds.mu; its
+//     implementation takes the new bond's Bond.mu. DeleteBond: none.
 //   - The SA client and the CM's Connect and Disconnect: none. Joins, path queries,
 //     leaves and connections run on goroutines of their own.
 //   - The HCA: under Interface.mu on the control path (QP state, attach and detach,
-//     address handles, the receive ring); on the data path only recvLoop's PostRecv.
-//     PostSend is made under txMu alone (post) or no lock, never under Interface.mu.
+//     address handles, the receive ring, with rxMu where the ring is posted); under
+//     dmu where a group is dropped; on the data path recvLoop's PostRecv under rxMu.
+//     PostSend is made under txMu alone (post) or no lock.
 //   - Options.Event and the loggers: under any lock.
 //
 // Where a lock is dropped to call out: the ...Locked functions that change what a host
 // sees (setCarrierLocked, setMTULocked; a bond's selectActiveLocked,
 // changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
-// that the caller runs after unlocking; Transmit and resend resolve under Interface.mu
-// and post after it, ICMP errors waiting in icmpOut for flushICMP; the receive loops
-// take the host under it and Deliver after (cmRecvLoop answers ARP and ND after too);
-// the goroutines of joins, path queries and connections take it again to finish, and
-// cmConnect checks that its connection is still current before keeping what it made.
-// Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu and
-// call the interfaces after it.
+// that the caller runs after unlocking; Transmit and resend resolve under dmu and post
+// after it, and hand the ICMP errors they made to the host after txMu; the receive
+// loops deliver with no lock (cmRecvLoop answers ARP and ND after dmu too); the
+// goroutines of joins, path queries and connections take the locks again to finish,
+// and cmConnect checks that its connection is still current before keeping what it
+// made. Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu
+// and call the interfaces after it.
 //
-// The data path takes Interface.mu a few times per batch, not per packet: Transmit
-// holds it over the batch's classification and resolution, cmRecvLoop over the batch's
-// completions, the others briefly (ARP and ND take it per packet). It reads a bond's
-// active slave and host through atomics and counts with atomics.
-// lockorder_test.go checks this order and these rules on the code.
+// The data path takes dmu once per batch (Transmit over the batch's classification
+// and resolution, cmRecvLoop over its completions; ARP and ND per packet), rxMu once
+// per received batch, and never mu. It reads a bond's active slave and host through
+// atomics and counts with atomics. lockorder_test.go checks this order and these
+// rules on the code.
 package ipoib

@@ -298,8 +298,8 @@ func TestIPv6NeighbourDiscovery(t *testing.T) {
 	sn := mgidForIP(solicitedNode(dst), b.ib0.Broadcast())
 	waitFor(t, "solicited-node join", func() bool { return strings.Contains(b.ib0.MCGText(), sn.KernelString()) })
 	waitFor(t, "solicited-node join complete", func() bool {
-		b.ib0.mu.Lock()
-		defer b.ib0.mu.Unlock()
+		b.ib0.dmu.Lock()
+		defer b.ib0.dmu.Unlock()
 		g := b.ib0.mcast[sn]
 		return g != nil && g.ah != nil
 	})
@@ -317,9 +317,9 @@ func TestIPv6NeighbourDiscovery(t *testing.T) {
 		}
 	}
 	// ND itself is not handed to the kernel: a learned b through the NA.
-	a.ib0.mu.Lock()
+	a.ib0.dmu.Lock()
 	n := a.ib0.neigh[dst]
-	a.ib0.mu.Unlock()
+	a.ib0.dmu.Unlock()
 	if n == nil || !n.valid || n.hw != b.ib0.HWAddr() {
 		t.Fatalf("neighbour entry %+v", n)
 	}
@@ -702,12 +702,12 @@ func TestConnectedModeLargePackets(t *testing.T) {
 			t.Fatalf("60000-byte packet never arrived; a stats %+v", a.ib0.Stats())
 		}
 	}
-	b.ib0.mu.Lock()
+	b.ib0.dmu.Lock()
 	nrx := len(b.ib0.rx)
-	b.ib0.mu.Unlock()
-	a.ib0.mu.Lock()
+	b.ib0.dmu.Unlock()
+	a.ib0.dmu.Lock()
 	tx := a.ib0.tx[b.ib0.HWAddr()]
-	a.ib0.mu.Unlock()
+	a.ib0.dmu.Unlock()
 	if nrx != 1 || tx == nil || !tx.up || tx.mtu != 65524 {
 		t.Fatalf("connections: passive %d, active %+v", nrx, tx)
 	}
@@ -764,21 +764,21 @@ func TestMaxNonSRQConnQPAndChildMode(t *testing.T) {
 	connectedNodes(t, nodes)
 	ping(t, b.ib0, a.ib0, a.host, "10.0.0.2", "10.0.0.1", 1)
 	waitFor(t, "b's connection to a", func() bool {
-		b.ib0.mu.Lock()
-		defer b.ib0.mu.Unlock()
+		b.ib0.dmu.Lock()
+		defer b.ib0.dmu.Unlock()
 		tx := b.ib0.tx[a.ib0.HWAddr()]
 		return tx != nil && tx.up
 	})
 	ping(t, c.ib0, a.ib0, a.host, "10.0.0.3", "10.0.0.1", 2) // arrives, over UD
 	waitFor(t, "c refused by a", func() bool {
-		c.ib0.mu.Lock()
-		defer c.ib0.mu.Unlock()
+		c.ib0.dmu.Lock()
+		defer c.ib0.dmu.Unlock()
 		tx := c.ib0.tx[a.ib0.HWAddr()]
 		return tx != nil && !tx.rejected.IsZero()
 	})
-	a.ib0.mu.Lock()
+	a.ib0.dmu.Lock()
 	nrx := len(a.ib0.rx)
-	a.ib0.mu.Unlock()
+	a.ib0.dmu.Unlock()
 	if nrx != 1 {
 		t.Fatalf("a holds %d passive connections with max_nonsrq_conn_qp 1", nrx)
 	}
@@ -802,9 +802,9 @@ func TestConnectedSRQSharesOnePool(t *testing.T) {
 	a := nodes[0]
 	a.e.params.MaxNonSRQConnQP = 1 // not a limit with SRQ
 	connectedNodes(t, nodes)
-	a.ib0.mu.Lock()
+	a.ib0.dmu.Lock()
 	srq, pool := a.ib0.cmSRQ, a.ib0.cmSRQBufs
-	a.ib0.mu.Unlock()
+	a.ib0.dmu.Unlock()
 	if !a.ib0.cmHasSRQ || srq != nil || pool != nil {
 		t.Fatalf("before any connection: SRQ supported %v, made %v, pool of %d buffers; want supported, not made, no pool",
 			a.ib0.cmHasSRQ, srq, len(pool))
@@ -824,13 +824,13 @@ func TestConnectedSRQSharesOnePool(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	a.ib0.mu.Lock()
+	a.ib0.dmu.Lock()
 	nrx, pool := len(a.ib0.rx), a.ib0.cmSRQBufs
 	own := 0
 	for _, r := range a.ib0.rx {
 		own += len(r.bufs)
 	}
-	a.ib0.mu.Unlock()
+	a.ib0.dmu.Unlock()
 	if nrx != 2 || own != 0 || len(pool) != a.e.params.RecvQueueSize {
 		t.Fatalf("a: %d passive connections holding %d buffers of their own, pool of %d; want 2, 0 and %d",
 			nrx, own, len(pool), a.e.params.RecvQueueSize)
@@ -838,8 +838,8 @@ func TestConnectedSRQSharesOnePool(t *testing.T) {
 	// c goes away; b then gets more messages through than the pool holds.
 	nodes[2].e.Close()
 	waitFor(t, "c's connection gone from a", func() bool {
-		a.ib0.mu.Lock()
-		defer a.ib0.mu.Unlock()
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
 		return len(a.ib0.rx) == 1
 	})
 	b := nodes[1]

@@ -34,7 +34,7 @@ func (i *Interface) Features() Features {
 
 func (i *Interface) effectiveFeaturesLocked() Features {
 	f := i.features
-	if i.mode == Connected {
+	if i.data().mode == Connected {
 		f.TxChecksum, f.TSO = false, false
 	}
 	if !f.TxChecksum {
@@ -59,7 +59,7 @@ func (i *Interface) SetFeatures(f Features) {
 	i.mu.Lock()
 	i.features = f
 	eff := i.effectiveFeaturesLocked()
-	h := i.host
+	h := i.data().host
 	i.mu.Unlock()
 	if h != nil {
 		h.SetOffloads(eff)

@@ -10,7 +10,7 @@ import (
 // MCGText renders <if>_mcg exactly as the kernel's debugfs does: one block per group in
 // ascending MGID byte order, values right-aligned to column 21, "created" in jiffies.
 func (i *Interface) MCGText() string {
-	i.mu.Lock()
+	i.dmu.Lock()
 	gs := make([]*mcastGroup, 0, len(i.mcast))
 	for _, g := range i.mcast {
 		gs = append(gs, g)
@@ -26,7 +26,7 @@ func (i *Interface) MCGText() string {
 	for _, g := range gs {
 		rows = append(rows, row{g.mgid.KernelString(), g.mgid, i.e.jiffies(g.created), len(g.queue), g.ah != nil, g.sendOnly})
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	sort.Slice(rows, func(a, b int) bool { return bytes.Compare(rows[a].key[:], rows[b].key[:]) < 0 })
 	var b strings.Builder
 	for _, r := range rows {
@@ -39,12 +39,12 @@ func (i *Interface) MCGText() string {
 // PathText renders <if>_path as the kernel does: one block per path in DGID order;
 // DLID, SL and rate only when the path is complete.
 func (i *Interface) PathText() string {
-	i.mu.Lock()
+	i.dmu.Lock()
 	ps := make([]path, 0, len(i.paths))
 	for _, p := range i.paths {
 		ps = append(ps, path{dgid: p.dgid, rec: p.rec, ah: p.ah})
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	sort.Slice(ps, func(a, b int) bool { return bytes.Compare(ps[a].dgid[:], ps[b].dgid[:]) < 0 })
 	var b strings.Builder
 	for _, p := range ps {

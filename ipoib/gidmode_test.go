@@ -163,13 +163,13 @@ func TestGIDModeOnEthernetPorts(t *testing.T) {
 		if m := i.MTU(); m != want {
 			t.Errorf("%s: MTU %d, want %d (active MTU - 4)", i.Name(), m, want)
 		}
-		i.mu.Lock()
-		qkey, bg := i.qkey, i.bcastGroupLocked()
+		i.dmu.Lock()
+		qkey, bg := i.data().qkey, i.bcastGroupLocked()
 		var rec mad.MCMemberRecord
 		if bg != nil {
 			rec = bg.rec
 		}
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		if qkey != verbs.IPoIBQKey || rec.MLID != 0 || rec.QKey != verbs.IPoIBQKey || rec.SL != 0 || rec.MTU != p.Attr().ActiveMTU {
 			t.Errorf("%s: Q_Key %#x, broadcast group %+v", i.Name(), qkey, rec)
 		}

@@ -28,6 +28,13 @@ type outFrame struct {
 // batched into one post; packets waiting for a neighbour, path or join are copied into
 // bounded queues, as the kernel driver does.
 func (i *Interface) Transmit(pkts [][]byte) {
+	// ICMP errors for packets too long go to the host once txMu is released: the
+	// host may be sending the next batch meanwhile.
+	i.deliverICMP(i.transmit(pkts))
+}
+
+// transmit classifies, resolves and posts a batch and returns the ICMP errors it made.
+func (i *Interface) transmit(pkts [][]byte) (icmp [][]byte) {
 	i.txMu.Lock()
 	defer i.txMu.Unlock()
 	out := i.txOut[:0]
@@ -44,14 +51,17 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		clear(frames) // no references to the caller's packets stay behind
 		framePool.Put(fb)
 	}()
-	i.mu.Lock()
-	if !i.up || !i.carrier || !i.qpReady {
-		i.mu.Unlock()
+	// The tables and the state they were made for (d) stay as they are while dmu is
+	// held; the control path's lock is not taken.
+	i.dmu.Lock()
+	d := i.data()
+	if !d.up || !d.carrier || !d.qpReady {
+		i.dmu.Unlock()
 		i.stats.txDropped.Add(uint64(len(pkts)))
-		return
+		return nil
 	}
 	// The UD destination of the last unicast packet: the packets of one batch mostly
-	// go to one peer (a large send's segments), and with i.mu held its neighbour and
+	// go to one peer (a large send's segments), and with dmu held its neighbour and
 	// path stay as they are, so one lookup serves the run. In connected mode every
 	// packet takes the full way (connections come and go by the clock).
 	var last struct {
@@ -59,14 +69,14 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		ah  verbs.AH
 		qpn verbs.QPN
 	}
-	cache := i.mode == Datagram
+	cache := d.mode == Datagram
 	for k, pkt := range pkts {
 		et, dst, ok := classify(pkt)
 		if !ok {
 			i.stats.txDropped.Add(1)
 			continue
 		}
-		if len(pkt) > i.mtu {
+		if len(pkt) > d.mtu {
 			i.tooLongLocked([][]byte{nil4[:], pkt})
 			continue
 		}
@@ -77,12 +87,12 @@ func (i *Interface) Transmit(pkts [][]byte) {
 		hdrs[k][2], hdrs[k][3] = 0, 0
 		frame := frames[2*k : 2*k+2 : 2*k+2]
 		frame[0], frame[1] = hdrs[k][:], pkt
-		if last.ah != nil && dst == last.dst && len(pkt) <= i.mcastMTU {
+		if last.ah != nil && dst == last.dst && len(pkt) <= d.mcastMTU {
 			out = append(out, outFrame{ah: last.ah, qpn: last.qpn, frame: frame, size: len(pkt) + encapLen})
 			continue
 		}
-		if mgid, ok := i.groupForDstLocked(dst); ok {
-			if len(pkt) > i.mcastMTU { // connected mode: multicast stays on UD
+		if mgid, ok := d.groupFor(dst); ok {
+			if len(pkt) > d.mcastMTU { // connected mode: multicast stays on UD
 				i.tooLongLocked(frame)
 				continue
 			}
@@ -102,11 +112,12 @@ func (i *Interface) Transmit(pkts [][]byte) {
 			last.ah = nil
 		}
 	}
-	i.mu.Unlock()
+	icmp, i.icmpOut = i.icmpOut, nil
+	i.dmu.Unlock()
 	i.post(out)
 	clear(out)
 	i.txOut = out[:0]
-	i.flushICMP()
+	return icmp
 }
 
 // framePool holds the gather lists (IPoIB header, packet) of Transmit batches: a
@@ -134,9 +145,7 @@ func (i *Interface) post(out []outFrame) {
 	if len(out) == 0 {
 		return
 	}
-	i.mu.Lock()
-	qkey := i.qkey
-	i.mu.Unlock()
+	qkey := i.data().qkey
 	wrs := i.txWRs[:0]
 	var bytes uint64
 	for k := 0; k < len(out); k++ {
@@ -248,23 +257,23 @@ func classify(pkt []byte) (uint16, netip.Addr, bool) {
 	return 0, netip.Addr{}, false
 }
 
-// groupForDstLocked returns the MGID for multicast and broadcast destinations: IP
-// multicast maps per RFC 4391; limited broadcast and the directed broadcast of the
-// interface's IPv4 subnets go to the broadcast group, as the kernel resolves them to
+// groupFor returns the MGID for multicast and broadcast destinations: IP multicast
+// maps per RFC 4391; limited broadcast and the directed broadcast of the interface's
+// IPv4 subnets go to the broadcast group, as the kernel resolves them to
 // dev->broadcast.
-func (i *Interface) groupForDstLocked(dst netip.Addr) (verbs.GID, bool) {
+func (d *dataState) groupFor(dst netip.Addr) (verbs.GID, bool) {
 	if dst.IsMulticast() {
-		return mgidForIP(dst, i.bcast), true
+		return mgidForIP(dst, d.bcast), true
 	}
 	if !dst.Is4() {
 		return verbs.GID{}, false
 	}
 	if dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		return i.bcast.GID(), true
+		return d.bcast.GID(), true
 	}
-	for _, p := range i.hostAddrs {
+	for _, p := range d.hostAddrs {
 		if p.Addr().Is4() && p.Bits() < 31 && p.Contains(dst) && dst == lastAddr(p) {
-			return i.bcast.GID(), true
+			return d.bcast.GID(), true
 		}
 	}
 	return verbs.GID{}, false
@@ -301,12 +310,9 @@ func (i *Interface) recvLoop() {
 			if need := n * i.maxIBMTU; cap(b.arena) < need {
 				b.arena = make([]byte, 0, need) // appends below never move it
 			}
-			i.mu.Lock()
-			gen := i.qpGen
 			ownQPN := i.hw.QPN()
 			ownGID := i.hw.GID()
-			bgid := i.bcast.GID()
-			i.mu.Unlock()
+			bgid := i.data().bcast.GID()
 			p, _ := i.e.dev.Port(i.port)
 			ownLID := p.Attr().LID
 			var pkts, bytes, mcast, dropped uint64
@@ -314,7 +320,7 @@ func (i *Interface) recvLoop() {
 				if wc.Status == verbs.WCWRFlushErr {
 					continue // QP reset: the buffer is re-posted at the next open
 				}
-				buf := i.recvBufs[wc.WRID]
+				buf := i.recvBufs[uint32(wc.WRID)]
 				repost = append(repost, verbs.RecvWR{ID: wc.WRID, Buf: buf})
 				if wc.Status != verbs.WCSuccess || wc.ByteLen < grhLen+encapLen {
 					dropped++
@@ -360,28 +366,43 @@ func (i *Interface) recvLoop() {
 				i.stats.rxPackets.Add(pkts)
 				i.stats.rxBytes.Add(bytes)
 			}
-			// A QP restart posts every buffer afresh; re-posting ours then would post
-			// them twice.
-			i.mu.Lock()
-			if len(repost) > 0 && gen == i.qpGen && i.qpReady {
-				if _, err := i.qp.PostRecv(repost); err != nil {
-					i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
-				}
-			}
-			var host Host
-			if len(b.pkts) > 0 {
-				host = i.upperHostLocked() // its own, or its bond's (bond.go)
-			}
-			i.mu.Unlock()
+			i.repostRecv(repost)
 			if len(b.pkts) == 0 {
 				continue
 			}
-			if host != nil {
+			if host := i.upperHost(); host != nil { // its own, or its bond's (bond.go)
 				host.Deliver(b.pkts)
 			} else {
 				i.stats.rxDropped.Add(uint64(len(b.pkts)))
 			}
 		}
+	}
+}
+
+// repostRecv gives received buffers back to the receive queue. A QP restart posts
+// every buffer afresh: buffers of an older ring generation (polled across a restart)
+// are posted already, and none is posted while the QP is down.
+func (i *Interface) repostRecv(wrs []verbs.RecvWR) {
+	if len(wrs) == 0 {
+		return
+	}
+	i.rxMu.Lock()
+	defer i.rxMu.Unlock()
+	d := i.data()
+	if !d.qpReady {
+		return
+	}
+	cur := wrs[:0]
+	for _, wr := range wrs {
+		if uint32(wr.ID>>32) == d.qpGen {
+			cur = append(cur, wr)
+		}
+	}
+	if len(cur) == 0 {
+		return
+	}
+	if _, err := i.qp.PostRecv(cur); err != nil {
+		i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
 	}
 }
 

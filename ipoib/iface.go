@@ -61,46 +61,41 @@ type Interface struct {
 
 	dhcpLease atomic.Pointer[string] // set by the daemon's DHCP client
 
-	mu        sync.Mutex
-	pkey      verbs.PKey
-	up        bool
-	carrier   bool
-	mode      Mode
-	umcast    bool
-	maxIBMTU  int // port max MTU in bytes
-	mcastMTU  int
-	adminMTU  int
-	mtu       int
-	hw        HWAddr
-	bcast     HWAddr
-	features  Features
-	coalesce  Coalesce
-	children  []*Interface
-	host      Host
-	hostAddrs []netip.Prefix
+	// The interface's state is split by who uses it (doc.go, "Locking"): mu guards the
+	// control path's fields; ds is what the data path reads, published whole; dmu guards
+	// the tables both paths change; rxMu orders re-posting receive buffers against a
+	// QP restart.
+	mu       sync.Mutex
+	ds       atomic.Pointer[dataState] // replaced under mu and dmu (setLocked)
+	umcast   bool
+	maxIBMTU int // port max MTU in bytes
+	adminMTU int
+	hw       HWAddr // fixed once newInterface returns (cmInit sets FlagRC before)
+	features Features
+	coalesce Coalesce
+	children []*Interface
 	// hostGroups is the kernel device's multicast list (SetHostGroups); until a host
 	// reports one, the groups are derived from the addresses.
+	hostGroups    []netip.Addr
+	hostGroupsSet bool
+	txQueueLen    uint32
+	closed        bool
+	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
 	childOps      sync.Mutex    // serialises CreateChild and DeleteChild of a parent
 	ifIndex       atomic.Int32  // the kernel device's index (SetIfIndex); 0: none
-	legacy        bool          // a create_child child (not AddLink's)
 	leaveMu       sync.Mutex    // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool
-	txQueueLen    uint32
-	hostGroups    []netip.Addr
-	hostGroupsSet bool
-	closed        bool
 	bond          atomic.Pointer[Bond] // the bond this interface is a slave of (bond.go)
 
 	qp        verbs.QP
 	scq, rcq  verbs.CQ
-	qkey      uint32
 	pkeyIndex int
-	qpReady   bool   // QP in RTS with a valid P_Key index
-	qpGen     uint64 // bumps when all receive buffers are posted afresh
+	rxMu      sync.Mutex // the repost of receive buffers against restartQP's
 	recvBufs  [][]byte
 
+	dmu   sync.Mutex // the tables below, the connections' and icmpOut
 	mcast map[verbs.GID]*mcastGroup
 	paths map[verbs.GID]*path
 	neigh map[netip.Addr]*neigh
@@ -112,7 +107,7 @@ type Interface struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	icmpOut [][]byte // ICMP errors for the host, sent after unlocking
+	icmpOut [][]byte // under dmu: ICMP errors for the host, sent after unlocking
 
 	// Connected mode (cm.go); cmMgr is nil when the HCA has no RC support.
 	cmMgr        *cm.Manager
@@ -120,17 +115,56 @@ type Interface struct {
 	cmScq, cmRcq verbs.CQ
 	// With a shared receive queue (cmHasSRQ: the device has them), every passive
 	// connection receives into one pool of recv_queue_size buffers; the queue and its
-	// buffers are made when the first connection comes, each set once, under mu.
+	// buffers are made when the first connection comes, each set once, under dmu.
 	cmHasSRQ  bool
 	cmSRQ     verbs.SRQ
 	cmSRQBufs [][]byte
-	tx        map[HWAddr]*cmTx
+	tx        map[HWAddr]*cmTx // under dmu, as the connections' fields
 	rx        map[verbs.QPN]*cmRx
 
 	txMu  sync.Mutex // serialises posting so these scratch slices are reused
 	txWRs []verbs.SendWR
 	txHdr [][encapLen]byte
 	txOut []outFrame
+}
+
+// dataState is what the data path reads of an interface: the receive and transmit
+// loops load it once per batch and take no lock for it. It is never changed in place:
+// setLocked publishes a changed copy under mu and dmu, so a holder of either sees one
+// that stays current while it is held, and Transmit, which holds dmu, routes on the same
+// mode its tables were made for.
+type dataState struct {
+	up        bool
+	carrier   bool
+	qpReady   bool   // QP in RTS with a valid P_Key index
+	qpGen     uint32 // bumps when all receive buffers are posted afresh (in their WR IDs)
+	mode      Mode
+	mtu       int
+	mcastMTU  int
+	qkey      uint32
+	pkey      verbs.PKey
+	bcast     HWAddr
+	host      Host
+	hostAddrs []netip.Prefix // the kernel's addresses (SetHostAddrs, a bond's view)
+}
+
+// data returns the current data-path state.
+func (i *Interface) data() *dataState { return i.ds.Load() }
+
+// setLocked publishes the data-path state changed by f. Called with mu held and dmu
+// not: it takes dmu, so that no Transmit is between tables and state meanwhile.
+func (i *Interface) setLocked(f func(d *dataState)) {
+	i.dmu.Lock()
+	i.publishLocked(f)
+	i.dmu.Unlock()
+}
+
+// publishLocked is setLocked for a caller that holds dmu as well, to change the
+// tables in the same step.
+func (i *Interface) publishLocked(f func(d *dataState)) {
+	d := *i.ds.Load()
+	f(&d)
+	i.ds.Store(&d)
 }
 
 func newInterface(e *Engine, name string, port int, parent *Interface, pkey verbs.PKey) (*Interface, error) {
@@ -152,7 +186,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	}
 	pkey |= verbs.PKeyFullMember
 	i := &Interface{e: e, port: port, parent: parent, sa: e.newSAClient(p, attr),
-		pkey: pkey, maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
+		maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{})}
 	if e.wrapSA != nil {
@@ -163,9 +197,9 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	if i.maxIBMTU == 0 {
 		i.maxIBMTU = 2048
 	}
-	i.mcastMTU = i.maxIBMTU - encapLen
-	i.adminMTU, i.mtu = i.mcastMTU, i.mcastMTU
-	i.bcast = broadcastAddr(pkey)
+	mcastMTU := i.maxIBMTU - encapLen
+	i.adminMTU = mcastMTU
+	i.ds.Store(&dataState{pkey: pkey, mcastMTU: mcastMTU, mtu: mcastMTU, bcast: broadcastAddr(pkey)})
 	if err := i.createQP(); err != nil {
 		return nil, err
 	}
@@ -225,25 +259,25 @@ func (i *Interface) Port() int { return i.port }
 func (i *Interface) Parent() *Interface { return i.parent }
 
 // PKey returns the P_Key (always with the full-membership bit).
-func (i *Interface) PKey() verbs.PKey { i.mu.Lock(); defer i.mu.Unlock(); return i.pkey }
+func (i *Interface) PKey() verbs.PKey { return i.data().pkey }
 
 // HWAddr returns the 20-byte hardware address.
-func (i *Interface) HWAddr() HWAddr { i.mu.Lock(); defer i.mu.Unlock(); return i.hw }
+func (i *Interface) HWAddr() HWAddr { return i.hw }
 
 // Broadcast returns the broadcast hardware address.
-func (i *Interface) Broadcast() HWAddr { i.mu.Lock(); defer i.mu.Unlock(); return i.bcast }
+func (i *Interface) Broadcast() HWAddr { return i.data().bcast }
 
 // Mode returns the transport mode.
-func (i *Interface) Mode() Mode { i.mu.Lock(); defer i.mu.Unlock(); return i.mode }
+func (i *Interface) Mode() Mode { return i.data().mode }
 
 // MTU returns the effective MTU.
-func (i *Interface) MTU() int { i.mu.Lock(); defer i.mu.Unlock(); return i.mtu }
+func (i *Interface) MTU() int { return i.data().mtu }
 
 // Carrier reports whether the link is up (port ACTIVE and broadcast group joined).
-func (i *Interface) Carrier() bool { i.mu.Lock(); defer i.mu.Unlock(); return i.carrier }
+func (i *Interface) Carrier() bool { return i.data().carrier }
 
 // IsUp reports the administrative state.
-func (i *Interface) IsUp() bool { i.mu.Lock(); defer i.mu.Unlock(); return i.up }
+func (i *Interface) IsUp() bool { return i.data().up }
 
 // Umcast returns the umcast flag.
 func (i *Interface) Umcast() bool { i.mu.Lock(); defer i.mu.Unlock(); return i.umcast }
@@ -273,9 +307,8 @@ func (i *Interface) Children() []*Interface {
 // itself) and for a child whose parent has carrier, "lowerlayerdown" for a child whose
 // parent has none (the child's iflink is its parent).
 func (i *Interface) OperState() string {
-	i.mu.Lock()
-	up, carrier := i.up, i.carrier
-	i.mu.Unlock()
+	d := i.data()
+	up, carrier := d.up, d.carrier
 	switch {
 	case !up:
 		return "down"
@@ -292,10 +325,8 @@ func (i *Interface) OperState() string {
 // not to this attribute.
 func (i *Interface) Flags() uint32 {
 	const iffUp, iffBroadcast, iffMulticast = 0x1, 0x2, 0x1000
-	i.mu.Lock()
-	defer i.mu.Unlock()
 	f := uint32(iffBroadcast | iffMulticast)
-	if i.up {
+	if i.IsUp() {
 		f |= iffUp
 	}
 	return f
@@ -335,7 +366,7 @@ func (i *Interface) SetTxQueueLen(n uint32) {
 	i.mu.Lock()
 	changed := i.txQueueLen != n
 	i.txQueueLen = n
-	h := i.host
+	h := i.data().host
 	i.mu.Unlock()
 	if th, ok := h.(TxQueueHost); ok && changed {
 		th.SetTxQueueLen(n)
@@ -345,8 +376,9 @@ func (i *Interface) SetTxQueueLen(n uint32) {
 // AttachHost connects the kernel side and pushes the current MTU, carrier and features.
 func (i *Interface) AttachHost(h Host) {
 	i.mu.Lock()
-	i.host = h
-	mtu, carrier, f := i.mtu, i.carrier, i.features
+	i.setLocked(func(d *dataState) { d.host = h })
+	d := i.data()
+	mtu, carrier, f := d.mtu, d.carrier, i.features
 	i.mu.Unlock()
 	if h != nil {
 		h.SetMTU(mtu)
@@ -362,7 +394,8 @@ func (i *Interface) SetHostAddrs(p []netip.Prefix) {
 		return // a slave answers for its bond's addresses (bond.go)
 	}
 	i.mu.Lock()
-	i.hostAddrs = slices.Clone(p)
+	p = slices.Clone(p)
+	i.setLocked(func(d *dataState) { d.hostAddrs = p })
 	i.mu.Unlock()
 	i.wake()
 }
@@ -382,8 +415,8 @@ func (i *Interface) SetHostGroups(g []netip.Addr) {
 }
 
 // ownAddrs returns the kernel's addresses plus the GUID-derived IPv6 link-local one.
-func (i *Interface) ownAddrsLocked() []netip.Addr {
-	out := addrsOf(i.hostAddrs)
+func (i *Interface) ownAddrs() []netip.Addr {
+	out := addrsOf(i.data().hostAddrs)
 	if i.bond.Load() != nil {
 		return out // a slave has no IPv6 of its own; the active one has its bond's (bond.go)
 	}
@@ -405,10 +438,10 @@ func (i *Interface) SetUp(up bool) error {
 		i.mu.Unlock()
 		return &Error{Op: "set_up", If: i.Name(), Err: syscall.ENODEV}
 	}
-	changed := i.up != up
-	i.up = up
+	changed := i.data().up != up
+	i.setLocked(func(d *dataState) { d.up = up })
 	kids := slices.Clone(i.children)
-	h := i.host
+	h := i.data().host
 	parentUp := i.parent == nil || i.parent.IsUp()
 	i.mu.Unlock()
 	if up && !parentUp {
@@ -446,30 +479,33 @@ func (i *Interface) restartQP() {
 	if i.parent == nil {
 		// The parent follows whatever is at index 0.
 		if tab := p.PKeyTable(); len(tab) > 0 && tab[0].Valid() {
-			newKey := tab[0] | verbs.PKeyFullMember
-			if newKey != i.pkey {
-				i.pkey = newKey
-				i.bcast = broadcastAddr(newKey)
+			if newKey := tab[0] | verbs.PKeyFullMember; newKey != i.data().pkey {
+				i.setLocked(func(d *dataState) { d.pkey, d.bcast = newKey, broadcastAddr(newKey) })
 			}
 		}
 	}
-	idx, found := p.FindPKey(i.pkey)
-	if i.qpReady && found && idx == i.pkeyIndex {
+	d := i.data()
+	idx, found := p.FindPKey(d.pkey)
+	if d.qpReady && found && idx == i.pkeyIndex {
 		return
 	}
+	// The receive loop re-posts no buffer while the ring is posted afresh (rxMu), and
+	// none polled from before: their WR IDs carry the old generation.
+	i.rxMu.Lock()
+	defer i.rxMu.Unlock()
 	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
-	i.qpReady = false
+	i.setLocked(func(d *dataState) { d.qpReady = false })
 	if !found {
 		status := "not found"
-		if !i.pkey.Valid() {
+		if !d.pkey.Valid() {
 			status = "Invalid"
 		}
-		i.e.log.Printf("%s: P_Key 0x%04x is %s", i.Name(), uint16(i.pkey), status)
+		i.e.log.Printf("%s: P_Key 0x%04x is %s", i.Name(), uint16(d.pkey), status)
 		return
 	}
 	i.pkeyIndex = idx
 	for _, m := range []verbs.QPModify{
-		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: idx, QKey: i.qkey},
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: idx, QKey: d.qkey},
 		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
 		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
 	} {
@@ -478,26 +514,35 @@ func (i *Interface) restartQP() {
 			return
 		}
 	}
-	i.qpGen++
+	gen := d.qpGen + 1
+	i.setLocked(func(d *dataState) { d.qpGen = gen })
 	i.allocRecvRingLocked()
 	wrs := make([]verbs.RecvWR, len(i.recvBufs))
 	for k, b := range i.recvBufs {
-		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: b}
+		wrs[k] = verbs.RecvWR{ID: recvWRID(gen, k), Buf: b}
 	}
 	if _, err := i.qp.PostRecv(wrs); err != nil {
 		i.e.log.Printf("%s: posting receive buffers: %v", i.Name(), err)
 		return
 	}
-	i.qpReady = true
+	i.setLocked(func(d *dataState) { d.qpReady = true })
 }
+
+// recvWRID is a UD receive buffer's work request ID: the ring generation it was
+// posted in, and its index in the ring.
+func recvWRID(gen uint32, k int) uint64 { return uint64(gen)<<32 | uint64(uint32(k)) }
 
 // stopDev takes the interface down: groups are left, paths flushed, carrier off.
 func (i *Interface) stopDev() {
 	i.leaveAll()
 	i.mu.Lock()
+	i.dmu.Lock()
 	i.flushPathsLocked()
+	i.dmu.Unlock()
+	i.rxMu.Lock()
 	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
-	i.qpReady = false
+	i.setLocked(func(d *dataState) { d.qpReady = false })
+	i.rxMu.Unlock()
 	act := i.setCarrierLocked(false)
 	i.mu.Unlock()
 	act()
@@ -506,16 +551,17 @@ func (i *Interface) stopDev() {
 // setCarrierLocked changes the carrier and returns what to tell the host after
 // unlocking. In datagram mode carrier-on first settles the MTU to min(mcast, admin).
 func (i *Interface) setCarrierLocked(on bool) func() {
-	if i.carrier == on {
+	d := i.data()
+	if d.carrier == on {
 		return func() {}
 	}
-	i.carrier = on
+	i.setLocked(func(d *dataState) { d.carrier = on })
 	i.e.event("%s: carrier %s", i.Name(), onOff(on))
 	var mtuAct func()
-	if on && i.mode == Datagram {
-		mtuAct = i.setMTULocked(min(i.mcastMTU, i.adminMTU))
+	if on && d.mode == Datagram {
+		mtuAct = i.setMTULocked(min(d.mcastMTU, i.adminMTU))
 	}
-	h := i.host
+	h := d.host
 	i.e.tracef(1, "%s: carrier %v", i.Name(), on)
 	return func() {
 		if mtuAct != nil {
@@ -529,12 +575,13 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 
 // setMTULocked sets the effective MTU and returns the host notification.
 func (i *Interface) setMTULocked(mtu int) func() {
-	if i.mtu == mtu {
+	d := i.data()
+	if d.mtu == mtu {
 		return func() {}
 	}
-	i.mtu = mtu
+	i.setLocked(func(d *dataState) { d.mtu = mtu })
 	i.e.event("%s: mtu %d", i.Name(), mtu)
-	h := i.host
+	h := d.host
 	return func() {
 		if h != nil {
 			h.SetMTU(mtu)
@@ -545,15 +592,16 @@ func (i *Interface) setMTULocked(mtu int) func() {
 // SetMTU applies an MTU write with the kernel's rules (ipoib_change_mtu).
 func (i *Interface) SetMTU(mtu int) error {
 	i.mu.Lock()
-	if i.mode == Connected {
+	d := i.data()
+	if d.mode == Connected {
 		// ipoib_change_mtu: up to the CM maximum; above the group MTU multicast drops.
 		if mtu < 68 || mtu > cmMaxMTU {
 			i.mu.Unlock()
 			return &Error{Op: "set_mtu", If: i.Name(), Err: syscall.EINVAL,
 				Detail: fmt.Sprintf("MTU %d outside 68..%d in connected mode", mtu, cmMaxMTU)}
 		}
-		if mtu > i.mcastMTU {
-			i.e.log.Printf("%s: mtu > %d will cause multicast packet drops.", i.Name(), i.mcastMTU)
+		if mtu > d.mcastMTU {
+			i.e.log.Printf("%s: mtu > %d will cause multicast packet drops.", i.Name(), d.mcastMTU)
 		}
 		act := i.setMTULocked(mtu)
 		i.mu.Unlock()
@@ -567,10 +615,10 @@ func (i *Interface) SetMTU(mtu int) error {
 			Detail: fmt.Sprintf("MTU %d outside %d..%d in datagram mode", mtu, minMTU, udMax)}
 	}
 	i.adminMTU = mtu
-	if mtu > i.mcastMTU {
-		i.e.tracef(1, "%s: MTU must be smaller than the underlying link layer MTU - 4 (%d)", i.Name(), i.mcastMTU)
+	if mtu > d.mcastMTU {
+		i.e.tracef(1, "%s: MTU must be smaller than the underlying link layer MTU - 4 (%d)", i.Name(), d.mcastMTU)
 	}
-	act := i.setMTULocked(min(i.mcastMTU, i.adminMTU))
+	act := i.setMTULocked(min(d.mcastMTU, i.adminMTU))
 	i.mu.Unlock()
 	act()
 	return nil
@@ -591,14 +639,14 @@ func (i *Interface) close() {
 		i.mu.Unlock()
 		return
 	}
-	up := i.up
+	up := i.data().up
 	i.mu.Unlock()
 	if up {
 		i.stopDev()
 	}
 	i.mu.Lock()
 	i.closed = true
-	i.up = false
+	i.setLocked(func(d *dataState) { d.up = false })
 	i.mu.Unlock()
 	i.cmClose()
 	close(i.stop)
@@ -633,17 +681,14 @@ func (i *Interface) flush(l flushLevel) {
 	if !i.IsUp() {
 		return
 	}
-	i.mu.Lock()
-	ready := i.qpReady
-	i.mu.Unlock()
-	if l == flushHeavy || !ready {
+	if l == flushHeavy || !i.data().qpReady {
 		i.restartQP()
 	}
 	i.leaveAll()
 	if l >= flushNormal {
-		i.mu.Lock()
+		i.dmu.Lock()
 		i.flushPathsLocked()
-		i.mu.Unlock()
+		i.dmu.Unlock()
 	}
 	i.wake()
 }

@@ -27,24 +27,29 @@ type mcastGroup struct {
 	lastUse  time.Time
 }
 
-func (i *Interface) bcastGroupLocked() *mcastGroup { return i.mcast[i.bcast.GID()] }
+// mcastGroup's fields, as the table, are under dmu.
+
+// bcastGroupLocked returns the broadcast group's entry. Called with dmu held.
+func (i *Interface) bcastGroupLocked() *mcastGroup { return i.mcast[i.data().bcast.GID()] }
 
 // wantedGroupsLocked lists the groups the interface joins as a full member: the
 // all-hosts groups and the solicited-node groups of its IPv6 addresses, mapped to MGIDs
 // (what the kernel's netdev multicast list holds for an interface with those addresses).
+// Called with mu held.
 func (i *Interface) wantedGroupsLocked() []verbs.GID {
+	bcast := i.data().bcast
 	var out []verbs.GID
 	if i.hostGroupsSet {
 		for _, a := range i.hostGroups {
 			if a.IsMulticast() {
-				out = append(out, mgidForIP(a, i.bcast))
+				out = append(out, mgidForIP(a, bcast))
 			}
 		}
 		// The kernel device is a TUN, which is IFF_NOARP, and the kernel joins no
 		// solicited-node groups on such devices; an IPoIB netdev has them in its list.
-		for _, a := range i.ownAddrsLocked() {
+		for _, a := range i.ownAddrs() {
 			if a.Is6() {
-				if g := mgidForIP(solicitedNode(a), i.bcast); !slices.Contains(out, g) {
+				if g := mgidForIP(solicitedNode(a), bcast); !slices.Contains(out, g) {
 					out = append(out, g)
 				}
 			}
@@ -52,16 +57,16 @@ func (i *Interface) wantedGroupsLocked() []verbs.GID {
 		return out
 	}
 	hasV4 := false
-	for _, a := range i.ownAddrsLocked() {
+	for _, a := range i.ownAddrs() {
 		if a.Is4() {
 			hasV4 = true
 			continue
 		}
-		out = append(out, mgidForIP(solicitedNode(a), i.bcast))
+		out = append(out, mgidForIP(solicitedNode(a), bcast))
 	}
-	out = append(out, mgidForIP(netip.MustParseAddr("ff02::1"), i.bcast))
+	out = append(out, mgidForIP(netip.MustParseAddr("ff02::1"), bcast))
 	if hasV4 {
-		out = append(out, mgidForIP(netip.MustParseAddr("224.0.0.1"), i.bcast))
+		out = append(out, mgidForIP(netip.MustParseAddr("224.0.0.1"), bcast))
 	}
 	return out
 }
@@ -72,9 +77,12 @@ func (i *Interface) mcastRound() time.Duration {
 	active := p.Attr().State == verbs.PortActive
 	now := i.e.clk.Now()
 	next := time.Hour
-	i.mu.Lock()
+	i.mu.Lock() // the host's groups
 	defer i.mu.Unlock()
-	if !i.up || !i.qpReady || !active {
+	i.dmu.Lock()
+	defer i.dmu.Unlock()
+	d := i.data()
+	if !d.up || !d.qpReady || !active {
 		return next
 	}
 	due := func(g *mcastGroup) bool {
@@ -89,7 +97,7 @@ func (i *Interface) mcastRound() time.Duration {
 	}
 	bg := i.bcastGroupLocked()
 	if bg == nil {
-		bg = &mcastGroup{mgid: i.bcast.GID(), created: now}
+		bg = &mcastGroup{mgid: d.bcast.GID(), created: now}
 		i.mcast[bg.mgid] = bg
 	}
 	if bg.ah == nil {
@@ -116,7 +124,7 @@ func (i *Interface) mcastRound() time.Duration {
 	}
 	// Full memberships the kernel no longer lists are left (ipoib_mcast_restart_task).
 	for mgid, g := range i.mcast {
-		if g.sendOnly || g.joining || mgid == i.bcast.GID() || isWanted[mgid] {
+		if g.sendOnly || g.joining || mgid == d.bcast.GID() || isWanted[mgid] {
 			continue
 		}
 		i.e.mtracef(1, "%s: deleting multicast group %s", i.Name(), mgid.KernelString())
@@ -146,13 +154,15 @@ func (i *Interface) mcastRound() time.Duration {
 	return next
 }
 
-// startJoinLocked sends the MCMemberRecord join in the background.
+// startJoinLocked sends the MCMemberRecord join in the background. Called with dmu
+// held.
 func (i *Interface) startJoinLocked(g *mcastGroup) {
 	g.joining = true
 	gid := i.hw.GID()
-	rec := mad.MCMemberRecord{MGID: g.mgid, PortGID: gid, PKey: i.pkey, JoinState: mad.JoinFull}
+	d := i.data()
+	rec := mad.MCMemberRecord{MGID: g.mgid, PortGID: gid, PKey: d.pkey, JoinState: mad.JoinFull}
 	mask := mad.IPoIBBroadcastJoinMask
-	if g.mgid != i.bcast.GID() {
+	if g.mgid != d.bcast.GID() {
 		// Copy the broadcast group's parameters (RFC 4391 §5).
 		b := i.bcastGroupLocked().rec
 		rec.QKey, rec.MTUSelector, rec.MTU, rec.TClass = b.QKey, mad.SelExactly, b.MTU, b.TClass
@@ -173,18 +183,22 @@ func (i *Interface) startJoinLocked(g *mcastGroup) {
 }
 
 // joinDone completes a join (ipoib_mcast_join_finish): the QP's Q_Key becomes the
-// group's, the QP is attached, an AH is created and queued packets are sent.
+// group's, the QP is attached, an AH is created and queued packets are sent. It holds
+// mu throughout (the Q_Key, the group MTU and carrier are the control path's), so the
+// group cannot be flushed meanwhile; the group's fields are changed under dmu.
 func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	var act func()
-	var flushQ [][]byte
 	var ah verbs.AH
 	i.mu.Lock()
+	i.dmu.Lock()
 	g.joining = false
-	if cur := i.mcast[g.mgid]; cur != g || !i.up {
+	cur := i.mcast[g.mgid]
+	i.dmu.Unlock()
+	if up := i.data().up; cur != g || !up {
 		// Superseded by a flush. Leave only if nobody wants the group any more: the SA
 		// keeps one membership per port, and a leave arriving after the new join for
 		// the same group would delete the membership that join just made.
-		wanted := cur != nil && i.up
+		wanted := cur != nil && up
 		i.mu.Unlock()
 		if err == nil && !wanted {
 			i.leaveGroup(g.mgid, rec.JoinState)
@@ -195,15 +209,20 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		ah, err = i.e.dev.CreateAH(verbs.AHAttr{Port: i.port, DLID: rec.MLID, SL: rec.SL, StaticRate: rec.Rate,
 			GRH: true, DGID: g.mgid, FlowLabel: rec.FlowLabel, HopLimit: rec.HopLimit, TClass: rec.TClass})
 	}
-	isBcast := g.mgid == i.bcast.GID()
+	isBcast := g.mgid == i.data().bcast.GID()
 	if err == nil && isBcast {
-		i.qkey = rec.QKey
+		i.setLocked(func(d *dataState) { d.qkey = rec.QKey })
 		err = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: rec.QKey})
 	}
+	attached := false
 	if err == nil && !g.sendOnly {
 		if err = i.qp.AttachMcast(g.mgid, rec.MLID); err == nil {
-			g.attached = true
+			attached = true
 		}
+	}
+	i.dmu.Lock()
+	if attached {
+		g.attached = true
 	}
 	if err != nil {
 		g.tries++
@@ -213,17 +232,20 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 			g.backoff = min(2*g.backoff, tm.maxBackoff)
 		}
 		g.retryAt = i.e.clk.Now().Add(g.backoff)
-		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.Name(), g.mgid.KernelString(), err)
 		if g.sendOnly && g.tries >= 2 {
 			i.stats.txDropped.Add(uint64(len(g.queue)))
 			g.queue = nil
 		}
+		i.dmu.Unlock()
 		i.mu.Unlock()
+		i.e.mtracef(1, "%s: multicast join failed for %s: %v", i.Name(), g.mgid.KernelString(), err)
 		i.wake() // the task plans the retry (ipoib_mcast_join_complete reschedules)
 		return
 	}
 	g.rec, g.ah, g.backoff, g.tries = rec, ah, 0, 0
-	flushQ, g.queue = g.queue, nil
+	flushQ := g.queue
+	g.queue = nil
+	i.dmu.Unlock()
 	i.e.mtracef(1, "%s: join completed for %s (MLID %#x)", i.Name(), g.mgid.KernelString(), rec.MLID)
 	kind := "joined"
 	if g.sendOnly {
@@ -231,10 +253,11 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	}
 	i.e.event("%s: %s %s (MLID %#x)", i.Name(), kind, g.mgid.KernelString(), rec.MLID)
 	if isBcast {
-		old := i.mcastMTU
-		i.mcastMTU = rec.MTU.Bytes() - encapLen
+		old := i.data().mcastMTU
+		mcastMTU := rec.MTU.Bytes() - encapLen
+		i.setLocked(func(d *dataState) { d.mcastMTU = mcastMTU })
 		if i.adminMTU == old {
-			i.adminMTU = i.mcastMTU
+			i.adminMTU = mcastMTU
 		}
 		act = i.setCarrierLocked(true)
 	}
@@ -249,13 +272,16 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 // leaveAll leaves and detaches every group (ipoib_mcast_dev_flush).
 func (i *Interface) leaveAll() {
 	i.mu.Lock()
+	i.dmu.Lock()
 	groups := i.mcast
 	i.mcast = map[verbs.GID]*mcastGroup{}
+	i.dmu.Unlock()
 	act := i.setCarrierLocked(false)
 	i.mu.Unlock()
 	act()
 	// Leaves are waited for (all at once, 3 s at most), so that a rejoin started right
-	// after (a flush) cannot reach the SA before a leave and be undone by it.
+	// after (a flush) cannot reach the SA before a leave and be undone by it. The
+	// groups are out of the table: nothing changes them any more.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, g := range groups {
@@ -274,7 +300,7 @@ func (i *Interface) leaveAll() {
 }
 
 // dropGroupLocked forgets a group: the QP is detached and the SA told we leave, in
-// the background.
+// the background. Called with mu and dmu held.
 func (i *Interface) dropGroupLocked(g *mcastGroup) {
 	delete(i.mcast, g.mgid)
 	if g.attached {
@@ -322,8 +348,8 @@ func (i *Interface) leave(mgid verbs.GID, state uint8) {
 	i.e.event("%s: left %s", i.Name(), mgid.KernelString())
 }
 
-// sendMulticast sends a frame to a group, creating a send-only membership when the
-// group is not joined (the kernel's ipoib_mcast_send).
+// sendMulticastLocked sends a frame to a group, creating a send-only membership when
+// the group is not joined (the kernel's ipoib_mcast_send). Called with dmu held.
 func (i *Interface) sendMulticastLocked(mgid verbs.GID, frame []byte) (verbs.AH, bool) {
 	g := i.mcast[mgid]
 	if g == nil {

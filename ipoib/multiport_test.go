@@ -110,8 +110,8 @@ func TestTwoPortsTwoIndependentInterfaces(t *testing.T) {
 	// its groups and paths. The event loop flushes the port's interfaces in name order,
 	// so a flush of ib0 would be done before ib1's is seen.
 	bcastGroup := func(i *Interface) *mcastGroup {
-		i.mu.Lock()
-		defer i.mu.Unlock()
+		i.dmu.Lock()
+		defer i.dmu.Unlock()
 		return i.mcast[bcast]
 	}
 	g0, g1 := bcastGroup(a0), bcastGroup(a1)

@@ -67,14 +67,14 @@ func (i *Interface) handleND(pkt []byte) {
 			learnIP, learnHW = target, hw
 		}
 	}
-	i.mu.Lock()
 	mine := false
-	for _, a := range i.ownAddrsLocked() {
+	for _, a := range i.ownAddrs() {
 		if a == target {
 			mine = true
 		}
 	}
 	var flush [][]byte
+	i.dmu.Lock()
 	if learnIP.IsValid() {
 		if _, known := i.neigh[learnIP]; known || mine || icmp[0] == icmpv6NA {
 			flush = i.learnLocked(learnIP, learnHW)
@@ -88,24 +88,24 @@ func (i *Interface) handleND(pkt []byte) {
 			flags = naFlagOverrid
 			dst = netip.MustParseAddr("ff02::1")
 		}
-		na = i.ndFrameLocked(icmpv6NA, target, dst, target, ndOptTgtLL, flags)
+		na = i.ndFrame(icmpv6NA, target, dst, target, ndOptTgtLL, flags)
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	i.resend(learnHW, flush)
 	if na == nil {
 		return
 	}
-	i.mu.Lock()
+	i.dmu.Lock()
 	var ah verbs.AH
 	var qpn verbs.QPN
 	var ok bool
 	if dst.IsMulticast() {
-		ah, ok = i.sendMulticastLocked(mgidForIP(dst, i.bcast), na)
+		ah, ok = i.sendMulticastLocked(mgidForIP(dst, i.data().bcast), na)
 		qpn = verbs.MulticastQPN
 	} else {
 		ah, qpn, ok = i.sendToHWLocked(learnHW, [][]byte{na})
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	if ok {
 		i.sendFrames([][]byte{na}, ah, qpn)
 	}
@@ -113,19 +113,19 @@ func (i *Interface) handleND(pkt []byte) {
 
 // sendNS multicasts a neighbour solicitation for ip to its solicited-node group.
 func (i *Interface) sendNS(ip netip.Addr) {
-	i.mu.Lock()
-	src, _ := i.sourceForLocked(ip)
+	i.dmu.Lock()
+	src, _ := i.sourceFor(ip)
 	dst := solicitedNode(ip)
-	frame := i.ndFrameLocked(icmpv6NS, src, dst, ip, ndOptSrcLL, 0)
-	ah, ok := i.sendMulticastLocked(mgidForIP(dst, i.bcast), frame)
-	i.mu.Unlock()
+	frame := i.ndFrame(icmpv6NS, src, dst, ip, ndOptSrcLL, 0)
+	ah, ok := i.sendMulticastLocked(mgidForIP(dst, i.data().bcast), frame)
+	i.dmu.Unlock()
 	if ok {
 		i.sendFrames([][]byte{frame}, ah, verbs.MulticastQPN)
 	}
 }
 
-// ndFrameLocked builds an encapsulated NS or NA carrying our link-layer address.
-func (i *Interface) ndFrameLocked(typ byte, src, dst, target netip.Addr, optType byte, flags byte) []byte {
+// ndFrame builds an encapsulated NS or NA carrying our link-layer address.
+func (i *Interface) ndFrame(typ byte, src, dst, target netip.Addr, optType byte, flags byte) []byte {
 	const icmpLen = 24 + ndOptLen
 	b := make([]byte, encapLen+ipv6HdrLen+icmpLen)
 	binary.BigEndian.PutUint16(b, etherIPv6)

@@ -68,7 +68,7 @@ func (i *Interface) sendToPeerLocked(hw HWAddr, frame [][]byte, size int) (outFr
 		}
 		return outFrame{tx: t, frame: frame, size: size}, true
 	}
-	if size-encapLen > i.mcastMTU {
+	if size-encapLen > i.data().mcastMTU {
 		i.tooLongLocked(frame)
 		return outFrame{}, false
 	}
@@ -81,18 +81,17 @@ func (i *Interface) sendToPeerLocked(hw HWAddr, frame [][]byte, size int) (outFr
 func (i *Interface) tooLongLocked(frame [][]byte) {
 	i.stats.txDropped.Add(1)
 	i.stats.txErrors.Add(1)
-	if m := tooBig(joinFrame(frame)[encapLen:], i.mcastMTU); m != nil {
+	if m := tooBig(joinFrame(frame)[encapLen:], i.data().mcastMTU); m != nil {
 		i.icmpOut = append(i.icmpOut, m)
 	}
 }
 
-// flushICMP hands queued ICMP errors to the host. Called without i.mu.
-func (i *Interface) flushICMP() {
-	i.mu.Lock()
-	m, h := i.icmpOut, i.upperHostLocked()
-	i.icmpOut = nil
-	i.mu.Unlock()
-	if len(m) > 0 && h != nil {
+// deliverICMP hands ICMP errors taken from icmpOut to the host. Called with no lock.
+func (i *Interface) deliverICMP(m [][]byte) {
+	if len(m) == 0 {
+		return
+	}
+	if h := i.upperHost(); h != nil {
 		h.Deliver(m)
 	}
 }
@@ -126,7 +125,7 @@ func (i *Interface) sendToHWLocked(hw HWAddr, frame [][]byte) (verbs.AH, verbs.Q
 func (i *Interface) startPathQueryLocked(p *path) {
 	p.querying = true
 	sgid := i.hw.GID()
-	pkey := i.pkey
+	pkey := i.data().pkey
 	var tclass uint8
 	if bg := i.bcastGroupLocked(); bg != nil {
 		tclass = bg.rec.TClass
@@ -145,10 +144,10 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 	if err == nil {
 		ah, err = i.e.dev.CreateAH(i.pathAHAttr(p.dgid, rec))
 	}
-	i.mu.Lock()
+	i.dmu.Lock()
 	p.querying = false
 	if i.paths[p.dgid] != p {
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		return // flushed meanwhile
 	}
 	q := p.queue
@@ -165,11 +164,11 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 				delete(i.neigh, ip)
 			}
 		}
-		i.mu.Unlock()
+		i.dmu.Unlock()
 		return
 	}
 	p.rec, p.ah = rec, ah
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	i.e.event("%s: path to %s resolved (LID %#x)", i.Name(), p.dgid.KernelString(), rec.DLID)
 	for _, f := range q {
 		i.sendFrames([][]byte{f.frame}, ah, f.qpn)
@@ -213,17 +212,19 @@ func (i *Interface) resend(hw HWAddr, frames [][]byte) {
 		return
 	}
 	out := make([]outFrame, 0, len(frames))
-	i.mu.Lock()
+	i.dmu.Lock()
 	for _, f := range frames {
 		if o, ok := i.sendToPeerLocked(hw, [][]byte{f}, len(f)); ok {
 			out = append(out, o)
 		}
 	}
-	i.mu.Unlock()
+	icmp := i.icmpOut
+	i.icmpOut = nil
+	i.dmu.Unlock()
 	i.txMu.Lock()
 	i.post(out)
 	i.txMu.Unlock()
-	i.flushICMP()
+	i.deliverICMP(icmp)
 }
 
 // neighRound sends due ARP requests / neighbour solicitations and gives up on
@@ -236,9 +237,9 @@ func (i *Interface) neighRound() time.Duration {
 	}
 	var due []sol
 	tm := i.e.tm.Load()
-	i.mu.Lock()
-	if !i.up || !i.carrier {
-		i.mu.Unlock()
+	i.dmu.Lock()
+	if d := i.data(); !d.up || !d.carrier {
+		i.dmu.Unlock()
 		return next
 	}
 	for ip, n := range i.neigh {
@@ -259,7 +260,7 @@ func (i *Interface) neighRound() time.Duration {
 		next = min(next, tm.arpInterval)
 		due = append(due, sol{ip})
 	}
-	i.mu.Unlock()
+	i.dmu.Unlock()
 	for _, s := range due {
 		if s.ip.Is4() {
 			i.sendARPRequest(s.ip)

@@ -140,9 +140,9 @@ func TestSendOnlyJoinFailsTwiceThenWaitsForTraffic(t *testing.T) {
 	}
 	// Even past its retry time, a round of the join task finds nothing due: no third
 	// join without traffic.
-	a.mu.Lock()
+	a.dmu.Lock()
 	a.mcast[mgid].retryAt = time.Time{}
-	a.mu.Unlock()
+	a.dmu.Unlock()
 	a.mcastRound()
 	if g, _ := groupOf(a, mgid); g.joining || h.joinCalls(mgid) != 2 {
 		t.Fatalf("a third join started without new traffic (joining %v, %d joins)", g.joining, h.joinCalls(mgid))

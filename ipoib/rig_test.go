@@ -110,8 +110,8 @@ func setTimers(e *Engine, f func(*timers)) {
 
 // neighOf returns a copy of the neighbour entry for ip, and whether there is one.
 func neighOf(i *Interface, ip string) (neigh, bool) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
+	i.dmu.Lock()
+	defer i.dmu.Unlock()
 	n, ok := i.neigh[netip.MustParseAddr(ip)]
 	if !ok {
 		return neigh{}, false
@@ -121,8 +121,8 @@ func neighOf(i *Interface, ip string) (neigh, bool) {
 
 // groupOf returns a copy of the interface's entry for mgid, and whether there is one.
 func groupOf(i *Interface, mgid verbs.GID) (mcastGroup, bool) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
+	i.dmu.Lock()
+	defer i.dmu.Unlock()
 	g, ok := i.mcast[mgid]
 	if !ok {
 		return mcastGroup{}, false
@@ -132,8 +132,8 @@ func groupOf(i *Interface, mgid verbs.GID) (mcastGroup, bool) {
 
 // pathOf returns a copy of the interface's path to dgid, and whether there is one.
 func pathOf(i *Interface, dgid verbs.GID) (path, bool) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
+	i.dmu.Lock()
+	defer i.dmu.Unlock()
 	p, ok := i.paths[dgid]
 	if !ok {
 		return path{}, false

@@ -130,9 +130,9 @@ func (i *Interface) createChildLocked(op string, spec ChildSpec, legacy bool) (*
 	}
 	if legacy {
 		i.mu.Lock()
-		dup := i.pkey == spec.PKey
+		dup := i.PKey() == spec.PKey
 		for _, c := range i.children {
-			if c.pkey == spec.PKey && c.legacy {
+			if c.PKey() == spec.PKey && c.legacy {
 				dup = true
 			}
 		}
@@ -179,7 +179,7 @@ func (i *Interface) DeleteChild(v int64) error {
 	if v < 0 || v > 0xffff {
 		return i.childErr("delete_child", syscall.EINVAL, "P_Key %#x is out of range", v)
 	}
-	return i.deleteChild("delete_child", func(c *Interface) bool { return c.pkey == verbs.PKey(v) && c.legacy },
+	return i.deleteChild("delete_child", func(c *Interface) bool { return c.PKey() == verbs.PKey(v) && c.legacy },
 		"no child of %s has P_Key 0x%04x", i.Name(), v)
 }
 
