@@ -165,6 +165,12 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}
+			if need, ok := kernel.ShortBuffer(err); ok {
+				// The MTU grew while this read waited (a switch to connected mode):
+				// the packet is kept for a read with buffers that hold it.
+				bufs = segmentBuffers(max(need, mtu()), n)
+				continue
+			}
 			log.Printf("%s: read from the kernel: %v", name(), err)
 			continue
 		}

@@ -293,8 +293,8 @@ func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
 		return 0, err
 	}
 	defer func() {
-		// wireguard's split indexes the output buffers without length checks; a buffer
-		// smaller than a segment (MTU raised externally) must not crash the engine.
+		// The patched split checks the buffers' length (ShortBuffer); this stays so
+		// that a slip in the copied code cannot crash the engine.
 		if r := recover(); r != nil {
 			n, err = 0, d.errorf("read: packet larger than the buffers (MTU changed outside ipoibfs?): %v", r)
 		}
@@ -317,6 +317,18 @@ func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
 		}
 	}
 	return n, nil
+}
+
+// ShortBuffer reports that a Read failed because a packet, or a segment of a
+// super-packet, needs buffers of need bytes: the device's MTU was raised while the
+// Read was waiting with buffers of the old one. The packet is kept; the next Read with
+// buffers that large returns it.
+func ShortBuffer(err error) (need int, ok bool) {
+	var small *tun.BufferTooSmallError
+	if errors.As(err, &small) {
+		return small.Need, true
+	}
+	return 0, false
 }
 
 // tryReader is the patched wireguard TUN's read without waiting (third_party/wireguard).

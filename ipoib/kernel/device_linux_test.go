@@ -919,3 +919,42 @@ func TestWaitReadable(t *testing.T) {
 		t.Fatal("WaitReadable still blocked after Close")
 	}
 }
+
+// A packet larger than the buffers a Read was given (the MTU raised while the read
+// waited, as a switch to connected mode does) is not lost: Read says how large the
+// buffers must be and keeps the packet, and the next Read with such buffers returns it.
+// The MTU is raised behind the Device's back here, so that the short Read passes its
+// own check of the buffers against the MTU it knows.
+func TestReadKeepsAPacketLargerThanItsBuffers(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "k")
+	d := open(t, Config{Name: uniq("k"), MTU: 1500, NetNS: ns})
+	addAddr(t, ns, d.Name(), "10.79.0.1/24")
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ipCmd(t, "-n", ns, "link", "set", d.Name(), "mtu", "9000"); err != nil {
+		t.Fatalf("ip link set mtu: %v %s", err, out)
+	}
+	fd := testenv.InNetns(t, ns, func() (int, error) { return unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0) })
+	defer unix.Close(fd)
+	payload := bytes.Repeat([]byte{0x5a}, 4000)
+	if err := unix.Sendto(fd, payload, 0, &unix.SockaddrInet4{Port: 9, Addr: [4]byte{10, 79, 0, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	sizes := make([]int, 4)
+	small := [][]byte{make([]byte, 1500), make([]byte, 1500), make([]byte, 1500), make([]byte, 1500)}
+	n, err := d.Read(small, sizes)
+	need, ok := ShortBuffer(err)
+	if n != 0 || !ok || need != 4028 {
+		t.Fatalf("Read into 1500-byte buffers of a 4028-byte packet: %d packets, %v (short buffer %v, need %d)", n, err, ok, need)
+	}
+	big := [][]byte{make([]byte, need)}
+	n, err = d.Read(big, sizes)
+	if err != nil || n != 1 || sizes[0] != 4028 || !bytes.Equal(big[0][28:sizes[0]], payload) {
+		t.Fatalf("the next Read: %d packets, %v, size %d", n, err, sizes[0])
+	}
+}

@@ -933,6 +933,14 @@ func gsoSplit(in []byte, hdr virtioNetHdr, outBuffs [][]byte, sizes []int, outOf
 		protocol = unix.IPPROTO_UDP
 	}
 	nextSegmentDataAt := int(hdr.hdrLen)
+	// ipoibfs patch: upstream indexes the buffers unchecked; a segment larger than
+	// them (the MTU raised since they were sized) is an error, and the packet is kept.
+	need := int(hdr.hdrLen) + min(int(hdr.gsoSize), len(in)-int(hdr.hdrLen))
+	for _, b := range outBuffs {
+		if len(b) < outOffset+need {
+			return 0, &BufferTooSmallError{Need: need, Have: len(b) - outOffset}
+		}
+	}
 	i := 0
 	for ; nextSegmentDataAt < len(in); i++ {
 		if i == len(outBuffs) {

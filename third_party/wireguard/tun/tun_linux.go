@@ -394,8 +394,8 @@ func handleVirtioRead(in []byte, bufs [][]byte, sizes []int, offset int) (int, e
 				return 0, err
 			}
 		}
-		if len(in) > len(bufs[0][offset:]) {
-			return 0, fmt.Errorf("read len %d overflows bufs element len %d", len(in), len(bufs[0][offset:]))
+		if len(in) > len(bufs[0][offset:]) { // ipoibfs patch: a typed error, the packet kept
+			return 0, &BufferTooSmallError{Need: len(in), Have: len(bufs[0][offset:])}
 		}
 		n := copy(bufs[0][offset:], in)
 		sizes[0] = n
@@ -468,7 +468,7 @@ func (tun *NativeTun) Read(bufs [][]byte, sizes []int, offset int) (int, error) 
 			readInto = tun.readBuff[:]
 			if n := tun.readKept; n > 0 { // ipoibfs patch: what TryRead kept comes first
 				tun.readKept = 0
-				return handleVirtioRead(readInto[:n], bufs, sizes, offset)
+				return tun.keepTooLarge(handleVirtioRead(readInto[:n], bufs, sizes, offset))(n)
 			}
 		}
 		n, err := tun.tunFile.Read(readInto)
@@ -479,7 +479,7 @@ func (tun *NativeTun) Read(bufs [][]byte, sizes []int, offset int) (int, error) 
 			return 0, err
 		}
 		if tun.vnetHdr {
-			return handleVirtioRead(readInto[:n], bufs, sizes, offset)
+			return tun.keepTooLarge(handleVirtioRead(readInto[:n], bufs, sizes, offset))(n)
 		} else {
 			sizes[0] = n
 			return 1, nil
@@ -536,13 +536,28 @@ func (tun *NativeTun) TryRead(bufs [][]byte, sizes []int, offset int) (int, erro
 		return 1, nil
 	}
 	c, err := handleVirtioRead(readInto[:n], bufs, sizes, offset)
-	if errors.Is(err, ErrTooManySegments) {
+	var small *BufferTooSmallError
+	if errors.Is(err, ErrTooManySegments) || errors.As(err, &small) {
 		// Splitting again later gives the same packets: gsoSplit only clears
-		// checksum fields it recomputes.
+		// checksum fields it recomputes. Read reports a packet too large for the
+		// buffers.
 		tun.readKept = n
 		return 0, nil
 	}
 	return c, err
+}
+
+// keepTooLarge keeps the n bytes in the read buffer for the next Read when they did not
+// fit the buffers (an ipoibfs patch), and passes the result of handleVirtioRead on.
+func (tun *NativeTun) keepTooLarge(c int, err error) func(n int) (int, error) {
+	return func(n int) (int, error) {
+		var small *BufferTooSmallError
+		if errors.As(err, &small) {
+			tun.readKept = n
+			return 0, err
+		}
+		return c, err
+	}
 }
 
 // ReadKept reports whether TryRead kept a packet for the next Read (an ipoibfs patch).
