@@ -626,18 +626,31 @@ func (d *Device) Addrs() ([]netip.Prefix, error) {
 // watches and unblocks pending Read/Write calls, which then report os.ErrClosed.
 // Closing twice is a no-op.
 func (d *Device) Close() error {
+	if !d.beginClose() {
+		return nil
+	}
+	return d.finishClose()
+}
+
+// beginClose marks the device closed and stops following it; false: closed already.
+func (d *Device) beginClose() bool {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil
+		return false
 	}
 	d.closed = true
 	close(d.done)
 	d.mu.Unlock()
-
 	if d.mon != nil {
 		d.mon.unregister(d) // before the device goes: its removal is ours, not "Gone"
 	}
+	return true
+}
+
+// finishClose closes the TUN, which deletes the device unless CloseAll has, and
+// releases what the device holds.
+func (d *Device) finishClose() error {
 	err := d.tun.Close()
 	d.watchers.Wait()
 	// The kernel unregisters a non-persistent TUN when its last fd closes; delete it

@@ -32,6 +32,9 @@ func (d *Device) BatchSize() int { return 1 }
 // Read is not supported.
 func (d *Device) Read(bufs [][]byte, sizes []int) (int, error) { return 0, d.unsupported() }
 
+// CloseAll closes the devices.
+func CloseAll(devs []*Device) error { return nil }
+
 // ShortBuffer reports no error as a short buffer: no Read succeeds here.
 func ShortBuffer(err error) (need int, ok bool) { return 0, false }
 
