@@ -8,7 +8,7 @@
 // Needs root, iperf3, ping, ethtool and ip; run it as `go run ./bench/netbench`.
 //
 // -only picks configurations (2044on, 2044off, 4092on, 4092off, connected), -count
-// repeats each, and -profile DIR builds the daemon with -tags pprof and leaves in DIR,
+// repeats each, -P runs that many TCP streams at once (beside as many over veth), and -profile DIR builds the daemon with -tags pprof and leaves in DIR,
 // per configuration and run, both daemons' CPU profiles over the iperf3 run
 // (<config>-<run>-a.pprof, -b.pprof), a runtime trace of each over the ping run
 // (-a.trace, -b.trace) and the binary to read them with (go tool pprof DIR/ipoibfs
@@ -36,6 +36,7 @@ var (
 	dur      = flag.Duration("t", 5*time.Second, "iperf3 duration per measurement")
 	only     = flag.String("only", "", "comma-separated configurations to run (2044on,2044off,4092on,4092off,connected); empty: all")
 	count    = flag.Int("count", 1, "runs of each configuration")
+	streams  = flag.Int("P", 1, "parallel iperf3 streams (iperf3 -P); the veth reference runs as many")
 	profDir  = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
 	prebuilt = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
 	binPath  string
@@ -80,7 +81,11 @@ func main() {
 			want[c] = true
 		}
 	}
-	fmt.Printf("single-stream TCP (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", *dur)
+	what := "single-stream TCP"
+	if *streams > 1 {
+		what = fmt.Sprintf("TCP, %d parallel streams,", *streams)
+	}
+	fmt.Printf("%s (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", what, *dur)
 	fmt.Printf("%-6s %-9s %12s %12s %7s %10s %10s %7s %9s\n", "MTU", "offloads", "ipoib Gb/s", "veth Gb/s", "ratio", "ipoib RTT", "veth RTT", "ratio", "CPU s/GB")
 	for _, mtu := range []int{2044, 4092, 65520} {
 		for _, off := range []bool{true, false} {
@@ -268,7 +273,7 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool, daemons []
 	time.Sleep(300 * time.Millisecond)
 	cpu0 := cpuTime(daemons)
 	out, err := sh("ip", "netns", "exec", nsA, "iperf3", "-c", "10.99.0.2", "-p", "5399", "-J",
-		"-t", strconv.Itoa(int(dur.Seconds())))
+		"-t", strconv.Itoa(int(dur.Seconds())), "-P", strconv.Itoa(*streams))
 	if err != nil {
 		return result{}, err
 	}
