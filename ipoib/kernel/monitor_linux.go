@@ -3,8 +3,10 @@
 package kernel
 
 import (
+	"errors"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -35,8 +37,37 @@ type monitor struct {
 	gRes     map[int][]netip.Addr
 	gErr     error
 
+	subscriptions atomic.Int64 // subscriptions made; more than one: one broke (tests)
+
 	stop chan struct{}
 	done chan struct{}
+}
+
+// monitorBuffer is the receive buffer of the subscription's sockets. After an overflow
+// (ENOBUFS: events were lost) the monitor subscribes again and every device of the
+// namespace reads its link, addresses and groups afresh, which with thousands of
+// children costs seconds; the default buffer (net.core.rmem_default, 208 KiB: about
+// 50-150 link messages, each charged 1.5-4.5 KiB) overflowed under a burst of
+// `ip -batch` link changes. 32 MiB holds a change of each of 4000 devices with the
+// reader stalled; it is a limit, used only while messages wait. Forced past
+// net.core.rmem_max, which root may.
+const monitorBuffer = 32 << 20
+
+// bufferRefused: forcing the buffer size failed once (no CAP_NET_ADMIN in the
+// namespace's owner); the subscriptions then keep the default.
+var bufferRefused atomic.Bool
+
+// withBuffer subscribes with monitorBuffer, or with the default size where the kernel
+// refuses it (netlink leaves that socket open, so it is not tried again).
+func withBuffer(subscribe func(size int) error) error {
+	if !bufferRefused.Load() {
+		err := subscribe(monitorBuffer)
+		if err == nil || !errors.Is(err, unix.EPERM) {
+			return err
+		}
+		bufferRefused.Store(true)
+	}
+	return subscribe(0)
 }
 
 var (
@@ -155,13 +186,19 @@ func (m *monitor) follow() bool {
 	// Subscribe from a throwaway thread in the namespace, so the sockets live there
 	// without netlink switching (and restoring) one of our threads.
 	lerr := inNetNS(m.ns, func() error {
-		return netlink.LinkSubscribeWithOptions(links, stop, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {}})
+		return withBuffer(func(size int) error {
+			return netlink.LinkSubscribeWithOptions(links, stop, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {},
+				ReceiveBufferSize: size, ReceiveBufferForceSize: size != 0})
+		})
 	})
 	if lerr != nil {
 		close(links)
 	}
 	aerr := inNetNS(m.ns, func() error {
-		return netlink.AddrSubscribeWithOptions(addrs, stop, netlink.AddrSubscribeOptions{ErrorCallback: func(error) {}})
+		return withBuffer(func(size int) error {
+			return netlink.AddrSubscribeWithOptions(addrs, stop, netlink.AddrSubscribeOptions{ErrorCallback: func(error) {},
+				ReceiveBufferSize: size, ReceiveBufferForceSize: size != 0})
+		})
 	})
 	if aerr != nil {
 		close(addrs)
@@ -169,6 +206,7 @@ func (m *monitor) follow() bool {
 	if lerr != nil || aerr != nil {
 		return false
 	}
+	m.subscriptions.Add(1)
 	m.markAll() // after subscribing, so no change falls between the reads and the events
 	for {
 		select {

@@ -3,6 +3,7 @@
 package kernel
 
 import (
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -240,4 +241,36 @@ func FuzzParseIGMP(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A burst of outside link changes (ip -batch: 3000 of them on 20 devices) does not
+// overflow the namespace's subscription: an overflow loses events, and the monitor
+// then subscribes again and has every device read everything afresh, which with
+// thousands of children takes seconds. The last change (an address) is awaited first,
+// so the burst has been read when the count of subscriptions is checked.
+func TestMonitorFollowsABurstWithoutResubscribing(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "b")
+	var devs []*Device
+	for range 20 {
+		devs = append(devs, open(t, Config{Name: uniq("b"), MTU: 1500, NetNS: ns}))
+	}
+	addrs := make(chan []netip.Prefix, 64)
+	devs[0].WatchAddrs(func(a []netip.Prefix) { addrs <- a })
+	var batch strings.Builder
+	for k := range 3000 {
+		fmt.Fprintf(&batch, "link set dev %s txqueuelen %d\n", devs[k%len(devs)].Name(), 500+k)
+	}
+	fmt.Fprintf(&batch, "address add 10.89.0.1/24 dev %s\n", devs[0].Name())
+	cmd := exec.Command("ip", "-n", ns, "-batch", "-")
+	cmd.Stdin = strings.NewReader(batch.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("ip -batch: %v %s", err, out)
+	}
+	await(t, addrs, "10.89.0.1/24", func(a []netip.Prefix) bool {
+		return slices.Contains(a, netip.MustParsePrefix("10.89.0.1/24"))
+	})
+	if n := devs[0].mon.subscriptions.Load(); n != 1 {
+		t.Errorf("%d subscriptions for the namespace after the burst, want 1 (it overflowed)", n)
+	}
 }
