@@ -34,15 +34,15 @@ func (t *tap) Send(batch []Datagram) error {
 	return t.Endpoint.Send(batch)
 }
 
-func (t *tap) Start(h func(batch []Datagram)) {
-	t.Endpoint.Start(func(batch []Datagram) {
+func (t *tap) Start(h func(batch []Datagram, drained bool)) {
+	t.Endpoint.Start(func(batch []Datagram, drained bool) {
 		if t.n.Load() > 0 {
 			dst := t.Addr()
 			for _, d := range batch {
 				t.record(d.Addr, dst, d.Data)
 			}
 		}
-		h(batch)
+		h(batch, drained)
 	})
 }
 

@@ -223,7 +223,7 @@ func TestFabricKeyForgedMessagesChangeNothing(t *testing.T) {
 	for _, payload := range [][]byte{bare, forger.seal(bare, 1, smPort.guid)} {
 		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: 0xffff, DestQP: uint32(verbs.GSIQPN)},
 			DETH: wire.DETH{QKey: verbs.GSIQKey, SrcQP: uint32(verbs.GSIQPN)}, Payload: payload}
-		smPort.receive([]Datagram{{Addr: pa.ep.Addr(), Data: pkt.AppendTo(nil, ga, smGID)}})
+		smPort.receive([]Datagram{{Addr: pa.ep.Addr(), Data: pkt.AppendTo(nil, ga, smGID)}}, true)
 	}
 	// A forged configuration for b: down, LID 0x99.
 	cfg := ctlConfig{LID: 0x99, SMLID: 0x99, State: verbs.PortDown, ActiveMTU: verbs.MTU256, PKeys: []verbs.PKey{0x8123}}
@@ -232,7 +232,7 @@ func TestFabricKeyForgedMessagesChangeNothing(t *testing.T) {
 	lid := pb.Attr().LID
 	for _, payload := range [][]byte{body, forger.seal(body, 0, pb.guid)} {
 		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey)}, Payload: payload}
-		pb.receive([]Datagram{{Addr: smh.Endpoint(1), Data: pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})}})
+		pb.receive([]Datagram{{Addr: smh.Endpoint(1), Data: pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})}}, true)
 	}
 	if got := smh.SM().AuthFailures() - smBefore; got != 2 {
 		t.Errorf("SM counted %d forged SA deletes, want 2", got)

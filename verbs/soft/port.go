@@ -46,6 +46,13 @@ type Port struct {
 	// auth signs and checks management messages when the fabric has a key (nil: none).
 	auth *fabricAuth
 
+	// The receive loop's progress, for the subnet manager's sweep (caughtUp): busy
+	// from taking a batch until the endpoint had nothing more queued, drainedAt when
+	// it last had nothing (clock nanoseconds).
+	rxBusy    atomic.Bool
+	drainedAt atomic.Int64
+	rxHook    atomic.Pointer[func()] // tests: runs as each batch is taken (a stalled loop)
+
 	cnt struct {
 		xmitPkts, rcvPkts, xmitBytes, rcvBytes                        atomic.Uint64
 		badPKey, badQKey, malformed, badICRC, noQP, rcvDrop, xmitDisc atomic.Uint64
@@ -386,7 +393,32 @@ func (p *Port) applyRoutes(r *ctlRoutes) {
 
 const grhLen = 40
 
-func (p *Port) receive(batch []Datagram) {
+// caughtUp is the time up to which every datagram that reached the port has been
+// handled: now while the receive loop waits for more, else the last moment it had
+// nothing queued.
+func (p *Port) caughtUp(now time.Time) time.Time {
+	if !p.rxBusy.Load() {
+		return now
+	}
+	return time.Unix(0, p.drainedAt.Load())
+}
+
+func (p *Port) receive(batch []Datagram, drained bool) {
+	p.rxBusy.Store(true)
+	if h := p.rxHook.Load(); h != nil {
+		(*h)()
+	}
+	if drained {
+		// Nothing was queued behind this batch when it was taken: once it is handled,
+		// so is everything that arrived before then. (Between this and the next batch
+		// the loop counts as idle for a moment while the next may be queued: far
+		// below the heartbeats the sweep counts in.)
+		taken := p.hca.cfg.Clock.Now().UnixNano()
+		defer func() {
+			p.drainedAt.Store(taken)
+			p.rxBusy.Store(false)
+		}()
+	}
 	var pkt wire.Packet
 	var rc rcTouched // RC QPs to flush (ACKs, transmission) after the batch
 	for _, d := range batch {

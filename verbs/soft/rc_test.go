@@ -552,7 +552,7 @@ func TestRCSequenceNAKGoesBackN(t *testing.T) {
 	nak := craft(t, nodes[1], nodes[0], wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: 0xffff, DestQP: uint32(a.qp.Num()), PSN: 500},
 		AETH: wire.AETH{Syndrome: 0x60}})
 	start := time.Now()
-	pa.receive([]Datagram{{Addr: nodes[1].Endpoint(1), Data: nak}, {Addr: nodes[1].Endpoint(1), Data: nak}})
+	pa.receive([]Datagram{{Addr: nodes[1].Endpoint(1), Data: nak}, {Addr: nodes[1].Endpoint(1), Data: nak}}, true)
 	wc := pollN(t, b.rcq, 1, time.Second)[0]
 	if wc.Status != verbs.WCSuccess || wc.ByteLen != len(msg) {
 		t.Fatalf("after the NAK: %+v", wc)
@@ -606,7 +606,7 @@ func TestRCRepeatedNAK(t *testing.T) {
 		for i := range batch {
 			batch[i] = Datagram{Addr: nodes[1].Endpoint(1), Data: nak}
 		}
-		pa.receive(batch)
+		pa.receive(batch, true)
 		return pa.Counters().XmitPackets - before
 	}
 	if n := resent(2); n != 3 {
@@ -672,7 +672,7 @@ func TestRCResponderNAKs(t *testing.T) {
 		mu.Lock()
 		sent = nil
 		mu.Unlock()
-		pb.receive(batch)
+		pb.receive(batch, true)
 		mu.Lock()
 		defer mu.Unlock()
 		return strings.Join(sent, ", ")
@@ -1002,7 +1002,7 @@ func TestRCGarbageIsCountedAndDropped(t *testing.T) {
 	pb := nodes[1].SoftPort(1)
 	b.postRecv(t, verbs.RecvWR{ID: 1, Buf: make([]byte, 8192)})
 	from := func(h *HCA) netip.AddrPort { return h.Endpoint(1) }
-	inject := func(h *HCA, data []byte) { pb.receive([]Datagram{{Addr: from(h), Data: data}}) }
+	inject := func(h *HCA, data []byte) { pb.receive([]Datagram{{Addr: from(h), Data: data}}, true) }
 	send := func(psn uint32, payload string) wire.Packet {
 		return wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCSendOnly, PKey: 0xffff, DestQP: uint32(b.qp.Num()), PSN: psn, AckReq: true},
 			Payload: []byte(payload)}
@@ -1201,7 +1201,7 @@ func FuzzRCReceive(f *testing.F) {
 				binary.LittleEndian.PutUint32(data[len(data)-4:], wire.ICRC(data, sgid, dgid))
 			}
 		}
-		pb.receive([]Datagram{{Addr: nodes[0].Endpoint(1), Data: data}})
+		pb.receive([]Datagram{{Addr: nodes[0].Endpoint(1), Data: data}}, true)
 		for _, e := range []*rcEnd{a, b} {
 			if err := rcCheck(e.q); err != nil {
 				t.Fatalf("%s: %v", e.h.Name(), err)

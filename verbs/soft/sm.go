@@ -526,9 +526,13 @@ func (sm *SM) sweep(hb time.Duration) {
 		case <-t.C():
 		}
 		dead := []verbs.GID{}
+		// Silence is counted up to the moment the SM's port has handled all that
+		// reached it: hellos waiting behind a backlog of its own (a stalled receive
+		// loop) do not make their senders dead.
+		caught := sm.port.caughtUp(sm.clk().Now())
 		sm.mu.Lock()
 		for a, sp := range sm.ports {
-			if sm.clk().Since(sp.lastSeen) > 8*hb && !sp.isSM {
+			if caught.Sub(sp.lastSeen) > 8*hb && !sp.isSM {
 				delete(sm.ports, a)
 				delete(sm.byGUID, sp.guid)
 				dead = append(dead, sp.gid())

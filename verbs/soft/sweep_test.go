@@ -1,6 +1,7 @@
 package soft
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -54,5 +55,72 @@ func TestSMDropsPortSilentForMoreThanEightHeartbeats(t *testing.T) {
 	sweep()
 	if known() {
 		t.Fatalf("a still listed after 9 heartbeats of silence: %+v", sm.Nodes())
+	}
+}
+
+// The sweep counts a port's silence only up to the moment the SM's own port has
+// handled what reached it: while the SM's receive loop is stalled, hellos wait in its
+// queue and no port is dropped however long it lasts; once the loop catches up, the
+// port's hellos count again, and a port that then goes silent is dropped as before.
+func TestSMKeepsPortsWhileItsOwnReceiveLoopIsStalled(t *testing.T) {
+	const hb = 250 * time.Millisecond
+	clk := clock.NewMock(t)
+	net := NewMemNetwork()
+	smh, err := New(Config{Name: "sm", Network: net, HostSM: true, Heartbeat: hb, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer smh.Close()
+	a, err := New(Config{Name: "a", Network: net, SM: smh.Endpoint(1), Heartbeat: hb, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	waitFor(t, "a active", func() bool { return a.SoftPort(1).Attr().State == verbs.PortActive })
+	sm := smh.SM()
+	known := func() bool {
+		for _, n := range sm.Nodes() {
+			if n.Name == a.NodeDesc() {
+				return true
+			}
+		}
+		return false
+	}
+	sweep := func() {
+		t.Helper()
+		before := sm.sweeps.Load()
+		clk.Advance(hb)
+		waitFor(t, "a sweep round", func() bool { return sm.sweeps.Load() > before })
+	}
+	// Stall the SM's receive loop at its next batch (a's next hello).
+	stalled, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func() {
+		once.Do(func() {
+			close(stalled)
+			<-release
+		})
+	}
+	smh.SoftPort(1).rxHook.Store(&hook)
+	sweep() // a's heartbeat: its hello reaches the SM and stalls the loop
+	<-stalled
+	for range 20 {
+		sweep()
+	}
+	if !known() {
+		t.Fatalf("a dropped while the SM's own receive loop was stalled for 20 heartbeats")
+	}
+	close(release)
+	waitFor(t, "the SM's receive loop caught up", func() bool { return !smh.SoftPort(1).rxBusy.Load() })
+	sweep()
+	if !known() {
+		t.Fatalf("a dropped after the SM's receive loop caught up with its hellos")
+	}
+	a.Close()
+	for range 9 {
+		sweep()
+	}
+	if known() {
+		t.Fatalf("a still listed after 9 heartbeats of silence once the SM was caught up: %+v", sm.Nodes())
 	}
 }

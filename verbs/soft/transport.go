@@ -34,8 +34,10 @@ type Endpoint interface {
 	// Send transmits a batch. The caller may reuse the Data buffers after it returns.
 	Send(batch []Datagram) error
 	// Start runs h on a goroutine of the endpoint for each received batch; Data is valid
-	// only during the call.
-	Start(h func(batch []Datagram))
+	// only during the call. drained says that nothing more was queued when the batch was
+	// taken: once h returns, everything that arrived before then has been handled (the
+	// subnet manager's sweep tells a silent port from its own backlog by it).
+	Start(h func(batch []Datagram, drained bool))
 	Close() error
 }
 
@@ -117,7 +119,7 @@ func (e *memEndpoint) Send(batch []Datagram) error {
 	return nil
 }
 
-func (e *memEndpoint) Start(h func(batch []Datagram)) {
+func (e *memEndpoint) Start(h func(batch []Datagram, drained bool)) {
 	ch := e.ch
 	go func() {
 		batch := make([]Datagram, 0, 64)
@@ -127,16 +129,18 @@ func (e *memEndpoint) Start(h func(batch []Datagram)) {
 				return
 			case p := <-ch:
 				batch = append(batch[:0], Datagram{p.src, p.data})
+				drained := false
 			more:
 				for len(batch) < cap(batch) {
 					select {
 					case p := <-ch:
 						batch = append(batch, Datagram{p.src, p.data})
 					default:
+						drained = true
 						break more
 					}
 				}
-				h(batch)
+				h(batch, drained)
 			}
 		}
 	}()
@@ -322,7 +326,7 @@ func (e *udpEndpoint) pack(batch []Datagram) (n, used int) {
 	return n, used
 }
 
-func (e *udpEndpoint) Start(h func(batch []Datagram)) {
+func (e *udpEndpoint) Start(h func(batch []Datagram, drained bool)) {
 	gro := e.gro
 	go func() {
 		msgs := make([]ipv4.Message, udpBatch)
@@ -373,7 +377,7 @@ func (e *udpEndpoint) Start(h func(batch []Datagram)) {
 				e.groSplits.Add(splits)
 				e.groSegs.Add(segs)
 			}
-			h(batch)
+			h(batch, n < len(msgs)) // a read that did not fill the batch took all there was
 		}
 	}()
 }

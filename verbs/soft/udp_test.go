@@ -22,7 +22,7 @@ type udpRx struct {
 	n   int
 }
 
-func (r *udpRx) handle(batch []Datagram) {
+func (r *udpRx) handle(batch []Datagram, _ bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.got == nil {
