@@ -23,6 +23,7 @@ const (
 	ctlAttrHello    = 0xff01 // port -> SM: "I am here" and heartbeat
 	ctlAttrConfig   = 0xff02 // SM -> port: LID, SM LID, state, P_Key table
 	ctlAttrRoutes   = 0xff03 // SM -> port: unicast and multicast forwarding, faults
+	ctlAttrDelta    = 0xff04 // SM -> port: the changes from one routes version to the next
 	ctlMethodSend   = 0x03
 	ctlHeaderLen    = 24
 	maxCtlEntries   = 1 << 14
@@ -308,6 +309,62 @@ func (m *ctlRoutes) parse(b []byte) error {
 		}
 		b = b[2*n:]
 		m.Multi = append(m.Multi, r)
+	}
+	return nil
+}
+
+// ctlRoutesDelta is what changed in the forwarding tables from version From to
+// Routes.Version: the unicast and multicast entries set (added or changed) in Routes,
+// and the LIDs and MLIDs removed. A port applies it only to tables of version From;
+// a port with others keeps them, and its next hello tells the SM, which sends it the
+// whole tables. One join to a table of thousands of groups then costs the SM one
+// entry per port, not the table.
+type ctlRoutesDelta struct {
+	From     uint64
+	DelUni   []verbs.LID
+	DelMulti []verbs.LID
+	Routes   ctlRoutes // Part 0 of 1
+}
+
+func (m *ctlRoutesDelta) append(b []byte) []byte {
+	b = binary.BigEndian.AppendUint64(b, m.From)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(m.DelUni)))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(m.DelMulti)))
+	for _, l := range m.DelUni {
+		b = binary.BigEndian.AppendUint16(b, uint16(l))
+	}
+	for _, l := range m.DelMulti {
+		b = binary.BigEndian.AppendUint16(b, uint16(l))
+	}
+	return m.Routes.append(b)
+}
+
+func (m *ctlRoutesDelta) parse(b []byte) error {
+	if len(b) < 12 {
+		return errCtlShort
+	}
+	m.From = binary.BigEndian.Uint64(b)
+	nu, nm := int(binary.BigEndian.Uint16(b[8:])), int(binary.BigEndian.Uint16(b[10:]))
+	b = b[12:]
+	if nu > maxCtlEntries || nm > maxCtlEntries {
+		return errors.New("routes delta: too many entries")
+	}
+	if len(b) < 2*(nu+nm) {
+		return errCtlShort
+	}
+	m.DelUni, m.DelMulti = make([]verbs.LID, nu), make([]verbs.LID, nm)
+	for k := range m.DelUni {
+		m.DelUni[k] = verbs.LID(binary.BigEndian.Uint16(b[2*k:]))
+	}
+	b = b[2*nu:]
+	for k := range m.DelMulti {
+		m.DelMulti[k] = verbs.LID(binary.BigEndian.Uint16(b[2*k:]))
+	}
+	if err := m.Routes.parse(b[2*nm:]); err != nil {
+		return err
+	}
+	if m.Routes.Parts != 1 {
+		return fmt.Errorf("routes delta: part %d of %d", m.Routes.Part, m.Routes.Parts)
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func TestCtlRoundTrip(t *testing.T) {
 	}
 }
 
-// FuzzCtl feeds arbitrary control messages to all three parsers: no panic, and what
+// FuzzCtl feeds arbitrary control messages to all four parsers: no panic, and what
 // parses re-encodes to something that parses to the same value.
 func FuzzCtl(f *testing.F) {
 	h := ctlHello{PortNum: 1, MaxMTU: 4, NodeDesc: "x"}
@@ -48,6 +48,8 @@ func FuzzCtl(f *testing.F) {
 	f.Add(c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
 	r := ctlRoutes{Parts: 1, Uni: []ctlRoute{{LID: 1, Addr: netip.MustParseAddrPort("127.0.0.1:1")}}, Multi: []ctlMRoute{{MLID: 0xc000, Members: []verbs.LID{1}}}}
 	f.Add(r.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
+	d := ctlRoutesDelta{From: 1, DelUni: []verbs.LID{2}, DelMulti: []verbs.LID{0xc001}, Routes: r}
+	f.Add(d.append(putCtlHeader(nil, ctlAttrDelta, 0)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		attr, body, err := parseCtl(b)
 		if err != nil {
@@ -66,6 +68,14 @@ func FuzzCtl(f *testing.F) {
 			if m.parse(body) == nil {
 				if err := m2.parse(m.append(nil)); err != nil || !cmp.Equal(m, m2) {
 					t.Fatalf("config unstable: %v", err)
+				}
+			}
+		case ctlAttrDelta:
+			var m, m2 ctlRoutesDelta
+			if m.parse(body) == nil {
+				if err := m2.parse(m.append(nil)); err != nil || m.From != m2.From || !cmp.Equal(m.DelUni, m2.DelUni) ||
+					!cmp.Equal(m.DelMulti, m2.DelMulti) || !cmp.Equal(m.Routes.Uni, m2.Routes.Uni, addrCmp) || !cmp.Equal(m.Routes.Multi, m2.Routes.Multi) {
+					t.Fatalf("delta unstable: %v", err)
 				}
 			}
 		case ctlAttrRoutes:

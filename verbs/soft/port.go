@@ -289,6 +289,13 @@ func (p *Port) handleCtl(src netip.AddrPort, mad []byte) {
 			return
 		}
 		p.applyRoutes(&r)
+	case ctlAttrDelta:
+		var d ctlRoutesDelta
+		if err := d.parse(body); err != nil {
+			p.cnt.malformed.Add(1)
+			return
+		}
+		p.applyDelta(&d)
 	default:
 		p.cnt.malformed.Add(1)
 	}
@@ -387,6 +394,60 @@ func (p *Port) applyRoutes(r *ctlRoutes) {
 		p.mgidLID[m.MGID] = m.MLID
 	}
 	p.ep.set(r.Faults)
+}
+
+// applyDelta takes the changes from routes version d.From to the next, when the
+// port's tables are of version d.From; otherwise it keeps them, and its next hello
+// shows the SM that it needs the whole tables. Sets and removals are absolute, so
+// applying them to tables that already hold some of the changes gives the same.
+func (p *Port) applyDelta(d *ctlRoutesDelta) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.routesV != d.From {
+		return
+	}
+	dropAddr := func(r ctlRoute) { // only if the address is still r's (another LID may have it now)
+		if cur, ok := p.byAddr[r.Addr]; ok && cur.LID == r.LID {
+			delete(p.byAddr, r.Addr)
+		}
+	}
+	dropMGID := func(m ctlMRoute) {
+		if cur, ok := p.mgidLID[m.MGID]; ok && cur == m.MLID {
+			delete(p.mgidLID, m.MGID)
+		}
+	}
+	for _, l := range d.DelUni {
+		if r, ok := p.uni[l]; ok {
+			dropAddr(r)
+			delete(p.uni, l)
+		}
+	}
+	for _, l := range d.DelMulti {
+		if m, ok := p.multi[l]; ok {
+			dropMGID(m)
+			delete(p.multi, l)
+		}
+	}
+	for _, u := range d.Routes.Uni {
+		if old, ok := p.uni[u.LID]; ok {
+			dropAddr(old)
+		}
+		p.uni[u.LID] = u
+	}
+	for _, u := range d.Routes.Uni { // after every old address went: a set may take another's
+		p.byAddr[u.Addr] = u
+	}
+	for _, m := range d.Routes.Multi {
+		if old, ok := p.multi[m.MLID]; ok {
+			dropMGID(old)
+		}
+		p.multi[m.MLID] = m
+	}
+	for _, m := range d.Routes.Multi {
+		p.mgidLID[m.MGID] = m.MLID
+	}
+	p.routesV = d.Routes.Version
+	p.ep.set(d.Routes.Faults)
 }
 
 // ---- data plane: receive ----
