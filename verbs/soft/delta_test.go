@@ -71,10 +71,13 @@ func TestDeltasKeepEveryPortsTablesTheSMs(t *testing.T) {
 	same := func(when string) {
 		t.Helper()
 		r, _ := sm.routesTables()
-		want := tablesOf(&r)
+		wantUni, wantMulti := map[verbs.LID]ctlRoute{}, map[verbs.LID]ctlMRoute{}
 		wantAddr := map[netip.AddrPort]verbs.LID{}
 		for _, u := range r.Uni {
-			wantAddr[u.Addr] = u.LID
+			wantUni[u.LID], wantAddr[u.Addr] = u, u.LID
+		}
+		for _, m := range r.Multi {
+			wantMulti[m.MLID] = m
 		}
 		for _, p := range ports {
 			waitFor(t, fmt.Sprintf("%s: port %s at routes version %d", when, p.hca.Name(), r.Version), func() bool {
@@ -82,10 +85,10 @@ func TestDeltasKeepEveryPortsTablesTheSMs(t *testing.T) {
 				return v == r.Version
 			})
 			_, uni, multi, byAddr := portTables(p)
-			if diff := cmp.Diff(want.uni, uni, addrCmp); diff != "" {
+			if diff := cmp.Diff(wantUni, uni, addrCmp); diff != "" {
 				t.Fatalf("%s: %s's unicast table differs from the SM's (-SM +port):\n%s", when, p.hca.Name(), diff)
 			}
-			if diff := cmp.Diff(want.multi, multi); diff != "" {
+			if diff := cmp.Diff(wantMulti, multi); diff != "" {
 				t.Fatalf("%s: %s's multicast table differs from the SM's (-SM +port):\n%s", when, p.hca.Name(), diff)
 			}
 			if diff := cmp.Diff(wantAddr, byAddr, addrCmp); diff != "" {

@@ -70,18 +70,31 @@ type SM struct {
 	pubDone chan struct{}
 	// last is what the last pass sent every port, the base of the next delta (the
 	// publisher's own).
-	last *publishedTables
+	last publishedTables
 	// publishes counts the passes that sent the tables to every port (tests);
 	// deltas the messages that sent only the changes.
 	publishes atomic.Uint64
 	deltas    atomic.Uint64
 }
 
-// publishedTables are forwarding tables as a pass sent them.
+// publishedTables are forwarding tables as a pass sent them. Each entry remembers the
+// pass that last listed it, so that advance finds the removed ones without a set of
+// its own.
 type publishedTables struct {
 	v     uint64
-	uni   map[verbs.LID]ctlRoute
-	multi map[verbs.LID]ctlMRoute
+	pass  uint64
+	uni   map[verbs.LID]*pubUni
+	multi map[verbs.LID]*pubMulti
+}
+
+type pubUni struct {
+	r    ctlRoute
+	pass uint64
+}
+
+type pubMulti struct {
+	m    ctlMRoute
+	pass uint64
 }
 
 // pubAction is something to do after the tables of version v went to every port.
@@ -393,7 +406,7 @@ func (sm *SM) routesTables() (ctlRoutes, []ctlDest) {
 	sm.mu.Lock()
 	v := sm.routesV
 	sm.mu.Unlock()
-	groups := sm.db.Groups()
+	groups := sm.db.GroupsAnyOrder()
 	sm.mu.Lock()
 	r := ctlRoutes{Version: v, Faults: sm.faults}
 	dests := make([]ctlDest, 0, len(sm.ports))
@@ -432,50 +445,57 @@ func routesMsgs(r *ctlRoutes) [][]byte {
 	return msgs
 }
 
-// tablesOf indexes tables as a pass sent them.
-func tablesOf(r *ctlRoutes) *publishedTables {
-	t := &publishedTables{v: r.Version, uni: make(map[verbs.LID]ctlRoute, len(r.Uni)),
-		multi: make(map[verbs.LID]ctlMRoute, len(r.Multi))}
+// advance makes t the tables r and returns what changed from t's version to r's. It
+// costs a map lookup per entry and allocates only for new entries.
+func (t *publishedTables) advance(r *ctlRoutes) ctlRoutesDelta {
+	d := ctlRoutesDelta{From: t.v, Routes: ctlRoutes{Version: r.Version, Parts: 1, Faults: r.Faults}}
+	if t.uni == nil {
+		t.uni, t.multi = map[verbs.LID]*pubUni{}, map[verbs.LID]*pubMulti{}
+	}
+	t.v = r.Version
+	t.pass++
 	for _, u := range r.Uni {
-		t.uni[u.LID] = u
-	}
-	for _, m := range r.Multi {
-		t.multi[m.MLID] = m
-	}
-	return t
-}
-
-// deltaMsg is the delta message from the tables prev to r, or nil when sending it
-// would not be worth it: no base, as many changes as entries, or more than one part.
-func deltaMsg(prev *publishedTables, r *ctlRoutes) []byte {
-	if prev == nil || prev.v == r.Version {
-		return nil
-	}
-	d := ctlRoutesDelta{From: prev.v, Routes: ctlRoutes{Version: r.Version, Parts: 1, Faults: r.Faults}}
-	seen := make(map[verbs.LID]bool, len(r.Uni))
-	for _, u := range r.Uni {
-		seen[u.LID] = true
-		if old, ok := prev.uni[u.LID]; !ok || old != u {
+		e := t.uni[u.LID]
+		if e == nil {
+			e = &pubUni{}
+			t.uni[u.LID] = e
+		}
+		if e.pass == 0 || e.r != u {
+			e.r = u
 			d.Routes.Uni = append(d.Routes.Uni, u)
 		}
+		e.pass = t.pass
 	}
-	for l := range prev.uni {
-		if !seen[l] {
+	for l, e := range t.uni {
+		if e.pass != t.pass {
 			d.DelUni = append(d.DelUni, l)
+			delete(t.uni, l)
 		}
 	}
-	clear(seen)
 	for _, m := range r.Multi {
-		seen[m.MLID] = true
-		if old, ok := prev.multi[m.MLID]; !ok || old.MGID != m.MGID || !slices.Equal(old.Members, m.Members) {
+		e := t.multi[m.MLID]
+		if e == nil {
+			e = &pubMulti{}
+			t.multi[m.MLID] = e
+		}
+		if e.pass == 0 || e.m.MGID != m.MGID || !slices.Equal(e.m.Members, m.Members) {
+			e.m = m
 			d.Routes.Multi = append(d.Routes.Multi, m)
 		}
+		e.pass = t.pass
 	}
-	for l := range prev.multi {
-		if !seen[l] {
+	for l, e := range t.multi {
+		if e.pass != t.pass {
 			d.DelMulti = append(d.DelMulti, l)
+			delete(t.multi, l)
 		}
 	}
+	return d
+}
+
+// deltaMsg encodes the delta d of tables r, or returns nil when sending it is not worth
+// it: as many changes as entries, or more than one part.
+func deltaMsg(d *ctlRoutesDelta, r *ctlRoutes) []byte {
 	changes := len(d.DelUni) + len(d.Routes.Uni) + len(d.DelMulti) + len(d.Routes.Multi)
 	if changes >= len(r.Uni)+len(r.Multi) || changes > maxCtlEntries {
 		return nil
@@ -552,8 +572,11 @@ func (sm *SM) publishPass() {
 	v := r.Version
 	var msgs [][]byte // encoded when a port needs the whole tables
 	var delta []byte
+	lastV := sm.last.v
 	if full {
-		delta = deltaMsg(sm.last, &r)
+		if d := sm.last.advance(&r); lastV != 0 {
+			delta = deltaMsg(&d, &r)
+		}
 	} else {
 		dests = dests[:0]
 		for a, g := range resend {
@@ -563,7 +586,7 @@ func (sm *SM) publishPass() {
 	// A port sent the last tables gets only what changed since; the others (new, or
 	// whose hello showed it lacks tables) get them whole.
 	for _, d := range dests {
-		if delta != nil && d.sentV == sm.last.v {
+		if delta != nil && d.sentV == lastV {
 			sm.sendCtl(d.addr, d.guid, delta)
 			sm.deltas.Add(1)
 			continue
@@ -585,7 +608,6 @@ func (sm *SM) publishPass() {
 	if !full {
 		return
 	}
-	sm.last = tablesOf(&r)
 	sm.publishes.Add(1)
 	// Run what waited for version v, including what was arranged while it runs;
 	// pubV moves only when nothing for v is left, so anything arranged after finds

@@ -189,6 +189,18 @@ func (db *DB) Groups() []Group {
 	return out
 }
 
+// GroupsAnyOrder is Groups in no particular order, for a caller that indexes them
+// (the SM's forwarding tables): sorting costs O(n log n) after every group created.
+func (db *DB) GroupsAnyOrder() []Group {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	out := make([]Group, 0, len(db.groups))
+	for _, g := range db.groups {
+		out = append(out, g.export())
+	}
+	return out
+}
+
 // Group returns a copy of the group with the given MGID.
 func (db *DB) Group(mgid verbs.GID) (Group, bool) {
 	db.mu.Lock()
