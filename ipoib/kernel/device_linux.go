@@ -270,8 +270,9 @@ func (d *Device) ioErr(op string, err error) error {
 // gso_max_segs is set to BatchSize so a super-packet never splits into more; with fewer
 // buffers a larger super-packet is truncated to len(bufs) packets and an error wrapping
 // tun.ErrTooManySegments is returned with them. len(sizes) must be >= len(bufs).
-// If the MTU is raised behind the package's back (ip link set mtu) beyond the buffers,
-// such packets are dropped with an error. After Close, errors.Is(err, os.ErrClosed).
+// A packet larger than the buffers (the MTU raised while the Read waited, or behind the
+// package's back) fails the Read with an error ShortBuffer reports, and is kept for the
+// next Read. After Close, errors.Is(err, os.ErrClosed).
 // An error met after the first packet is returned by the next call, with no packets.
 func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
 	if len(bufs) == 0 {

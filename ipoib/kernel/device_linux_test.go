@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"go.uber.org/goleak"
@@ -928,7 +929,7 @@ func TestWaitReadable(t *testing.T) {
 func TestReadKeepsAPacketLargerThanItsBuffers(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "k")
-	d := open(t, Config{Name: uniq("k"), MTU: 1500, NetNS: ns})
+	d := open(t, Config{Name: uniq("k"), MTU: 1500, NetNS: ns, Offloads: Offloads{TxChecksum: true}})
 	addAddr(t, ns, d.Name(), "10.79.0.1/24")
 	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
 		t.Fatalf("sysctl: %v %s", err, out)
@@ -957,4 +958,31 @@ func TestReadKeepsAPacketLargerThanItsBuffers(t *testing.T) {
 	if err != nil || n != 1 || sizes[0] != 4028 || !bytes.Equal(big[0][28:sizes[0]], payload) {
 		t.Fatalf("the next Read: %d packets, %v, size %d", n, err, sizes[0])
 	}
+	// The kernel left the UDP checksum to the device (checksum offload): completed
+	// once, on the packet as the kernel gave it.
+	if !udp4ChecksumOK(big[0][:sizes[0]]) {
+		t.Fatalf("the kept packet's UDP checksum is wrong: %#04x", binary.BigEndian.Uint16(big[0][26:]))
+	}
+}
+
+// udp4ChecksumOK verifies the UDP checksum of an IPv4 packet with a 20-byte header.
+func udp4ChecksumOK(p []byte) bool {
+	var sum uint32
+	add := func(b []byte) {
+		for len(b) >= 2 {
+			sum += uint32(binary.BigEndian.Uint16(b))
+			b = b[2:]
+		}
+		if len(b) == 1 {
+			sum += uint32(b[0]) << 8
+		}
+	}
+	udp := p[20:]
+	add(p[12:20]) // source and destination addresses
+	sum += 17 + uint32(len(udp))
+	add(udp)
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum == 0xffff
 }

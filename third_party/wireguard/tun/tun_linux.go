@@ -385,6 +385,11 @@ func handleVirtioRead(in []byte, bufs [][]byte, sizes []int, offset int) (int, e
 	}
 	in = in[virtioNetHdrLen:]
 	if hdr.gsoType == unix.VIRTIO_NET_HDR_GSO_NONE {
+		// ipoibfs patch: a typed error, the packet kept; checked before the checksum
+		// is completed in place, so that the kept packet is unchanged.
+		if len(in) > len(bufs[0][offset:]) {
+			return 0, &BufferTooSmallError{Need: len(in), Have: len(bufs[0][offset:])}
+		}
 		if hdr.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 {
 			// This means CHECKSUM_PARTIAL in skb context. We are responsible
 			// for computing the checksum starting at hdr.csumStart and placing
@@ -393,9 +398,6 @@ func handleVirtioRead(in []byte, bufs [][]byte, sizes []int, offset int) (int, e
 			if err != nil {
 				return 0, err
 			}
-		}
-		if len(in) > len(bufs[0][offset:]) { // ipoibfs patch: a typed error, the packet kept
-			return 0, &BufferTooSmallError{Need: len(in), Have: len(bufs[0][offset:])}
 		}
 		n := copy(bufs[0][offset:], in)
 		sizes[0] = n
