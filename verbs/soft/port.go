@@ -48,10 +48,10 @@ type Port struct {
 
 	// The receive loop's progress, for the subnet manager's sweep (caughtUp): busy
 	// from taking a batch until the endpoint had nothing more queued, drainedAt when
-	// it last had nothing (clock nanoseconds).
+	// it last had nothing.
 	rxBusy    atomic.Bool
-	drainedAt atomic.Int64
-	rxHook    atomic.Pointer[func()] // tests: runs as each batch is taken (a stalled loop)
+	drainedAt atomic.Pointer[time.Time] // a time.Time keeps its monotonic reading
+	rxHook    atomic.Pointer[func()]    // tests: runs as each batch is taken (a stalled loop)
 
 	cnt struct {
 		xmitPkts, rcvPkts, xmitBytes, rcvBytes                        atomic.Uint64
@@ -461,7 +461,10 @@ func (p *Port) caughtUp(now time.Time) time.Time {
 	if !p.rxBusy.Load() {
 		return now
 	}
-	return time.Unix(0, p.drainedAt.Load())
+	if t := p.drainedAt.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
 }
 
 func (p *Port) receive(batch []Datagram, drained bool) {
@@ -474,9 +477,9 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 		// so is everything that arrived before then. (Between this and the next batch
 		// the loop counts as idle for a moment while the next may be queued: far
 		// below the heartbeats the sweep counts in.)
-		taken := p.hca.cfg.Clock.Now().UnixNano()
+		taken := p.hca.cfg.Clock.Now()
 		defer func() {
-			p.drainedAt.Store(taken)
+			p.drainedAt.Store(&taken)
 			p.rxBusy.Store(false)
 		}()
 	}

@@ -322,6 +322,11 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 	sp.nodeGUID, sp.num, sp.numPorts, sp.desc = h.NodeGUID, int(h.PortNum), h.NumPorts, h.NodeDesc
 	sp.maxMTU, sp.width, sp.laneMbps = h.MaxMTU, int(h.Width), int(h.LaneMbps)
 	sp.lastSeen = sm.clk().Now()
+	if h.RoutesVersion < sp.sentV {
+		// Behind what it was sent (a lost message): the next pass sends it the whole
+		// tables, not a delta it would ignore, even while changes keep coming.
+		sp.sentV = 0
+	}
 	reregister := h.Epoch != sm.epoch
 	sp.epochSeen = h.Epoch
 	if isNew {
@@ -337,7 +342,7 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 	} else if h.RoutesVersion != sm.routesV && sm.pubV == sm.routesV {
 		// The port lacks tables already published (a lost part, or this hello
 		// crossed them): they go to it again. With a pass pending, that pass
-		// brings them.
+		// brings them (whole: sentV is 0 now).
 		if sm.resend == nil {
 			sm.resend = map[netip.AddrPort]verbs.GUID{}
 		}
@@ -598,10 +603,17 @@ func (sm *SM) publishPass() {
 			sm.sendCtl(d.addr, d.guid, m)
 		}
 	}
+	// A resend's tables may hold changes later than their version (the version is
+	// read before the groups), unlike what the last pass recorded: the next delta
+	// would not fit them, so those ports get the whole tables again next time.
+	sentV := v
+	if !full {
+		sentV = 0
+	}
 	sm.mu.Lock()
 	for _, d := range dests {
 		if sp := sm.ports[d.addr]; sp != nil && sp.guid == d.guid {
-			sp.sentV = v
+			sp.sentV = sentV
 		}
 	}
 	sm.mu.Unlock()
@@ -655,7 +667,14 @@ func (sm *SM) sweep(hb time.Duration) {
 		// Silence is counted up to the moment the SM's port has handled all that
 		// reached it: hellos waiting behind a backlog of its own (a stalled receive
 		// loop) do not make their senders dead.
-		caught := sm.port.caughtUp(sm.clk().Now())
+		// A stall is not waited out for ever: past 32 heartbeats (a receive loop that
+		// never drains under saturating traffic) silence counts again, so dead ports
+		// still go.
+		now := sm.clk().Now()
+		caught := sm.port.caughtUp(now)
+		if floor := now.Add(-32 * hb); caught.Before(floor) {
+			caught = floor
+		}
 		sm.mu.Lock()
 		for a, sp := range sm.ports {
 			if caught.Sub(sp.lastSeen) > 8*hb && !sp.isSM {
