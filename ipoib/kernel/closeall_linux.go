@@ -5,6 +5,9 @@ package kernel
 import (
 	"errors"
 	"fmt"
+	"os"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -49,8 +52,10 @@ func CloseAll(devs []*Device) error {
 }
 
 // firstBulkGroup is where the search for a free link group starts ("IB" in the top
-// bits, away from the small numbers administrators use).
-const firstBulkGroup = 0x49420000
+// bits, away from the small numbers administrators use); each process starts at its
+// own place above it, so that two daemons stopping together in one namespace do not
+// pick the same group.
+var firstBulkGroup = 0x49420000 + uint32(os.Getpid()&0xffff)<<4
 
 // deleteTogether moves the devices (all in one namespace) into a link group nothing
 // else is in and deletes the group.
@@ -78,9 +83,17 @@ func deleteTogether(ds []*Device) error {
 	if links, err = h.LinkList(); err != nil {
 		return err
 	}
+	byIndex := map[int]netlink.Link{}
 	for _, l := range links {
-		if a := l.Attrs(); a.Group == group && !ours[a.Index] {
+		a := l.Attrs()
+		byIndex[a.Index] = l
+		if a.Group == group && !ours[a.Index] {
 			return fmt.Errorf("link %s joined group %#x meanwhile", a.Name, group)
+		}
+	}
+	for _, d := range ds { // still ours: the name and kind we made, in the group
+		if l := byIndex[d.index]; l == nil || l.Attrs().Name != d.name || l.Type() != "tuntap" || l.Attrs().Group != group {
+			return fmt.Errorf("%s (index %d) is not the device it was", d.name, d.index)
 		}
 	}
 	return inNetNS(ds[0].ns, func() error {

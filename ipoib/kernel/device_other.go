@@ -32,7 +32,7 @@ func (d *Device) BatchSize() int { return 1 }
 // Read is not supported.
 func (d *Device) Read(bufs [][]byte, sizes []int) (int, error) { return 0, d.unsupported() }
 
-// CloseAll closes the devices.
+// CloseAll does nothing: no Device can be opened here.
 func CloseAll(devs []*Device) error { return nil }
 
 // ShortBuffer reports no error as a short buffer: no Read succeeds here.
