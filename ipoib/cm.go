@@ -99,12 +99,14 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 	i.cmMgr = mgr
 	i.tx = map[HWAddr]*cmTx{}
 	i.rx = map[verbs.QPN]*cmRx{}
+	// The flag is set before the listener can call cmListen, which reads hw unlocked
+	// (the private data of its REP).
+	i.hw[0] |= FlagRC
 	stop, err := mgr.Listen(cmServiceBase|uint64(i.qp.Num()), i.cmListen)
 	if err != nil {
 		return err
 	}
 	i.cmStop = stop
-	i.hw[0] |= FlagRC
 	i.wg.Add(2)
 	go i.cmRecvLoop()
 	go i.cmSendLoop()
@@ -521,10 +523,6 @@ func (i *Interface) cmRecvLoop() {
 		wr verbs.RecvWR
 	}
 	var re []repost
-	type rxLocal struct {
-		et  uint16
-		pkt []byte
-	}
 	var local []rxLocal
 	for {
 		select {
@@ -579,13 +577,7 @@ func (i *Interface) cmRecvLoop() {
 				deliver = append(deliver, pkt)
 			}
 			i.dmu.Unlock()
-			for _, l := range local { // before the buffers are posted again below
-				if l.et == etherARP {
-					i.handleARP(l.pkt)
-				} else {
-					i.handleND(l.pkt)
-				}
-			}
+			i.handleLocal(local) // before the buffers are posted again below
 			if len(deliver) > 0 {
 				if host != nil {
 					host.Deliver(deliver)

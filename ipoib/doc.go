@@ -39,9 +39,10 @@
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
 //     only with it held (setLocked), so a holder reads a state that stays current. A
 //     child's is taken before its parent's (SetUp reads the parent's), never after.
-//  7. Interface.rxMu: re-posting received UD buffers against restartQP posting the
-//     ring afresh; a buffer's work request ID carries the ring generation it was
-//     posted in, so one polled across a restart is not posted twice.
+//  7. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
+//     posting the ring afresh, so no buffer is handed to the HCA while its packet is
+//     copied; a buffer's work request ID carries the ring generation it was posted
+//     in, and a completion of an older ring is dropped, its buffer posted already.
 //  8. Interface.dmu: the tables, and the moment a new dataState is published
 //     (setLocked takes it; publishLocked is for a holder), so that Transmit, which
 //     holds it over a batch, routes on the mode and addresses its tables were made

@@ -293,80 +293,36 @@ func lastAddr(p netip.Prefix) netip.Addr {
 // no hand-off on the way: a packet reaches the kernel one wakeup after it reached the
 // HCA. While the host takes a batch the HCA has every other buffer of the queue
 // (and waits briefly for more before it drops, see verbs/soft).
+//
+// A batch is polled, copied and re-posted under rxMu, so that a QP restart, which
+// posts the whole ring afresh, cannot hand a buffer to the HCA while its packet is
+// being copied out; completions of a ring from before a restart (their WR IDs carry
+// its generation) are dropped, their buffers posted again already.
 func (i *Interface) recvLoop() {
 	defer i.wg.Done()
 	wcs := make([]verbs.WC, recvBatch)
 	repost := make([]verbs.RecvWR, 0, recvBatch)
 	var b rxBatch // grows to what batches hold: most interfaces are idle
+	var local []rxLocal
 	for {
 		select {
 		case <-i.stop:
 			return
 		case <-i.rcq.Notify():
 		}
-		for n := i.rcq.Poll(wcs); n > 0; n = i.rcq.Poll(wcs) {
-			repost = repost[:0]
-			b.arena, b.pkts = b.arena[:0], b.pkts[:0]
-			if need := n * i.maxIBMTU; cap(b.arena) < need {
-				b.arena = make([]byte, 0, need) // appends below never move it
+		for {
+			i.rxMu.Lock()
+			n := i.rcq.Poll(wcs)
+			if n == 0 {
+				i.rxMu.Unlock()
+				break
 			}
-			ownQPN := i.hw.QPN()
-			ownGID := i.hw.GID()
-			bgid := i.data().bcast.GID()
-			p, _ := i.e.dev.Port(i.port)
-			ownLID := p.Attr().LID
-			var pkts, bytes, mcast, dropped uint64
-			for _, wc := range wcs[:n] {
-				if wc.Status == verbs.WCWRFlushErr {
-					continue // QP reset: the buffer is re-posted at the next open
-				}
-				buf := i.recvBufs[uint32(wc.WRID)]
-				repost = append(repost, verbs.RecvWR{ID: wc.WRID, Buf: buf})
-				if wc.Status != verbs.WCSuccess || wc.ByteLen < grhLen+encapLen {
-					dropped++
-					continue
-				}
-				if fromSelf(wc, buf, ownLID, ownQPN, ownGID) {
-					continue // our own multicast looped back by the HCA
-				}
-				frame := buf[grhLen:wc.ByteLen]
-				if dataDebug {
-					i.e.dtracef("%s: rx %d bytes from LID %#x QPN %#x", i.Name(), len(frame), wc.SLID, wc.SrcQP)
-				}
-				dgid := verbs.GID(buf[24:40])
-				et := binary.BigEndian.Uint16(frame)
-				pkt := frame[encapLen:]
-				switch rxClassify(et, pkt) {
-				case rxARP:
-					i.handleARP(pkt)
-					continue
-				case rxND:
-					i.handleND(pkt)
-					continue
-				case rxDrop:
-					dropped++
-					continue
-				}
-				if dgid.IsMulticast() && dgid != bgid {
-					mcast++
-				}
-				pkts++
-				bytes += uint64(len(pkt))
-				off := len(b.arena)
-				b.arena = append(b.arena, pkt...)
-				b.pkts = append(b.pkts, b.arena[off:len(b.arena):len(b.arena)])
-			}
-			if dropped > 0 {
-				i.stats.rxDropped.Add(dropped)
-			}
-			if mcast > 0 {
-				i.stats.multicast.Add(mcast)
-			}
-			if pkts > 0 {
-				i.stats.rxPackets.Add(pkts)
-				i.stats.rxBytes.Add(bytes)
-			}
-			i.repostRecv(repost)
+			var c rxCounts
+			repost, local, c = i.sortRxLocked(wcs[:n], &b, repost[:0], local[:0])
+			i.repostRecvLocked(repost)
+			i.rxMu.Unlock()
+			c.add(&i.stats)
+			i.handleLocal(local)
 			if len(b.pkts) == 0 {
 				continue
 			}
@@ -379,29 +335,102 @@ func (i *Interface) recvLoop() {
 	}
 }
 
-// repostRecv gives received buffers back to the receive queue. A QP restart posts
-// every buffer afresh: buffers of an older ring generation (polled across a restart)
-// are posted already, and none is posted while the QP is down.
-func (i *Interface) repostRecv(wrs []verbs.RecvWR) {
-	if len(wrs) == 0 {
-		return
+// rxCounts are a received batch's statistics.
+type rxCounts struct{ pkts, bytes, mcast, dropped uint64 }
+
+func (c *rxCounts) add(s *stats) {
+	if c.dropped > 0 {
+		s.rxDropped.Add(c.dropped)
 	}
-	i.rxMu.Lock()
-	defer i.rxMu.Unlock()
+	if c.mcast > 0 {
+		s.multicast.Add(c.mcast)
+	}
+	if c.pkts > 0 {
+		s.rxPackets.Add(c.pkts)
+		s.rxBytes.Add(c.bytes)
+	}
+}
+
+// sortRxLocked sorts a batch of UD receive completions: the IP packets for the host
+// are copied into b, ARP and ND into local (copies too), and the buffers of the
+// current ring go into repost. Called with rxMu held.
+func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.RecvWR, local []rxLocal) ([]verbs.RecvWR, []rxLocal, rxCounts) {
+	var c rxCounts
+	b.arena, b.pkts = b.arena[:0], b.pkts[:0]
+	if need := len(wcs) * i.maxIBMTU; cap(b.arena) < need {
+		b.arena = make([]byte, 0, need) // appends below never move it
+	}
 	d := i.data()
-	if !d.qpReady {
-		return
+	ownQPN, ownGID, bgid := i.hw.QPN(), i.hw.GID(), d.bcast.GID()
+	p, _ := i.e.dev.Port(i.port)
+	ownLID := p.Attr().LID
+	for _, wc := range wcs {
+		if wc.Status == verbs.WCWRFlushErr || uint32(wc.WRID>>32) != d.qpGen {
+			continue // QP reset, or a ring since posted afresh
+		}
+		buf := i.recvBufs[uint32(wc.WRID)]
+		repost = append(repost, verbs.RecvWR{ID: wc.WRID, Buf: buf})
+		if wc.Status != verbs.WCSuccess || wc.ByteLen < grhLen+encapLen {
+			c.dropped++
+			continue
+		}
+		if fromSelf(wc, buf, ownLID, ownQPN, ownGID) {
+			continue // our own multicast looped back by the HCA
+		}
+		frame := buf[grhLen:wc.ByteLen]
+		if dataDebug {
+			i.e.dtracef("%s: rx %d bytes from LID %#x QPN %#x", i.Name(), len(frame), wc.SLID, wc.SrcQP)
+		}
+		dgid := verbs.GID(buf[24:40])
+		et := binary.BigEndian.Uint16(frame)
+		pkt := frame[encapLen:]
+		kind := rxClassify(et, pkt)
+		if kind == rxDrop {
+			c.dropped++
+			continue
+		}
+		off := len(b.arena)
+		b.arena = append(b.arena, pkt...)
+		cp := b.arena[off:len(b.arena):len(b.arena)]
+		if kind != rxUp { // ARP and ND: handled once rxMu is released (they send)
+			local = append(local, rxLocal{et, cp})
+			continue
+		}
+		if dgid.IsMulticast() && dgid != bgid {
+			c.mcast++
+		}
+		c.pkts++
+		c.bytes += uint64(len(pkt))
+		b.pkts = append(b.pkts, cp)
 	}
-	cur := wrs[:0]
-	for _, wr := range wrs {
-		if uint32(wr.ID>>32) == d.qpGen {
-			cur = append(cur, wr)
+	return repost, local, c
+}
+
+// rxLocal is a received ARP or ND packet, for the engine itself.
+type rxLocal struct {
+	et  uint16
+	pkt []byte
+}
+
+// handleLocal answers and learns from received ARP and ND packets.
+func (i *Interface) handleLocal(local []rxLocal) {
+	for _, l := range local {
+		if l.et == etherARP {
+			i.handleARP(l.pkt)
+		} else {
+			i.handleND(l.pkt)
 		}
 	}
-	if len(cur) == 0 {
+}
+
+// repostRecvLocked gives received buffers back to the receive queue; none is posted
+// while the QP is down (the next open posts the ring). Called with rxMu held, with
+// buffers of the current ring generation.
+func (i *Interface) repostRecvLocked(wrs []verbs.RecvWR) {
+	if len(wrs) == 0 || !i.data().qpReady {
 		return
 	}
-	if _, err := i.qp.PostRecv(cur); err != nil {
+	if _, err := i.qp.PostRecv(wrs); err != nil {
 		i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
 	}
 }
