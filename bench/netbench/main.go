@@ -51,6 +51,9 @@ type profiling struct {
 
 func main() {
 	flag.Parse()
+	if *streams < 1 || *count < 1 {
+		die("-P and -count must be at least 1")
+	}
 	for _, tool := range []string{"iperf3", "ping", "ethtool", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			die("netbench needs %s: %v", tool, err)

@@ -38,6 +38,9 @@ type monitor struct {
 	gErr     error
 
 	subscriptions atomic.Int64 // subscriptions made; more than one: one broke (tests)
+	// bufferRefused: forcing the buffer size failed (no CAP_NET_ADMIN over the
+	// namespace); its subscriptions then keep the default.
+	bufferRefused atomic.Bool
 
 	stop chan struct{}
 	done chan struct{}
@@ -53,19 +56,15 @@ type monitor struct {
 // net.core.rmem_max, which root may.
 const monitorBuffer = 32 << 20
 
-// bufferRefused: forcing the buffer size failed once (no CAP_NET_ADMIN in the
-// namespace's owner); the subscriptions then keep the default.
-var bufferRefused atomic.Bool
-
 // withBuffer subscribes with monitorBuffer, or with the default size where the kernel
 // refuses it (netlink leaves that socket open, so it is not tried again).
-func withBuffer(subscribe func(size int) error) error {
-	if !bufferRefused.Load() {
+func (m *monitor) withBuffer(subscribe func(size int) error) error {
+	if !m.bufferRefused.Load() {
 		err := subscribe(monitorBuffer)
 		if err == nil || !errors.Is(err, unix.EPERM) {
 			return err
 		}
-		bufferRefused.Store(true)
+		m.bufferRefused.Store(true)
 	}
 	return subscribe(0)
 }
@@ -186,7 +185,7 @@ func (m *monitor) follow() bool {
 	// Subscribe from a throwaway thread in the namespace, so the sockets live there
 	// without netlink switching (and restoring) one of our threads.
 	lerr := inNetNS(m.ns, func() error {
-		return withBuffer(func(size int) error {
+		return m.withBuffer(func(size int) error {
 			return netlink.LinkSubscribeWithOptions(links, stop, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {},
 				ReceiveBufferSize: size, ReceiveBufferForceSize: size != 0})
 		})
@@ -195,7 +194,7 @@ func (m *monitor) follow() bool {
 		close(links)
 	}
 	aerr := inNetNS(m.ns, func() error {
-		return withBuffer(func(size int) error {
+		return m.withBuffer(func(size int) error {
 			return netlink.AddrSubscribeWithOptions(addrs, stop, netlink.AddrSubscribeOptions{ErrorCallback: func(error) {},
 				ReceiveBufferSize: size, ReceiveBufferForceSize: size != 0})
 		})
