@@ -521,16 +521,7 @@ func TestBroadcastLoopbackDroppedAndGarbageCounted(t *testing.T) {
 
 func TestDebugLevelsTrace(t *testing.T) {
 	var buf testenv.Buffer
-	smh, err := soft.New(soft.Config{Name: "sm", Network: soft.NewMemNetwork(), HostSM: true, Heartbeat: hb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer smh.Close()
-	e, err := New(smh, Options{Logger: log.New(&buf, "", 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newRig(t).smEngine(Options{Logger: log.New(&buf, "", 0)})
 	ib0, _ := e.Interface("ib0")
 	_ = ib0.SetUp(true)
 	waitFor(t, "carrier", ib0.Carrier)

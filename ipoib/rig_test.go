@@ -53,6 +53,17 @@ func (r *rig) engine(name string, ports int, o Options) *Engine {
 	return e
 }
 
+// smEngine starts an engine on the subnet manager's own HCA; its interfaces are down.
+func (r *rig) smEngine(o Options) *Engine {
+	r.t.Helper()
+	e, err := New(r.smh, o)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(e.Close)
+	return e
+}
+
 // joinState is the join state of the port with gid in the group mgid at the SA, as
 // joined by that port itself (0: not a member; a proxy join, made through another
 // port, does not count).

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"ipoibfs/verbs"
-	"ipoibfs/verbs/soft"
 )
 
 // A receive completion polled across a QP restart belongs to the ring of before: the
@@ -17,17 +16,7 @@ import (
 // current ring is delivered and its buffer re-posted. The ring generation is in the
 // WR ID.
 func TestReceiveDropsCompletionsOfAnOlderRing(t *testing.T) {
-	smh, err := soft.New(soft.Config{Name: "sm", Network: soft.NewMemNetwork(), HostSM: true, Heartbeat: hb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer smh.Close()
-	e, err := New(smh, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	ib0, _ := e.Interface("ib0")
+	ib0, _ := newRig(t).smEngine(Options{}).Interface("ib0")
 	_ = ib0.SetUp(true)
 	waitFor(t, "carrier", ib0.Carrier)
 	_ = ib0.SetUp(false) // down and up: the ring is posted again, one generation on

@@ -63,11 +63,7 @@ func TestDeltasKeepEveryPortsTablesTheSMs(t *testing.T) {
 	ctx := context.Background()
 	pa, pb, pc := nodes[0].SoftPort(1), nodes[1].SoftPort(1), nodes[2].SoftPort(1)
 	ga, _ := pa.GID(0)
-	bcast, err := (&sa.Client{Port: pa}).Join(ctx, mad.MCMemberRecord{MGID: mustGID(t, "ff12:401b:ffff::ffff:ffff"),
-		PortGID: ga, PKey: 0xffff, JoinState: mad.JoinFull}, mad.IPoIBBroadcastJoinMask)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bcast := joinBroadcast(t, pa)
 	ports := []*Port{smh.SoftPort(1), pa, pb, pc}
 	same := func(when string) {
 		t.Helper()

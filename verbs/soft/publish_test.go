@@ -24,6 +24,19 @@ func joinGroup(ctx context.Context, p *Port, mgid verbs.GID, b mad.MCMemberRecor
 	return (&sa.Client{Port: p}).Join(ctx, rec, mad.IPoIBCreateJoinMask)
 }
 
+// joinBroadcast joins port p to the default partition's broadcast group as IPoIB does
+// first; the other groups take its parameters.
+func joinBroadcast(t *testing.T, p *Port) mad.MCMemberRecord {
+	t.Helper()
+	g, _ := p.GID(0)
+	rec, err := (&sa.Client{Port: p}).Join(context.Background(), mad.MCMemberRecord{MGID: mustGID(t, "ff12:401b:ffff::ffff:ffff"),
+		PortGID: g, PKey: 0xffff, JoinState: mad.JoinFull}, mad.IPoIBBroadcastJoinMask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
 func groupMGID(k int) verbs.GID {
 	var g verbs.GID
 	g[0], g[1], g[2], g[3] = 0xff, 0x12, 0x60, 0x1b
@@ -42,12 +55,7 @@ func TestConcurrentJoinsShareTablePublishes(t *testing.T) {
 	sm := smh.SM()
 	ctx := context.Background()
 	pa, pb, pc := nodes[0].SoftPort(1), nodes[1].SoftPort(1), nodes[2].SoftPort(1)
-	ga, _ := pa.GID(0)
-	bcast, err := (&sa.Client{Port: pa}).Join(ctx, mad.MCMemberRecord{MGID: mustGID(t, "ff12:401b:ffff::ffff:ffff"),
-		PortGID: ga, PKey: 0xffff, JoinState: mad.JoinFull}, mad.IPoIBBroadcastJoinMask)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bcast := joinBroadcast(t, pa)
 
 	// a and b each join half of the groups, all at once.
 	const joins = 2000
