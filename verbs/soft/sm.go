@@ -83,17 +83,12 @@ type SM struct {
 type publishedTables struct {
 	v     uint64
 	pass  uint64
-	uni   map[verbs.LID]*pubUni
-	multi map[verbs.LID]*pubMulti
+	uni   map[verbs.LID]*pubEntry[ctlRoute]
+	multi map[verbs.LID]*pubEntry[ctlMRoute]
 }
 
-type pubUni struct {
-	r    ctlRoute
-	pass uint64
-}
-
-type pubMulti struct {
-	m    ctlMRoute
+type pubEntry[E any] struct {
+	v    E
 	pass uint64
 }
 
@@ -455,47 +450,42 @@ func routesMsgs(r *ctlRoutes) [][]byte {
 func (t *publishedTables) advance(r *ctlRoutes) ctlRoutesDelta {
 	d := ctlRoutesDelta{From: t.v, Routes: ctlRoutes{Version: r.Version, Parts: 1, Faults: r.Faults}}
 	if t.uni == nil {
-		t.uni, t.multi = map[verbs.LID]*pubUni{}, map[verbs.LID]*pubMulti{}
+		t.uni, t.multi = map[verbs.LID]*pubEntry[ctlRoute]{}, map[verbs.LID]*pubEntry[ctlMRoute]{}
 	}
 	t.v = r.Version
 	t.pass++
-	for _, u := range r.Uni {
-		e := t.uni[u.LID]
-		if e == nil {
-			e = &pubUni{}
-			t.uni[u.LID] = e
-		}
-		if e.pass == 0 || e.r != u {
-			e.r = u
-			d.Routes.Uni = append(d.Routes.Uni, u)
-		}
-		e.pass = t.pass
-	}
-	for l, e := range t.uni {
-		if e.pass != t.pass {
-			d.DelUni = append(d.DelUni, l)
-			delete(t.uni, l)
-		}
-	}
-	for _, m := range r.Multi {
-		e := t.multi[m.MLID]
-		if e == nil {
-			e = &pubMulti{}
-			t.multi[m.MLID] = e
-		}
-		if e.pass == 0 || e.m.MGID != m.MGID || !slices.Equal(e.m.Members, m.Members) {
-			e.m = m
-			d.Routes.Multi = append(d.Routes.Multi, m)
-		}
-		e.pass = t.pass
-	}
-	for l, e := range t.multi {
-		if e.pass != t.pass {
-			d.DelMulti = append(d.DelMulti, l)
-			delete(t.multi, l)
-		}
-	}
+	d.Routes.Uni, d.DelUni = advanceTable(t.uni, t.pass, r.Uni,
+		func(u ctlRoute) verbs.LID { return u.LID },
+		func(a, b ctlRoute) bool { return a == b })
+	d.Routes.Multi, d.DelMulti = advanceTable(t.multi, t.pass, r.Multi,
+		func(m ctlMRoute) verbs.LID { return m.MLID },
+		func(a, b ctlMRoute) bool { return a.MGID == b.MGID && slices.Equal(a.Members, b.Members) })
 	return d
+}
+
+// advanceTable makes table hold entries (keyed by key), marking each with pass, and
+// returns the entries new or changed (by same) and the keys of those gone.
+func advanceTable[E any](table map[verbs.LID]*pubEntry[E], pass uint64, entries []E,
+	key func(E) verbs.LID, same func(a, b E) bool) (set []E, gone []verbs.LID) {
+	for _, x := range entries {
+		e := table[key(x)]
+		if e == nil {
+			e = &pubEntry[E]{}
+			table[key(x)] = e
+		}
+		if e.pass == 0 || !same(e.v, x) {
+			e.v = x
+			set = append(set, x)
+		}
+		e.pass = pass
+	}
+	for k, e := range table {
+		if e.pass != pass {
+			gone = append(gone, k)
+			delete(table, k)
+		}
+	}
+	return set, gone
 }
 
 // deltaMsg encodes the delta d of tables r, or returns nil when sending it is not worth
