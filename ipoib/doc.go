@@ -52,8 +52,8 @@
 // Functions named ...Locked say what they need: setCarrierLocked, setMTULocked,
 // wantedGroupsLocked and the bond's need mu; the table functions (sendUnicastLocked,
 // sendToPeerLocked, sendToHWLocked, sendMulticastLocked, cmRouteLocked, learnLocked,
-// flushPathsLocked, startJoinLocked, bcastGroupLocked, tooLongLocked) need dmu;
-// dropGroupLocked needs both.
+// flushPathsLocked, startJoinLocked, bcastGroupLocked, tooLongLocked,
+// dropGroupLocked) need dmu; mcastRoundLocked needs both.
 //
 // Below all of them, and never held while this package is called: the CM's lock (its
 // callbacks and listeners run on goroutines of their own, after it is released), the
@@ -73,8 +73,8 @@
 //   - The SA client and the CM's Connect and Disconnect: none. Joins, path queries,
 //     leaves and connections run on goroutines of their own.
 //   - The HCA: under Interface.mu on the control path (QP state, attach and detach,
-//     address handles, the receive ring, with rxMu where the ring is posted); under
-//     dmu where a group is dropped; on the data path recvLoop's PostRecv under rxMu.
+//     address handles, the receive ring, with rxMu where the ring is posted); on the
+//     data path recvLoop's PostRecv under rxMu.
 //     PostSend is made under txMu alone (post) or no lock.
 //   - Options.Event and the loggers: under any lock.
 //

@@ -76,11 +76,24 @@ func (i *Interface) mcastRound() time.Duration {
 	p, _ := i.e.dev.Port(i.port)
 	active := p.Attr().State == verbs.PortActive
 	now := i.e.clk.Now()
-	next := time.Hour
 	i.mu.Lock() // the host's groups
 	defer i.mu.Unlock()
 	i.dmu.Lock()
-	defer i.dmu.Unlock()
+	var gone []*mcastGroup
+	next := i.mcastRoundLocked(active, now, &gone)
+	i.dmu.Unlock()
+	// Groups dropped from the table are detached and left with mu alone held: a
+	// Transmit (dmu) does not wait for the HCA.
+	for _, g := range gone {
+		i.forget(g)
+	}
+	return next
+}
+
+// mcastRoundLocked is mcastRound's work on the table, with mu and dmu held; the groups
+// it drops are appended to gone.
+func (i *Interface) mcastRoundLocked(active bool, now time.Time, gone *[]*mcastGroup) time.Duration {
+	next := time.Hour
 	d := i.data()
 	if !d.up || !d.qpReady || !active {
 		return next
@@ -117,7 +130,7 @@ func (i *Interface) mcastRound() time.Duration {
 			ng := &mcastGroup{mgid: g, created: now}
 			if ok {
 				ng.queue, old.queue = old.queue, nil
-				i.dropGroupLocked(old)
+				i.dropGroupLocked(old, gone)
 			}
 			i.mcast[g] = ng
 		}
@@ -128,7 +141,7 @@ func (i *Interface) mcastRound() time.Duration {
 			continue
 		}
 		i.e.mtracef(1, "%s: deleting multicast group %s", i.Name(), mgid.KernelString())
-		i.dropGroupLocked(g)
+		i.dropGroupLocked(g, gone)
 	}
 	// Send-only groups nobody sent to for a while are left: the kernel reaps them with
 	// their neighbour, idle for two ARP gc_intervals (__ipoib_reap_neigh,
@@ -144,7 +157,7 @@ func (i *Interface) mcastRound() time.Duration {
 		}
 		i.e.mtracef(1, "%s: reaping idle send-only group %s", i.Name(), g.mgid.KernelString())
 		i.stats.txDropped.Add(uint64(len(g.queue)))
-		i.dropGroupLocked(g)
+		i.dropGroupLocked(g, gone)
 	}
 	for _, g := range i.mcast {
 		if due(g) {
@@ -299,10 +312,16 @@ func (i *Interface) leaveAll() {
 	}
 }
 
-// dropGroupLocked forgets a group: the QP is detached and the SA told we leave, in
-// the background. Called with mu and dmu held.
-func (i *Interface) dropGroupLocked(g *mcastGroup) {
+// dropGroupLocked removes a group from the table, for forget. Called with dmu held.
+func (i *Interface) dropGroupLocked(g *mcastGroup, gone *[]*mcastGroup) {
 	delete(i.mcast, g.mgid)
+	*gone = append(*gone, g)
+}
+
+// forget detaches the QP from a group out of the table and tells the SA we leave, in
+// the background. Called with mu held (nothing else changes a group out of the table:
+// joinDone holds mu).
+func (i *Interface) forget(g *mcastGroup) {
 	if g.attached {
 		_ = i.qp.DetachMcast(g.mgid, g.rec.MLID)
 	}
