@@ -1,7 +1,9 @@
 // Command udbench measures UD messages/s and bandwidth between two processes over the
-// soft fabric's UDP transport on loopback, beside a plain UDP socket pair measured in the
-// same run, and prints the ratio. The receiving side runs in a child process (this same
-// binary), so both measurements cross a real process boundary.
+// soft fabric's UDP transport on loopback, beside two UDP socket pairs measured in the
+// same run: the best the kernel offers (GSO sends of a run of datagrams per system
+// call, recvmmsg with UDP_GRO; the ratio is against this one) and one datagram per
+// system call each way. The receiving side runs in a child process (this same binary),
+// so every measurement crosses a real process boundary.
 package main
 
 import (
@@ -30,15 +32,23 @@ func main() {
 	case "udp":
 		childUDP()
 		return
+	case "gro":
+		childGRO()
+		return
 	}
 	dur := flag.Duration("d", 3*time.Second, "duration of each measurement")
 	flag.Parse()
-	fmt.Printf("UD messages between two processes over loopback, %v each\n", *dur)
-	fmt.Printf("%-6s %14s %10s %14s %10s %8s\n", "size", "fabric msg/s", "MB/s", "udp msg/s", "MB/s", "ratio")
+	fmt.Printf("UD messages between two processes over loopback, %v each; reference: UDP with GSO/GRO, same run\n", *dur)
+	fmt.Printf("%-6s %14s %10s %16s %10s %8s %16s %8s\n", "size", "fabric msg/s", "MB/s", "gso/gro msg/s", "MB/s", "ratio", "1/syscall msg/s", "ratio")
 	for _, size := range []int{2048, 4096} {
 		fm, err := runUD(size, *dur)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "udbench: fabric:", err)
+			os.Exit(1)
+		}
+		gm, err := runGSO(size, *dur)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "udbench: udp gso/gro:", err)
 			os.Exit(1)
 		}
 		um, err := runUDP(size, *dur)
@@ -46,7 +56,8 @@ func main() {
 			fmt.Fprintln(os.Stderr, "udbench: udp:", err)
 			os.Exit(1)
 		}
-		fmt.Printf("%-6d %14.0f %10.1f %14.0f %10.1f %8.2f\n", size, fm, fm*float64(size)/1e6, um, um*float64(size)/1e6, fm/um)
+		fmt.Printf("%-6d %14.0f %10.1f %16.0f %10.1f %8.2f %16.0f %8.2f\n", size, fm, fm*float64(size)/1e6,
+			gm, gm*float64(size)/1e6, fm/gm, um, fm/um)
 	}
 }
 
@@ -228,6 +239,49 @@ func childUDP() {
 			count.Add(1)
 		}
 	}()
+	fmt.Printf("READY %s\n", conn.LocalAddr())
+	bufio.NewScanner(os.Stdin).Scan()
+	fmt.Printf("COUNT %d\n", count.Load())
+}
+
+// runGSO measures the GSO/GRO socket pair.
+func runGSO(size int, dur time.Duration) (float64, error) {
+	c, addr, err := startChild("gro")
+	if err != nil {
+		return 0, err
+	}
+	raddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := net.DialUDP("udp", nil, raddr)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	var stop atomic.Bool
+	time.AfterFunc(dur, func() { stop.Store(true) })
+	if _, err := sendGSO(conn, size, &stop); err != nil {
+		c.stop()
+		return 0, err
+	}
+	time.Sleep(100 * time.Millisecond)
+	n, err := c.stop()
+	return float64(n) / dur.Seconds(), err
+}
+
+func childGRO() {
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	conn.SetReadBuffer(4 << 20)
+	var count atomic.Uint64
+	if err := receiveGRO(conn, &count); err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
 	fmt.Printf("READY %s\n", conn.LocalAddr())
 	bufio.NewScanner(os.Stdin).Scan()
 	fmt.Printf("COUNT %d\n", count.Load())
