@@ -8,7 +8,9 @@
 // Needs root, iperf3, ping, ethtool and ip; run it as `go run ./bench/netbench`.
 //
 // -only picks configurations (2044on, 2044off, 4092on, 4092off, connected), -count
-// repeats each, -P runs that many TCP streams at once (beside as many over veth), and -profile DIR builds the daemon with -tags pprof and leaves in DIR,
+// repeats each, -P runs that many TCP streams at once (beside as many over veth),
+// -loss makes the fabric lose that percentage of packets (RC recovers them in
+// connected mode; in datagram mode TCP sees them), and -profile DIR builds the daemon with -tags pprof and leaves in DIR,
 // per configuration and run, both daemons' CPU profiles over the iperf3 run
 // (<config>-<run>-a.pprof, -b.pprof), a runtime trace of each over the ping run
 // (-a.trace, -b.trace) and the binary to read them with (go tool pprof DIR/ipoibfs
@@ -37,6 +39,7 @@ var (
 	only     = flag.String("only", "", "comma-separated configurations to run (2044on,2044off,4092on,4092off,connected); empty: all")
 	count    = flag.Int("count", 1, "runs of each configuration")
 	streams  = flag.Int("P", 1, "parallel iperf3 streams (iperf3 -P); the veth reference runs as many")
+	loss     = flag.Float64("loss", 0, "percent of fabric packets lost (sm/faults) during the ipoib measurements; RC recovers them in connected mode (the veth reference has none: no netem here)")
 	profDir  = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
 	prebuilt = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
 	binPath  string
@@ -53,6 +56,9 @@ func main() {
 	flag.Parse()
 	if *streams < 1 || *count < 1 {
 		die("-P and -count must be at least 1")
+	}
+	if *loss < 0 || *loss >= 100 {
+		die("-loss must be in 0..100")
 	}
 	for _, tool := range []string{"iperf3", "ping", "ethtool", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -89,6 +95,9 @@ func main() {
 		what = fmt.Sprintf("TCP, %d parallel streams,", *streams)
 	}
 	fmt.Printf("%s (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", what, *dur)
+	if *loss > 0 {
+		fmt.Printf("the fabric loses %g%% of its packets (the veth pair none)\n", *loss)
+	}
 	fmt.Printf("%-6s %-9s %12s %12s %7s %10s %10s %7s %9s\n", "MTU", "offloads", "ipoib Gb/s", "veth Gb/s", "ratio", "ipoib RTT", "veth RTT", "ratio", "CPU s/GB")
 	for _, mtu := range []int{2044, 4092, 65520} {
 		for _, off := range []bool{true, false} {
@@ -180,6 +189,15 @@ func measureIPoIB(dir string, mtu int, offloads bool, prof *profiling) (result, 
 	}
 	for _, ns := range []string{nsA, nsB} {
 		if err := waitCarrier(ns, "ib0"); err != nil {
+			return result{}, err
+		}
+	}
+	if *loss > 0 {
+		f := filepath.Join(mA, "sm/faults")
+		if err := waitFile(f); err != nil {
+			return result{}, err
+		}
+		if err := os.WriteFile(f, []byte(fmt.Sprintf("loss %g%%\n", *loss)), 0); err != nil {
 			return result{}, err
 		}
 	}
