@@ -62,11 +62,9 @@
 //
 // Calls out, and the locks held while they are made:
 //   - Host methods: none, except childOps (a child closed or its mode set while it is
-//     created or deleted), Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
+//     created or deleted) and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
 //     state, which calls the slave's own host; a bond's own host is called after
-//     Bond.mu) and Engine.mu (createChildLocked sets the mode of, or closes, a new
-//     child, which has no host yet). A Host must not call the engine from these
-//     methods.
+//     Bond.mu). A Host must not call the engine from these methods.
 //   - Devices.Create and Delete: childOps or none; their implementations take
 //     Interface.mu and what is below it. BondDevices.CreateBond: Bonds.mu; its
 //     implementation takes the new bond's Bond.mu. DeleteBond: none.

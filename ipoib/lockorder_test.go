@@ -100,8 +100,6 @@ var lockExceptions = []lockException{
 		"the slave's SetMTU and SetUp call the slave's own host (its kernel device), which calls nothing of the engine"},
 	{"Bond.mu", "Host", "Bond.SetMTU",
 		"the slaves' SetMTU call the slaves' own hosts, as in Enslave"},
-	{"Engine.mu", "Host", "Interface.newChild",
-		"createChildLocked's SetMode and close of the new child, which has no host yet (Devices.Create attaches it after Engine.mu)"},
 }
 
 func TestLockOrder(t *testing.T) {

@@ -2,9 +2,11 @@ package ipoib
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 
 	"ipoibfs/verbs/mad"
@@ -147,4 +149,40 @@ func TestTwoPortsTwoIndependentInterfaces(t *testing.T) {
 		t.Fatalf("a's port 1 broadcast join state %#x after ib1 went down, want full", st)
 	}
 	ping(t, a0, b0, h0, "10.0.0.1", "10.0.0.2", 3)
+}
+
+// The interface table is not held while a child's QP is made, so two parents may make
+// children of one name at once: exactly one gets it, the other EEXIST, and the
+// loser's interface is closed (the package's leak check sees its goroutines).
+func TestChildNameTakenByOneOfTwoParents(t *testing.T) {
+	e := newRig(t).engine("two", 2, Options{})
+	ib0, _ := e.Interface("ib0")
+	ib1, _ := e.Interface("ib1")
+	for k := range 20 {
+		name := fmt.Sprintf("dup%d", k)
+		errs := make(chan error, 2)
+		for _, p := range []*Interface{ib0, ib1} {
+			go func() {
+				_, err := p.AddLink(ChildSpec{Name: name, PKey: 0x8001})
+				errs <- err
+			}()
+		}
+		var ok, exist int
+		for range 2 {
+			switch err := <-errs; {
+			case err == nil:
+				ok++
+			case errors.Is(err, syscall.EEXIST):
+				exist++
+			default:
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		if ok != 1 || exist != 1 {
+			t.Fatalf("%s made by two parents at once: %d made, %d EEXIST", name, ok, exist)
+		}
+		if c, found := e.Interface(name); !found || len(ib0.Children())+len(ib1.Children()) != k+1 || c.Parent() == nil {
+			t.Fatalf("%s: in the table %v, children %d+%d", name, found, len(ib0.Children()), len(ib1.Children()))
+		}
+	}
 }

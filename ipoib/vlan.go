@@ -90,9 +90,7 @@ func (i *Interface) newChild(op string, spec ChildSpec, legacy bool) (*Interface
 	i.childOps.Lock()
 	defer i.childOps.Unlock()
 	e := i.e
-	e.mu.Lock()
-	c, err := i.createChildLocked(op, spec, legacy)
-	e.mu.Unlock()
+	c, err := i.createChild(op, spec, legacy)
 	if err != nil {
 		return nil, err
 	}
@@ -123,9 +121,14 @@ func (i *Interface) removeChild(c *Interface) {
 	c.close()
 }
 
-func (i *Interface) createChildLocked(op string, spec ChildSpec, legacy bool) (*Interface, error) {
+// createChild makes the child and enters it in the engine's table. Its QP, CQs and
+// goroutines are made without Engine.mu (other readers of the table need not wait for
+// the HCA); the name is checked before and again when it is entered, as another
+// parent may have taken it meanwhile, and a child made while the engine closed is
+// closed again.
+func (i *Interface) createChild(op string, spec ChildSpec, legacy bool) (*Interface, error) {
 	e := i.e
-	if e.closed {
+	if e.isClosed() {
 		return nil, i.childErr(op, syscall.ENODEV, "engine is shutting down")
 	}
 	if legacy {
@@ -145,8 +148,8 @@ func (i *Interface) createChildLocked(op string, spec ChildSpec, legacy bool) (*
 	if name == "" {
 		name = ChildName(i.Name(), spec.PKey)
 	}
-	if _, exists := e.ifs[name]; exists {
-		return nil, i.childErr(op, syscall.EEXIST, "an interface named %s exists", name)
+	if err := i.nameFree(op, name); err != nil {
+		return nil, err
 	}
 	c, err := newInterface(e, name, i.port, i, spec.PKey)
 	if err != nil {
@@ -160,12 +163,43 @@ func (i *Interface) createChildLocked(op string, spec ChildSpec, legacy bool) (*
 			return nil, i.childErr(op, syscall.EINVAL, "%v", err)
 		}
 	}
+	e.mu.Lock()
+	if err := i.nameFreeLocked(op, name); err != nil {
+		e.mu.Unlock()
+		c.close()
+		return nil, err
+	}
 	i.mu.Lock()
 	i.children = append(i.children, c)
 	i.mu.Unlock()
 	e.ifs[name] = c
 	e.notifyLocked(name)
+	e.mu.Unlock()
 	return c, nil
+}
+
+// isClosed reports whether Close has begun.
+func (e *Engine) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// nameFree checks that the engine is open and has no interface called name.
+func (i *Interface) nameFree(op, name string) error {
+	i.e.mu.Lock()
+	defer i.e.mu.Unlock()
+	return i.nameFreeLocked(op, name)
+}
+
+func (i *Interface) nameFreeLocked(op, name string) error {
+	if i.e.closed {
+		return i.childErr(op, syscall.ENODEV, "engine is shutting down")
+	}
+	if _, exists := i.e.ifs[name]; exists {
+		return i.childErr(op, syscall.EEXIST, "an interface named %s exists", name)
+	}
+	return nil
 }
 
 // DeleteChild removes the create_child child with exactly this P_Key (delete_child).
