@@ -6,8 +6,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"ipoibfs/verbs"
 )
 
 // sys_image_guid has node_guid's format and, for the soft HCA (alone in its system),
@@ -45,19 +48,35 @@ func TestPortCounters(t *testing.T) {
 		}
 		return n
 	}
-	// The broadcast join's SA traffic has moved the counters already; snapshot the
-	// port and the files together while nothing else is sent.
+	// The broadcast join's SA traffic has moved the counters already, and joins of
+	// other groups may still be under way: the files must say what the port says when
+	// the port's counters did not move while they were read.
 	p := v.hca.SoftPort(1)
-	c := p.Counters()
-	for name, want := range map[string]uint64{
-		"port_xmit_packets": c.XmitPackets,
-		"port_rcv_packets":  c.RcvPackets,
-		"port_xmit_data":    c.XmitBytes / 4,
-		"port_rcv_data":     c.RcvBytes / 4,
-	} {
-		if got := num(name); got != want {
-			t.Errorf("%s = %d, port says %d", name, got, want)
+	var c verbs.PortCounters
+	for try := 0; ; try++ {
+		c = p.Counters()
+		got := map[string]uint64{}
+		for _, name := range []string{"port_xmit_packets", "port_rcv_packets", "port_xmit_data", "port_rcv_data"} {
+			got[name] = num(name)
 		}
+		if p.Counters() != c {
+			if try == 100 {
+				t.Fatalf("the port's counters never stood still for 4 reads")
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		for name, want := range map[string]uint64{
+			"port_xmit_packets": c.XmitPackets,
+			"port_rcv_packets":  c.RcvPackets,
+			"port_xmit_data":    c.XmitBytes / 4,
+			"port_rcv_data":     c.RcvBytes / 4,
+		} {
+			if got[name] != want {
+				t.Errorf("%s = %d, port says %d", name, got[name], want)
+			}
+		}
+		break
 	}
 	if c.XmitPackets == 0 {
 		t.Errorf("no packets counted after the broadcast join: %+v", c)

@@ -87,6 +87,7 @@ type Interface struct {
 	leaveMu       sync.Mutex    // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool
+	leaving       map[verbs.GID]int    // under leaveMu: background leaves on their way, per group
 	bond          atomic.Pointer[Bond] // the bond this interface is a slave of (bond.go)
 
 	qp        verbs.QP

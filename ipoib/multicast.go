@@ -99,8 +99,8 @@ func (i *Interface) mcastRoundLocked(active bool, now time.Time, gone *[]*mcastG
 		return next
 	}
 	due := func(g *mcastGroup) bool {
-		if g.joining || g.ah != nil || (g.sendOnly && g.tries >= 2) {
-			return false
+		if g.joining || g.ah != nil || (g.sendOnly && g.tries >= 2) || i.leavePending(g.mgid) {
+			return false // (the leave's end wakes the task)
 		}
 		if now.Before(g.retryAt) {
 			next = min(next, g.retryAt.Sub(now))
@@ -343,11 +343,30 @@ func (i *Interface) leaveGroup(mgid verbs.GID, state uint8) {
 	if i.leavesDone {
 		return // closed: stopDev's leaveAll has left every group
 	}
+	if i.leaving == nil {
+		i.leaving = map[verbs.GID]int{}
+	}
+	i.leaving[mgid]++
 	i.leaves.Add(1)
 	go func() {
 		defer i.leaves.Done()
 		i.leave(mgid, state)
+		i.leaveMu.Lock()
+		if i.leaving[mgid]--; i.leaving[mgid] == 0 {
+			delete(i.leaving, mgid)
+		}
+		i.leaveMu.Unlock()
+		i.wake() // a join of the group may be waiting for this leave
 	}()
+}
+
+// leavePending reports whether a background leave of mgid is on its way to the SA. A
+// join of the group waits for it: the SA keeps one membership per port, and a leave
+// that arrived after the join would delete the membership the join made.
+func (i *Interface) leavePending(mgid verbs.GID) bool {
+	i.leaveMu.Lock()
+	defer i.leaveMu.Unlock()
+	return i.leaving[mgid] > 0
 }
 
 // waitLeaves stops new background leaves and waits for those under way.

@@ -167,8 +167,9 @@ func mcgBlock(i *Interface, mgid verbs.GID) string {
 // real query; a non-nil error is the query's answer.
 type hookSA struct {
 	saClient
-	path func(ctx context.Context, n int, dgid verbs.GID) error         // n-th path query, from 1
-	join func(ctx context.Context, n int, rec mad.MCMemberRecord) error // n-th join of rec.MGID
+	path  func(ctx context.Context, n int, dgid verbs.GID) error         // n-th path query, from 1
+	join  func(ctx context.Context, n int, rec mad.MCMemberRecord) error // n-th join of rec.MGID
+	leave func(ctx context.Context, rec mad.MCMemberRecord) error
 
 	mu    sync.Mutex
 	paths int
@@ -208,6 +209,15 @@ func (h *hookSA) Join(ctx context.Context, rec mad.MCMemberRecord, mask uint64) 
 		}
 	}
 	return h.saClient.Join(ctx, rec, mask)
+}
+
+func (h *hookSA) Leave(ctx context.Context, rec mad.MCMemberRecord, mask uint64) error {
+	if h.leave != nil {
+		if err := h.leave(ctx, rec); err != nil {
+			return err
+		}
+	}
+	return h.saClient.Leave(ctx, rec, mask)
 }
 
 func (h *hookSA) pathCalls() int {

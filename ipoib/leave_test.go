@@ -1,0 +1,57 @@
+package ipoib
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
+)
+
+// A join answered after the interface went down is left again in the background; a
+// join of the same group after the interface came back up waits for that leave. The
+// SA keeps one membership per port, and a leave arriving after the new join deleted
+// it: the port then missed the broadcasts (ARP) of its peers (a flaky
+// TestFlushesKeepSAMembership). Deterministic here: the first join and the leave are
+// held by the test.
+func TestRejoinWaitsForTheLeaveOfASupersededJoin(t *testing.T) {
+	r := newRig(t)
+	joinStarted, releaseJoin := make(chan struct{}, 1), make(chan struct{})
+	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
+	var bcast verbs.GID // set before the interface comes up
+	var leaves atomic.Int32
+	h := &hookSA{
+		join: func(ctx context.Context, n int, rec mad.MCMemberRecord) error {
+			if n == 1 && rec.MGID == bcast { // the first broadcast join
+				return holdUntil(ctx, joinStarted, releaseJoin)
+			}
+			return nil
+		},
+		leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
+			if rec.MGID == bcast && leaves.Add(1) == 1 { // the superseded join's leave
+				return holdUntil(ctx, leaveStarted, releaseLeave)
+			}
+			return nil
+		},
+	}
+	e := r.engine("a", 1, Options{wrapSA: h.wrap})
+	a := iface(t, e, "ib0")
+	bcast = a.Broadcast().GID()
+	_ = a.SetUp(true)
+	<-joinStarted // the broadcast join is at the SA
+	_ = a.SetUp(false)
+	close(releaseJoin) // answered after the interface went down: superseded, left
+	<-leaveStarted
+	_ = a.SetUp(true)
+	waitFor(t, "the QP ready again", func() bool { return a.data().qpReady })
+	a.mcastRound() // a round of the join task while the leave is on its way
+	if g, ok := groupOf(a, bcast); ok && g.joining || h.joinCalls(bcast) != 1 {
+		t.Fatalf("the broadcast group joined again while its leave was on its way (joining %v, %d joins)", g.joining, h.joinCalls(bcast))
+	}
+	close(releaseLeave) // the leave is answered: the task is woken and joins
+	waitFor(t, "carrier after the leave", a.Carrier)
+	if st := r.joinState(bcast, a.HWAddr().GID()); st&mad.JoinFull == 0 {
+		t.Fatalf("a is not a full member of the broadcast group at the SA (join state %#x)", st)
+	}
+}
