@@ -184,7 +184,9 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 			e.Close()
 			return nil, err
 		}
+		e.mu.Lock() // the event loop, running already, reads the table
 		e.ifs[name] = i
+		e.mu.Unlock()
 	}
 	return e, nil
 }
