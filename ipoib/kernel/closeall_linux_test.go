@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // CloseAll deletes many devices in one request per namespace and leaves every other
@@ -90,4 +93,59 @@ func TestDeleteTogetherWithFilesOpen(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// A namespace's devices share one thread in it for their calls (nsWorker): it runs
+// in the namespace, lives while a device holds it, and after the last device inNetNS
+// makes a thread of its own again, in the right namespace too.
+func TestNamespaceWorker(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "nw")
+	d1 := open(t, Config{Name: uniq("nw"), MTU: 1500, NetNS: ns})
+	d2 := open(t, Config{Name: uniq("nw"), MTU: 1500, NetNS: ns})
+	nsIno := func() uint64 {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(d1.ns), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}()
+	threadNS := func() (ino uint64, tid int) {
+		t.Helper()
+		var st unix.Stat_t
+		if err := inNetNS(d1.ns, func() error {
+			tid = unix.Gettid()
+			return unix.Stat("/proc/thread-self/ns/net", &st)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino, tid
+	}
+	w := lookupWorker(d1.ns)
+	if w == nil || d1.worker != w || d2.worker != w {
+		t.Fatalf("the two devices of one namespace do not share its worker: %p %p %p", w, d1.worker, d2.worker)
+	}
+	ino, tid1 := threadNS()
+	_, tid2 := threadNS()
+	if ino != nsIno || tid1 != tid2 {
+		t.Fatalf("calls ran in namespace %d (want %d) on threads %d and %d (want one)", ino, nsIno, tid1, tid2)
+	}
+	d2.Close()
+	if lookupWorker(d1.ns) != w {
+		t.Fatal("the worker stopped while a device still holds it")
+	}
+	ns1 := d1.ns
+	dup, err := unix.Dup(int(ns1)) // d1's handle closes with it
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1.Close()
+	if lookupWorker(ns1) != nil || lookupWorker(netns.NsHandle(dup)) != nil {
+		t.Fatal("the worker outlived the namespace's last device")
+	}
+	var st unix.Stat_t
+	if err := inNetNS(netns.NsHandle(dup), func() error { return unix.Stat("/proc/thread-self/ns/net", &st) }); err != nil || st.Ino != nsIno {
+		t.Fatalf("inNetNS without a worker: namespace %d, %v; want %d", st.Ino, err, nsIno)
+	}
+	unix.Close(dup)
 }

@@ -34,16 +34,17 @@ const (
 // Device is one TUN device. Read, Write and the control methods may be called
 // concurrently; Read calls are serialised among themselves, as are Write calls.
 type Device struct {
-	name  string
-	ns    netns.NsHandle // open for a named namespace; None for the process's own
-	nsTag string         // for error messages: "" or " (netns NAME)"
-	h     *netlink.Handle
-	index int
-	link  netlink.Link // index-only stub for netlink calls
-	tun   tun.Device
-	rc    syscall.RawConn
-	batch int
-	uso   bool // kernel accepts TUN_F_USO4|USO6
+	name   string
+	ns     netns.NsHandle // open for a named namespace; None for the process's own
+	worker *nsWorker      // the namespace's thread, held while the device is open
+	nsTag  string         // for error messages: "" or " (netns NAME)"
+	h      *netlink.Handle
+	index  int
+	link   netlink.Link // index-only stub for netlink calls
+	tun    tun.Device
+	rc     syscall.RawConn
+	batch  int
+	uso    bool // kernel accepts TUN_F_USO4|USO6
 
 	mtu atomic.Int64 // last MTU set through this package (Read's buffer check)
 	gro atomic.Bool
@@ -101,8 +102,13 @@ func Open(cfg Config) (_ *Device, err error) {
 		}
 		return nil, fail("%w", err)
 	}
-	// The handle's socket is created in the device's namespace by a throwaway thread
-	// (netlink's own NewHandleAt switches the calling thread there and back).
+	if d.ns.IsOpen() { // the namespace's thread for the device's calls (inNetNS)
+		if d.worker, err = acquireWorker(d.ns); err != nil {
+			return nil, fail("%w", err)
+		}
+	}
+	// The handle's socket is created in the device's namespace by the namespace's
+	// thread (netlink's own NewHandleAt switches the calling thread there and back).
 	if d.h, err = newHandleIn(d.ns); err != nil {
 		if denied(err) {
 			return nil, fmt.Errorf("%w: %s%s: netlink: %w", ErrUnavailable, d.name, d.nsTag, err)
@@ -230,6 +236,10 @@ func (d *Device) release() {
 	}
 	if d.h != nil {
 		d.h.Close()
+	}
+	if d.worker != nil {
+		d.worker.release()
+		d.worker = nil
 	}
 	if d.ns.IsOpen() {
 		d.ns.Close()

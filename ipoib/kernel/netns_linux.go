@@ -72,11 +72,17 @@ func getNetNS(name string) (netns.NsHandle, error) {
 }
 
 // inNetNS runs fn on an OS thread that has entered ns (or on the calling goroutine when
-// ns is not open). The thread is locked and never unlocked, so it is discarded when fn
-// returns instead of going back to the scheduler in the wrong namespace.
+// ns is not open): the namespace's worker while devices hold one (nsWorker), else a
+// thread of its own. Such a thread is locked and never unlocked, so it is discarded
+// when fn returns instead of going back to the scheduler in the wrong namespace.
 func inNetNS(ns netns.NsHandle, fn func() error) error {
 	if !ns.IsOpen() {
 		return fn()
+	}
+	if w := lookupWorker(ns); w != nil {
+		if ran, err := w.run(fn); ran {
+			return err
+		}
 	}
 	ch := make(chan error, 1)
 	go func() {
@@ -160,4 +166,85 @@ func newHandleIn(ns netns.NsHandle) (*netlink.Handle, error) {
 	var h *netlink.Handle
 	err := inNetNS(ns, func() (e error) { h, e = netlink.NewHandle(unix.NETLINK_ROUTE); return e })
 	return h, err
+}
+
+// nsWorker is a goroutine locked on an OS thread that has entered a namespace, kept
+// while devices there hold it: every netlink, ethtool and /proc call of a device made
+// its own thread (entering the namespace, then discarded), seven per child created;
+// with the worker they cost a hand-off each.
+type nsWorker struct {
+	key  string
+	refs int // under workersMu
+	ch   chan func()
+	stop chan struct{}
+}
+
+var (
+	workersMu sync.Mutex
+	workers   = map[string]*nsWorker{}
+)
+
+// acquireWorker returns the worker of ns, starting it if needed; release it when done.
+func acquireWorker(ns netns.NsHandle) (*nsWorker, error) {
+	key := nsKey(ns)
+	workersMu.Lock()
+	defer workersMu.Unlock()
+	if w := workers[key]; w != nil {
+		w.refs++
+		return w, nil
+	}
+	w := &nsWorker{key: key, refs: 1, ch: make(chan func()), stop: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := netns.Set(ns); err != nil {
+			started <- fmt.Errorf("enter network namespace: %w", err)
+			return
+		}
+		started <- nil
+		for {
+			select {
+			case f := <-w.ch:
+				f()
+			case <-w.stop:
+				return
+			}
+		}
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	workers[key] = w
+	return w, nil
+}
+
+// lookupWorker returns the worker of ns if one runs.
+func lookupWorker(ns netns.NsHandle) *nsWorker {
+	key := nsKey(ns)
+	workersMu.Lock()
+	defer workersMu.Unlock()
+	return workers[key]
+}
+
+// release drops a reference; the last one stops the worker (and ends its thread).
+func (w *nsWorker) release() {
+	workersMu.Lock()
+	defer workersMu.Unlock()
+	if w.refs--; w.refs == 0 {
+		if workers[w.key] == w {
+			delete(workers, w.key)
+		}
+		close(w.stop)
+	}
+}
+
+// run runs fn on the worker's thread; ran is false when the worker has stopped.
+func (w *nsWorker) run(fn func() error) (ran bool, err error) {
+	done := make(chan error, 1)
+	select {
+	case w.ch <- func() { done <- fn() }:
+		return true, <-done
+	case <-w.stop:
+		return false, nil
+	}
 }
