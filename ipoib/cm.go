@@ -237,18 +237,23 @@ func (i *Interface) cmRxBuffers(rx *cmRx, shared bool) []verbs.RecvWR {
 	bufs := rx.bufs
 	if shared {
 		i.dmu.Lock()
-		if i.cmSRQBufs != nil {
-			i.dmu.Unlock()
+		claimed := i.cmSRQClaimed
+		i.cmSRQClaimed = true
+		i.dmu.Unlock()
+		if claimed {
 			return nil
 		}
-		i.cmSRQBufs = make([][]byte, i.e.params.RecvQueueSize)
-		bufs = i.cmSRQBufs
-		i.dmu.Unlock()
+		bufs = make([][]byte, i.e.params.RecvQueueSize)
 	}
 	wrs := make([]verbs.RecvWR, len(bufs))
 	for k := range bufs {
 		bufs[k] = make([]byte, cmBufSize)
 		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: bufs[k]}
+	}
+	if shared { // published filled, before any of them is posted
+		i.dmu.Lock()
+		i.cmSRQBufs = bufs
+		i.dmu.Unlock()
 	}
 	return wrs
 }

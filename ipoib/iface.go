@@ -120,8 +120,10 @@ type Interface struct {
 	cmHasSRQ  bool
 	cmSRQ     verbs.SRQ
 	cmSRQBufs [][]byte
-	tx        map[HWAddr]*cmTx // under dmu, as the connections' fields
-	rx        map[verbs.QPN]*cmRx
+	// cmSRQClaimed: a connection is making the pool (cmRxBuffers), under dmu.
+	cmSRQClaimed bool
+	tx           map[HWAddr]*cmTx // under dmu, as the connections' fields
+	rx           map[verbs.QPN]*cmRx
 
 	txMu  sync.Mutex // serialises posting so these scratch slices are reused
 	txWRs []verbs.SendWR
