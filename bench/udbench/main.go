@@ -223,6 +223,23 @@ func runUDP(size int, dur time.Duration) (float64, error) {
 }
 
 func childUDP() {
+	childCount(func(conn *net.UDPConn, count *atomic.Uint64) error {
+		go func() {
+			buf := make([]byte, 65536)
+			for {
+				if _, err := conn.Read(buf); err != nil {
+					return
+				}
+				count.Add(1)
+			}
+		}()
+		return nil
+	})
+}
+
+// childCount is a receiving child: a UDP socket on loopback whose datagrams receive
+// counts, READY with its address, and the count once the parent says STOP.
+func childCount(receive func(conn *net.UDPConn, count *atomic.Uint64) error) {
 	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		fmt.Println("ERR", err)
@@ -230,15 +247,10 @@ func childUDP() {
 	}
 	conn.SetReadBuffer(4 << 20)
 	var count atomic.Uint64
-	go func() {
-		buf := make([]byte, 65536)
-		for {
-			if _, err := conn.Read(buf); err != nil {
-				return
-			}
-			count.Add(1)
-		}
-	}()
+	if err := receive(conn, &count); err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
 	fmt.Printf("READY %s\n", conn.LocalAddr())
 	bufio.NewScanner(os.Stdin).Scan()
 	fmt.Printf("COUNT %d\n", count.Load())
@@ -270,19 +282,4 @@ func runGSO(size int, dur time.Duration) (float64, error) {
 	return float64(n) / dur.Seconds(), err
 }
 
-func childGRO() {
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		fmt.Println("ERR", err)
-		return
-	}
-	conn.SetReadBuffer(4 << 20)
-	var count atomic.Uint64
-	if err := receiveGRO(conn, &count); err != nil {
-		fmt.Println("ERR", err)
-		return
-	}
-	fmt.Printf("READY %s\n", conn.LocalAddr())
-	bufio.NewScanner(os.Stdin).Scan()
-	fmt.Printf("COUNT %d\n", count.Load())
-}
+func childGRO() { childCount(receiveGRO) }
