@@ -209,6 +209,11 @@ func children(d *daemon) {
 		after := d.snap()
 		fmt.Printf("%6d %12v %12v   %-24s %-24s %-24s %.0f KiB, %.1f goroutines\n", n, create.Round(time.Microsecond), del.Round(time.Microsecond),
 			before, at, after, float64(at.rss-before.rss)/float64(n), float64(at.gor-before.gor)/float64(n))
+		if n >= 1000 {
+			fmt.Printf("%6s per 1000: create %v, delete %v (aim <= 2 s each); RSS %+.1f MiB (aim <= +20), after deleting %+.1f MiB from before (aim within 5)\n", "",
+				(create * 1000).Round(time.Millisecond), (del * 1000).Round(time.Millisecond),
+				float64(at.rss-before.rss)/1024*1000/float64(n), float64(after.rss-before.rss)/1024)
+		}
 	}
 	fmt.Println()
 }
@@ -258,7 +263,7 @@ func mcg(d *daemon) {
 	}
 	joined := time.Since(t0)
 	full, size := timeRead()
-	fmt.Printf("cat kernel/debug/ipoib/ib0_mcg: %v with the default groups (%d bytes); %v with %d more groups (%d bytes; all joined on the fabric %v after the application's joins)\n\n",
+	fmt.Printf("cat kernel/debug/ipoib/ib0_mcg: %v with the default groups (%d bytes); %v with %d more groups (%d bytes; all joined on the fabric %v after the application's joins); aim: < 50 ms with 10k groups\n\n",
 		base.Round(time.Microsecond), baseSize, full.Round(time.Microsecond), *groups, size, joined.Round(time.Millisecond))
 }
 
