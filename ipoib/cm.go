@@ -486,12 +486,15 @@ func (i *Interface) cmTxFailed(t *cmTx) {
 // connection down (ipoib_cm_handle_tx_wc).
 func (i *Interface) cmSendLoop() {
 	defer i.wg.Done()
-	wcs := make([]verbs.WC, 64)
+	var wcs []verbs.WC // made at the first completion, as recvLoop's
 	for {
 		select {
 		case <-i.stop:
 			return
 		case <-i.cmScq.Notify():
+		}
+		if wcs == nil {
+			wcs = make([]verbs.WC, 64)
 		}
 		for n := i.cmScq.Poll(wcs); n > 0; n = i.cmScq.Poll(wcs) {
 			for _, wc := range wcs[:n] {
@@ -519,7 +522,7 @@ func (i *Interface) cmSendLoop() {
 // cmRecvLoop handles receive completions of all passive connections.
 func (i *Interface) cmRecvLoop() {
 	defer i.wg.Done()
-	wcs := make([]verbs.WC, recvBatch)
+	var wcs []verbs.WC // made at the first completion, as recvLoop's
 	var deliver [][]byte
 	type repost struct {
 		to interface {
@@ -534,6 +537,9 @@ func (i *Interface) cmRecvLoop() {
 		case <-i.stop:
 			return
 		case <-i.cmRcq.Notify():
+		}
+		if wcs == nil {
+			wcs = make([]verbs.WC, recvBatch)
 		}
 		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
 			deliver, re, local = deliver[:0], re[:0], local[:0]

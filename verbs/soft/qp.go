@@ -570,7 +570,7 @@ type CQ struct {
 // cqInitial is a new CQ's ring: CQs are sized for the worst case (every buffer of
 // every connection completed at once) and thousands of interfaces each have several,
 // so memory is taken as completions actually pile up.
-const cqInitial = 64
+const cqInitial = 8
 
 func newCQ(entries int) *CQ {
 	return &CQ{entries: entries, ring: make([]verbs.WC, min(entries, cqInitial)), notify: make(chan struct{}, 1)}
