@@ -3,6 +3,7 @@ package ipoib
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -59,30 +60,10 @@ func TestReceiveDropsCompletionsOfAnOlderRing(t *testing.T) {
 // detector sees the data path and the control path share nothing unguarded.
 func TestModeSwitchesUnderTraffic(t *testing.T) {
 	a, b := connectedPair(t)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var batches atomic.Int64
-	// more waits for the transmitters to send some batches in the current mode.
-	more := func() {
-		t.Helper()
-		n := batches.Load() + 10
-		waitFor(t, "ten batches", func() bool { return batches.Load() >= n })
-	}
-	for k := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for seq := uint16(0); ; seq++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(k)<<15|seq, 1000), icmp4("10.0.0.1", "10.0.0.2", 8, seq, 3000)})
-				batches.Add(1)
-			}
-		}()
-	}
+	tr := startTraffic(2, func(k int, seq uint32) {
+		a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(k)<<15|uint16(seq), 1000), icmp4("10.0.0.1", "10.0.0.2", 8, uint16(seq), 3000)})
+	})
+	more := func() { t.Helper(); tr.more(t, 10) } // some batches in the current mode
 	for k := range 200 {
 		m := Datagram
 		if k%2 == 1 {
@@ -104,8 +85,7 @@ func TestModeSwitchesUnderTraffic(t *testing.T) {
 		t.Fatalf("%d connections right after the switch to datagram mode", got)
 	}
 	more()
-	close(stop)
-	wg.Wait()
+	tr.stop()
 	if got := n(); got != 0 {
 		t.Fatalf("%d connections made in datagram mode", got)
 	}
@@ -124,31 +104,16 @@ func TestRestartsUnderTraffic(t *testing.T) {
 	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
 	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var sent atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for seq := uint32(0); ; seq++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			a.ib0.Transmit([][]byte{udp4("10.0.0.1", "10.0.0.2", 9, binary.BigEndian.AppendUint32(nil, seq))})
-			sent.Add(1)
-		}
-	}()
+	tr := startTraffic(1, func(_ int, seq uint32) {
+		a.ib0.Transmit([][]byte{udp4("10.0.0.1", "10.0.0.2", 9, binary.BigEndian.AppendUint32(nil, seq))})
+	})
 	for range 10 {
-		n := sent.Load() + 20
-		waitFor(t, "traffic", func() bool { return sent.Load() >= n })
+		tr.more(t, 20)
 		_ = b.ib0.SetUp(false)
 		_ = b.ib0.SetUp(true)
 		waitFor(t, "b's carrier after a restart", b.ib0.Carrier)
 	}
-	close(stop)
-	wg.Wait()
+	tr.stop()
 	seen := map[string]bool{}
 	for _, p := range b.host.take(func(p []byte) bool { return len(p) == 32 && p[9] == 17 }) {
 		if k := string(p[28:32]); seen[k] {
@@ -161,4 +126,45 @@ func TestRestartsUnderTraffic(t *testing.T) {
 		t.Fatal("no datagram got through the restarts")
 	}
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2)
+}
+
+// traffic is senders running until stopped, counting what they sent.
+type traffic struct {
+	sent atomic.Int64
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+// startTraffic runs n senders calling send with their number and a sequence number
+// that counts up, until stop.
+func startTraffic(n int, send func(k int, seq uint32)) *traffic {
+	tr := &traffic{quit: make(chan struct{})}
+	for k := range n {
+		tr.wg.Add(1)
+		go func() {
+			defer tr.wg.Done()
+			for seq := uint32(0); ; seq++ {
+				select {
+				case <-tr.quit:
+					return
+				default:
+				}
+				send(k, seq)
+				tr.sent.Add(1)
+			}
+		}()
+	}
+	return tr
+}
+
+// more waits until the senders have sent n more times.
+func (tr *traffic) more(t *testing.T, n int64) {
+	t.Helper()
+	want := tr.sent.Load() + n
+	waitFor(t, fmt.Sprintf("%d more sends", n), func() bool { return tr.sent.Load() >= want })
+}
+
+func (tr *traffic) stop() {
+	close(tr.quit)
+	tr.wg.Wait()
 }

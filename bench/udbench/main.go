@@ -201,21 +201,40 @@ func childUD(sm string) {
 }
 
 func runUDP(size int, dur time.Duration) (float64, error) {
-	c, addr, err := startChild("udp")
+	return runPair("udp", dur, func(conn *net.UDPConn, stop *atomic.Bool) error {
+		msg := make([]byte, size)
+		for !stop.Load() {
+			for range 32 {
+				conn.Write(msg)
+			}
+		}
+		return nil
+	})
+}
+
+// runPair measures a UDP socket pair: the child (mode) counts what send, writing to it
+// until stop is set after dur, got through; it returns datagrams per second.
+func runPair(mode string, dur time.Duration, send func(conn *net.UDPConn, stop *atomic.Bool) error) (float64, error) {
+	c, addr, err := startChild(mode)
 	if err != nil {
 		return 0, err
 	}
-	conn, err := net.Dial("udp", addr)
+	raddr, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
+		c.stop()
+		return 0, err
+	}
+	conn, err := net.DialUDP("udp", nil, raddr)
+	if err != nil {
+		c.stop()
 		return 0, err
 	}
 	defer conn.Close()
-	msg := make([]byte, size)
-	end := time.Now().Add(dur)
-	for time.Now().Before(end) {
-		for range 32 {
-			conn.Write(msg)
-		}
+	var stop atomic.Bool
+	time.AfterFunc(dur, func() { stop.Store(true) })
+	if err := send(conn, &stop); err != nil {
+		c.stop()
+		return 0, err
 	}
 	time.Sleep(100 * time.Millisecond)
 	n, err := c.stop()
@@ -258,28 +277,10 @@ func childCount(receive func(conn *net.UDPConn, count *atomic.Uint64) error) {
 
 // runGSO measures the GSO/GRO socket pair.
 func runGSO(size int, dur time.Duration) (float64, error) {
-	c, addr, err := startChild("gro")
-	if err != nil {
-		return 0, err
-	}
-	raddr, err := net.ResolveUDPAddr("udp", addr)
-	if err != nil {
-		return 0, err
-	}
-	conn, err := net.DialUDP("udp", nil, raddr)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	var stop atomic.Bool
-	time.AfterFunc(dur, func() { stop.Store(true) })
-	if _, err := sendGSO(conn, size, &stop); err != nil {
-		c.stop()
-		return 0, err
-	}
-	time.Sleep(100 * time.Millisecond)
-	n, err := c.stop()
-	return float64(n) / dur.Seconds(), err
+	return runPair("gro", dur, func(conn *net.UDPConn, stop *atomic.Bool) error {
+		_, err := sendGSO(conn, size, stop)
+		return err
+	})
 }
 
 func childGRO() { childCount(receiveGRO) }

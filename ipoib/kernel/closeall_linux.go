@@ -28,10 +28,7 @@ func CloseAll(devs []*Device) error {
 		if d == nil || !d.beginClose() {
 			continue
 		}
-		id := ""
-		if d.ns.IsOpen() {
-			id = d.ns.UniqueId()
-		}
+		id := nsKey(d.ns)
 		if byNS[id] == nil {
 			order = append(order, id)
 		}
