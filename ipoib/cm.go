@@ -107,9 +107,6 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 		return err
 	}
 	i.cmStop = stop
-	i.wg.Add(2)
-	go i.cmRecvLoop()
-	go i.cmSendLoop()
 	return nil
 }
 
@@ -146,6 +143,9 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 	if mode != Connected {
 		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.Name(), req.RemoteLID)
 		return cm.Reject{Reason: mad.RejConsumerDefined}
+	}
+	if !i.startLoops() { // a peer may connect to an interface never brought up
+		return cm.Reject{Reason: mad.RejNoQP}
 	}
 	if !i.cmHasSRQ && n >= i.e.params.MaxNonSRQConnQP {
 		i.e.tracef(1, "%s: rejecting a connection: max_nonsrq_conn_qp (%d) reached", i.Name(), n)

@@ -48,6 +48,9 @@
 //     holds it over a batch, routes on the mode and addresses its tables were made
 //     for; SetMode changes the mode and empties the tables in one step.
 //  9. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//  10. Interface.loopMu: whether the interface's goroutines have started (they start at
+//     its first open or connection) and whether close has begun, so none starts after
+//     close waits for them.
 //
 // Functions named ...Locked say what they need: setCarrierLocked, setMTULocked,
 // wantedGroupsLocked and the bond's need mu; the table functions (sendUnicastLocked,

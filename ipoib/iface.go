@@ -87,8 +87,14 @@ type Interface struct {
 	leaveMu       sync.Mutex    // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
 	leavesDone    bool
-	leaving       map[verbs.GID]int    // under leaveMu: background leaves on their way, per group
-	bond          atomic.Pointer[Bond] // the bond this interface is a slave of (bond.go)
+	leaving       map[verbs.GID]int // under leaveMu: background leaves on their way, per group
+	// loopMu guards starting the interface's goroutines (startLoops) against close's
+	// wg.Wait: they start at the first open, not at creation (most children are
+	// never brought up, and six idle goroutines' stacks were most of a child's memory).
+	loopMu    sync.Mutex
+	loopsOn   bool                 // started
+	loopsDone bool                 // close has begun: none may start
+	bond      atomic.Pointer[Bond] // the bond this interface is a slave of (bond.go)
 
 	qp        verbs.QP
 	scq, rcq  verbs.CQ
@@ -212,10 +218,30 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 			return nil, err
 		}
 	}
-	i.wg.Add(2)
-	go i.recvLoop()
-	go i.task()
 	return i, nil
+}
+
+// startLoops starts the receive loop and the task (and connected mode's two loops)
+// the first time the interface is opened or accepts a connection. It reports false
+// once close has begun. loopMu is a leaf: nothing else is locked under it.
+func (i *Interface) startLoops() bool {
+	i.loopMu.Lock()
+	defer i.loopMu.Unlock()
+	if i.loopsDone {
+		return false
+	}
+	if !i.loopsOn {
+		i.loopsOn = true
+		i.wg.Add(2)
+		go i.recvLoop()
+		go i.task()
+		if i.cmMgr != nil {
+			i.wg.Add(2)
+			go i.cmRecvLoop()
+			go i.cmSendLoop()
+		}
+	}
+	return true
 }
 
 func (i *Interface) createQP() error {
@@ -470,6 +496,9 @@ func (i *Interface) SetUp(up bool) error {
 // open brings the QP up on the P_Key's table index; a missing P_Key leaves the
 // interface up without carrier until the subnet manager adds it.
 func (i *Interface) open() {
+	if !i.startLoops() {
+		return
+	}
 	i.restartQP()
 	i.wake()
 }
@@ -651,6 +680,9 @@ func (i *Interface) close() {
 	i.closed = true
 	i.setLocked(func(d *dataState) { d.up = false })
 	i.mu.Unlock()
+	i.loopMu.Lock()
+	i.loopsDone = true
+	i.loopMu.Unlock()
 	i.cmClose()
 	close(i.stop)
 	i.cancel()

@@ -69,6 +69,7 @@ var lockOrder = []string{
 	"Interface.rxMu",
 	"Interface.dmu",
 	"Interface.leaveMu",
+	"Interface.loopMu",
 }
 
 // calloutAllowed lists, per kind of callout, the locks it may be made under.
