@@ -197,6 +197,13 @@ func TestChildren4000LeaveNothing(t *testing.T) {
 		len(members), len(upNonMembers), time.Since(t0).Round(time.Millisecond))
 	peakG := pp.profile(t)
 	t.Logf("with %d children: %d goroutines, %d file descriptors, %d MiB resident", n, peakG.total, sumCounts(fdKinds(t, pid)), rssKiB(t, pid)>>10)
+	// Only children brought up run goroutines (receive loop, task, connected mode's
+	// two loops, the device's reader; joins and watch events come and go): a child
+	// never brought up runs none, where each ran six before.
+	if up := len(members) + len(upNonMembers); peakG.total-baseG.total > 8*up+64 {
+		t.Errorf("with %d children, %d of them up: %d goroutines, %d before; want at most 8 per child up (by function: %s)",
+			n, up, peakG.total, baseG.total, peakG.diff(baseG))
+	}
 
 	// Delete: each device is gone when its write returns (every 40th and the members are
 	// looked at; what is left is listed at the end).

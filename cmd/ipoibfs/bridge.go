@@ -23,7 +23,11 @@ type bridge struct {
 	i    *ipoib.Interface
 	dev  *kernel.Device
 	bs   *bridges
-	done chan struct{}
+	done chan struct{} // closed by the reader when it ends, or by close if it never ran
+	// txOnce starts the reader when the device first comes up (a device that is down
+	// sends nothing, and most children are never brought up), or, in stopReader,
+	// marks it as never to start.
+	txOnce sync.Once
 }
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
@@ -55,7 +59,9 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	// From here the interface follows the device: what ip link, ifconfig and the
 	// stack do to it reaches the engine as the driver would see it.
 	dev.Watch(kernel.Events{Link: b.onLink, Addrs: b.onAddrs, Groups: i.SetHostGroups, Gone: b.onGone})
-	go b.txLoop()
+	if i.IsUp() {
+		b.startReader()
+	}
 	return b, nil
 }
 
@@ -96,6 +102,9 @@ func (b *bridge) onLink(l kernel.Link) {
 		f := l.Features
 		b.i.SetFeatures(ipoib.Features{RxChecksum: b.i.RequestedFeatures().RxChecksum, TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO})
 	}
+	if l.Up {
+		b.startReader()
+	}
 	if l.UpChanged {
 		if err := b.i.SetUp(l.Up); err != nil {
 			log.Printf("%s: set %s: %v", name, map[bool]string{true: "up", false: "down"}[l.Up], err)
@@ -129,9 +138,22 @@ func (b *bridge) onGone() {
 	go b.bs.gone(b) // not on the watch goroutine: closing the device waits for it
 }
 
-func (b *bridge) txLoop() {
-	defer close(b.done)
-	readLoop(b.dev, b.i.Name, b.i.MTU, b.i.Transmit)
+// startReader starts the goroutine that reads what the kernel sends out of the
+// device, once.
+func (b *bridge) startReader() {
+	b.txOnce.Do(func() {
+		go func() {
+			defer close(b.done)
+			readLoop(b.dev, b.i.Name, b.i.MTU, b.i.Transmit)
+		}()
+	})
+}
+
+// stopReader waits for the reader to end (the device is closed), or keeps it from
+// ever starting.
+func (b *bridge) stopReader() {
+	b.txOnce.Do(func() { close(b.done) })
+	<-b.done
 }
 
 // readLoop feeds what the kernel sends out of dev to transmit until dev is closed
@@ -204,7 +226,7 @@ func (b *bridge) close() {
 	b.i.AttachHost(nil)
 	b.i.SetIfIndex(0)
 	b.dev.Close()
-	<-b.done
+	b.stopReader()
 }
 
 // isGroupReport tells IGMP and MLD messages (MLD always follows a hop-by-hop header
@@ -250,6 +272,9 @@ func (b *bridge) SetTxQueueLen(n uint32) {
 
 // SetAdminUp follows the interface's own up/down (a child following its parent).
 func (b *bridge) SetAdminUp(up bool) {
+	if up {
+		b.startReader()
+	}
 	b.logErr(b.dev.SetUp(up))
 }
 
@@ -376,7 +401,7 @@ func (bs *bridges) close() {
 		log.Printf("closing the kernel devices: %v", err)
 	}
 	for i, b := range bs.m {
-		<-b.done
+		b.stopReader()
 		delete(bs.m, i)
 	}
 	bs.off = true

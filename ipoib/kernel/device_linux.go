@@ -63,8 +63,9 @@ type Device struct {
 	watchers sync.WaitGroup
 	mon      *monitor
 
-	wmuW    sync.Mutex
-	watches []*watcher // replaced, never modified in place
+	wmuW     sync.Mutex
+	watches  []*watcher // replaced, never modified in place
+	watchOff bool       // Close has begun: no watch goroutine starts (under wmuW)
 
 	wmu   sync.Mutex
 	wbufs [][]byte // write slots, cap vnetHdrLen+maxPacket each (GRO grows packets in place)
@@ -653,6 +654,9 @@ func (d *Device) beginClose() bool {
 	d.closed = true
 	close(d.done)
 	d.mu.Unlock()
+	d.wmuW.Lock()
+	d.watchOff = true
+	d.wmuW.Unlock()
 	if d.mon != nil {
 		d.mon.unregister(d) // before the device goes: its removal is ours, not "Gone"
 	}

@@ -29,10 +29,20 @@ const (
 )
 
 // watcher is one Watch call: its events, what is pending, and what it last reported.
+// No goroutine waits for a watcher's changes: mark starts one when there are some,
+// and it ends when none are left (a goroutine per device was most of what thousands
+// of idle children cost). running is held by the one goroutine that may run its
+// events, so they stay sequential; the fields below it are that goroutine's.
 type watcher struct {
-	ev    Events
-	dirty atomic.Uint32
-	kick  chan struct{}
+	ev      Events
+	dirty   atomic.Uint32
+	running atomic.Bool
+
+	link   Link
+	addrs  []netip.Prefix
+	groups []netip.Addr
+	seen   uint32 // which of the three have been reported once
+	held   uint32 // address and group reads put off while the device is down
 }
 
 // mark records changes for every watcher of d and wakes them.
@@ -42,11 +52,23 @@ func (d *Device) mark(bits uint32) {
 	d.wmuW.Unlock()
 	for _, w := range ws {
 		w.dirty.Or(bits)
-		select {
-		case w.kick <- struct{}{}:
-		default:
-		}
+		d.kickWatch(w)
 	}
+}
+
+// kickWatch starts w's goroutine unless it runs, or the device is closing.
+func (d *Device) kickWatch(w *watcher) {
+	if !w.running.CompareAndSwap(false, true) {
+		return
+	}
+	d.wmuW.Lock()
+	if d.watchOff {
+		d.wmuW.Unlock()
+		return // running stays set: nothing runs for w again
+	}
+	d.watchers.Add(1) // before Close's Wait, which comes after watchOff
+	d.wmuW.Unlock()
+	go d.runWatch(w)
 }
 
 // RefreshGroups re-reads the device's multicast list soon. The kernel gives no netlink
@@ -69,13 +91,12 @@ func (d *Device) Watch(ev Events) {
 	if d.closed {
 		return
 	}
-	w := &watcher{ev: ev, kick: make(chan struct{}, 1)}
+	w := &watcher{ev: ev}
 	d.wmuW.Lock()
 	d.watches = append(slices.Clone(d.watches), w)
 	d.wmuW.Unlock()
-	d.watchers.Add(1)
-	go d.runWatch(w)
-	d.mark(dirtyLink | dirtyAddrs | dirtyGroups)
+	w.dirty.Store(dirtyLink | dirtyAddrs | dirtyGroups)
+	d.kickWatch(w)
 }
 
 // WatchAddrs calls fn with the full address list of the device, first with the current
@@ -85,61 +106,71 @@ func (d *Device) WatchAddrs(fn func([]netip.Prefix)) { d.Watch(Events{Addrs: fn}
 
 func (d *Device) runWatch(w *watcher) {
 	defer d.watchers.Done()
-	var (
-		link   Link
-		addrs  []netip.Prefix
-		groups []netip.Addr
-		seen   uint32 // which of the three have been reported once
-		held   uint32 // address and group reads put off while the device is down
-	)
 	for {
 		select {
 		case <-d.done:
 			return
-		case <-w.kick:
+		default:
 		}
 		bits := w.dirty.Swap(0)
-		closing := func() bool {
-			select {
-			case <-d.done:
-				return true
-			default:
-				return false
+		if bits == 0 {
+			w.running.Store(false)
+			// A mark between the Swap and the Store saw w running and started nothing:
+			// take its changes, unless a goroutine it started has.
+			if w.dirty.Load() == 0 || !w.running.CompareAndSwap(false, true) {
+				return
 			}
+			continue
 		}
-		if bits&dirtyGone != 0 {
-			if !closing() && w.ev.Gone != nil {
-				w.ev.Gone()
-			}
-			return
-		}
-		if bits&dirtyLink != 0 && w.ev.Link != nil {
-			if l, err := d.linkState(); err == nil && (seen&dirtyLink == 0 || l != link) && !closing() {
-				link, seen = l, seen|dirtyLink
-				w.ev.Link(l)
-			}
-		}
-		if w.ev.Link != nil && seen&dirtyLink != 0 {
-			if link.Up {
-				bits, held = bits|held, 0
-			} else {
-				held |= bits & (dirtyAddrs | dirtyGroups)
-				bits &^= dirtyAddrs | dirtyGroups
-			}
-		}
-		if bits&dirtyAddrs != 0 && w.ev.Addrs != nil {
-			if l, err := d.Addrs(); err == nil && (seen&dirtyAddrs == 0 || !slices.Equal(l, addrs)) && !closing() {
-				addrs, seen = l, seen|dirtyAddrs
-				w.ev.Addrs(slices.Clone(l))
-			}
-		}
-		if bits&dirtyGroups != 0 && w.ev.Groups != nil {
-			if l, err := d.Groups(); err == nil && (seen&dirtyGroups == 0 || !slices.Equal(l, groups)) && !closing() {
-				groups, seen = l, seen|dirtyGroups
-				w.ev.Groups(slices.Clone(l))
-			}
+		if !d.report(w, bits) {
+			return // gone: running stays set
 		}
 	}
+}
+
+// report calls w's events for what bits say changed; false once the device is gone.
+func (d *Device) report(w *watcher, bits uint32) bool {
+	closing := func() bool {
+		select {
+		case <-d.done:
+			return true
+		default:
+			return false
+		}
+	}
+	if bits&dirtyGone != 0 {
+		if !closing() && w.ev.Gone != nil {
+			w.ev.Gone()
+		}
+		return false
+	}
+	if bits&dirtyLink != 0 && w.ev.Link != nil {
+		if l, err := d.linkState(); err == nil && (w.seen&dirtyLink == 0 || l != w.link) && !closing() {
+			w.link, w.seen = l, w.seen|dirtyLink
+			w.ev.Link(l)
+		}
+	}
+	if w.ev.Link != nil && w.seen&dirtyLink != 0 {
+		if w.link.Up {
+			bits, w.held = bits|w.held, 0
+		} else {
+			w.held |= bits & (dirtyAddrs | dirtyGroups)
+			bits &^= dirtyAddrs | dirtyGroups
+		}
+	}
+	if bits&dirtyAddrs != 0 && w.ev.Addrs != nil {
+		if l, err := d.Addrs(); err == nil && (w.seen&dirtyAddrs == 0 || !slices.Equal(l, w.addrs)) && !closing() {
+			w.addrs, w.seen = l, w.seen|dirtyAddrs
+			w.ev.Addrs(slices.Clone(l))
+		}
+	}
+	if bits&dirtyGroups != 0 && w.ev.Groups != nil {
+		if l, err := d.Groups(); err == nil && (w.seen&dirtyGroups == 0 || !slices.Equal(l, w.groups)) && !closing() {
+			w.groups, w.seen = l, w.seen|dirtyGroups
+			w.ev.Groups(slices.Clone(l))
+		}
+	}
+	return true
 }
 
 // linkState reads the device's link attributes. MTUChanged and UpChanged compare with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -272,5 +273,61 @@ func TestMonitorFollowsABurstWithoutResubscribing(t *testing.T) {
 	})
 	if n := devs[0].mon.subscriptions.Load(); n != 1 {
 		t.Errorf("%d subscriptions for the namespace after the burst, want 1 (it overflowed)", n)
+	}
+}
+
+// A watched device that is not changing runs no goroutine: one starts when the
+// namespace's monitor marks a change and ends when it has reported it (thousands of
+// children held a waiting goroutine each). Changes are still reported after the
+// goroutine has ended.
+func TestWatchRunsNoGoroutineAtRest(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "r")
+	// atRest waits until no watch goroutine of ds runs.
+	atRest := func(ds ...*Device) {
+		t.Helper()
+		running := func() bool {
+			for _, d := range ds {
+				d.wmuW.Lock()
+				ws := d.watches
+				d.wmuW.Unlock()
+				for _, w := range ws {
+					if w.running.Load() {
+						return true
+					}
+				}
+			}
+			return false
+		}
+		for deadline := time.Now().Add(10 * time.Second); running(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("watch goroutines still running after 10 s")
+			}
+		}
+	}
+	// The first device starts the namespace's monitor and worker.
+	first := open(t, Config{Name: uniq("r"), MTU: 2044, NetNS: ns})
+	await(t, watch(first).links, "the first device's state", func(l Link) bool { return true })
+	atRest(first)
+	base := runtime.NumGoroutine()
+	const n = 20
+	evs := make([]*events, n)
+	devs := make([]*Device, n)
+	for k := range devs {
+		devs[k] = open(t, Config{Name: uniq("r"), MTU: 2044, NetNS: ns})
+		evs[k] = watch(devs[k])
+	}
+	for k := range devs {
+		await(t, evs[k].links, "the initial state", func(l Link) bool { return l.MTU == 2044 })
+	}
+	atRest(devs...)
+	// A goroutine of the runtime or the netlink library may come and go: a bound well
+	// below one per device.
+	if g := runtime.NumGoroutine(); g > base+n/4 {
+		t.Fatalf("%d watched devices at rest: %d goroutines, %d with one", n, g, base)
+	}
+	ipMust(t, "-n", ns, "link", "set", devs[n-1].Name(), "mtu", "3000")
+	if l := await(t, evs[n-1].links, "MTU 3000", func(l Link) bool { return l.MTU == 3000 }); !l.MTUChanged {
+		t.Errorf("ip link set mtu 3000 not reported as an outside change: %+v", l)
 	}
 }
