@@ -229,6 +229,20 @@ func (b *bridge) close() {
 	b.stopReader()
 }
 
+// delete is close for delete_child: it returns once the kernel no longer lists the
+// device (kernel.Device.Delete) and does not wait for the reader, which ends by itself
+// when the kernel has released the device's file (it may be the one closing it, for
+// the ~20 ms of the kernel's release); a packet it still hands to the engine meanwhile
+// is dropped, the interface being down or closed.
+func (b *bridge) delete() {
+	b.i.AttachHost(nil)
+	b.i.SetIfIndex(0)
+	if err := b.dev.Delete(); err != nil {
+		log.Printf("%s: %v", b.i.Name(), err)
+	}
+	b.txOnce.Do(func() { close(b.done) }) // a reader never started never starts
+}
+
 // isGroupReport tells IGMP and MLD messages (MLD always follows a hop-by-hop header
 // with the router alert): the kernel sends one for each join and leave, and netlink
 // has no event for those on every kernel.
@@ -345,7 +359,7 @@ func (bs *bridges) Delete(i *ipoib.Interface) {
 	bs.release.Reset(2 * time.Second)
 	bs.mu.Unlock()
 	if b != nil {
-		b.close()
+		b.delete()
 	}
 }
 
@@ -404,5 +418,6 @@ func (bs *bridges) close() {
 		b.stopReader()
 		delete(bs.m, i)
 	}
+	kernel.WaitReleased() // the devices delete_child removed
 	bs.off = true
 }

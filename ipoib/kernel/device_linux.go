@@ -5,12 +5,14 @@ package kernel
 import (
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -644,6 +646,75 @@ func (d *Device) Close() error {
 	return d.finishClose()
 }
 
+// Delete is Close for a caller that needs the device gone, not released: it returns
+// once the kernel no longer lists the device in its namespace (ip link and
+// /sys/class/net do not show it) and leaves the rest of the kernel's release, about
+// 20 ms a device (the RCU barrier after every unregistration), to a goroutine. One
+// delete_child after another then takes about a millisecond where each took the full
+// release (a thousand children 20 s), and the releases overlap. At most maxReleasing
+// are outstanding (each holds a thread in close(2)); WaitReleased waits for them. An
+// error of a release that ends after Delete returned is logged.
+func (d *Device) Delete() error {
+	if !d.beginClose() {
+		return nil
+	}
+	releasing <- struct{}{}
+	tunClosed := make(chan struct{})
+	polled := make(chan struct{}) // Delete no longer uses the netlink handle
+	result := make(chan error, 1)
+	var returned bool // written before polled is closed
+	go func() {
+		defer func() { <-releasing }()
+		err := d.tun.Close()
+		close(tunClosed)
+		<-polled
+		err = d.finishRelease(err)
+		if !returned {
+			result <- err
+		} else if err != nil {
+			log.Print(err)
+		}
+	}()
+	returned = d.waitUnlisted(tunClosed)
+	close(polled)
+	if returned {
+		return nil
+	}
+	return <-result
+}
+
+// waitUnlisted reports true once the kernel no longer finds the device by its index,
+// false when the TUN's close returned first.
+func (d *Device) waitUnlisted(tunClosed <-chan struct{}) bool {
+	for wait := 50 * time.Microsecond; ; wait = min(2*wait, 2*time.Millisecond) {
+		select {
+		case <-tunClosed:
+			return false
+		case <-time.After(wait):
+		}
+		// The kernel takes the device out of its tables and out of sysfs with RTNL
+		// held, and a query by index waits for RTNL: not found means all of it is done.
+		if _, err := d.h.LinkByIndex(d.index); errors.As(err, new(netlink.LinkNotFoundError)) {
+			return true
+		}
+	}
+}
+
+// maxReleasing bounds the releases Delete leaves running.
+const maxReleasing = 64
+
+var releasing = make(chan struct{}, maxReleasing)
+
+// WaitReleased waits until the kernel has released every device Delete removed.
+func WaitReleased() {
+	for range maxReleasing {
+		releasing <- struct{}{}
+	}
+	for range maxReleasing {
+		<-releasing
+	}
+}
+
 // beginClose marks the device closed and stops following it; false: closed already.
 func (d *Device) beginClose() bool {
 	d.mu.Lock()
@@ -665,8 +736,10 @@ func (d *Device) beginClose() bool {
 
 // finishClose closes the TUN, which deletes the device unless CloseAll has, and
 // releases what the device holds.
-func (d *Device) finishClose() error {
-	err := d.tun.Close()
+func (d *Device) finishClose() error { return d.finishRelease(d.tun.Close()) }
+
+// finishRelease is finishClose once the TUN is closed (with err).
+func (d *Device) finishRelease(err error) error {
 	d.watchers.Wait()
 	// The kernel unregisters a non-persistent TUN when its last fd closes; delete it
 	// explicitly should it still be there (someone made it persistent).

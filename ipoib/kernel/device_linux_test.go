@@ -986,3 +986,50 @@ func udp4ChecksumOK(p []byte) bool {
 	}
 	return sum == 0xffff
 }
+
+// Delete returns once the device is gone from its namespace (ip link does not show
+// it, nor does the namespace's /sys/class/net), before the kernel's release of it has
+// finished; WaitReleased then waits for the releases (the package's goroutines end:
+// goleak checks after the tests), and a name can be taken again at once.
+func TestDeleteReturnsWhenTheDeviceIsGone(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "d")
+	const n = 20
+	names := make([]string, n)
+	devs := make([]*Device, n)
+	for k := range devs {
+		names[k] = uniq("d")
+		d, err := Open(Config{Name: names[k], MTU: 2044, NetNS: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs[k] = d
+	}
+	h := nlHandle(t, ns)
+	for k, d := range devs {
+		if err := d.Delete(); err != nil {
+			t.Fatalf("Delete %s: %v", names[k], err)
+		}
+		// At once (the kernel's release takes ~20 ms more), and then as a script sees it.
+		if _, err := h.LinkByName(names[k]); !errors.As(err, new(netlink.LinkNotFoundError)) {
+			t.Fatalf("%s: still found by name when Delete returned (%v)", names[k], err)
+		}
+		out, err := exec.Command("ip", "netns", "exec", ns, "sh", "-c",
+			"ip link show dev "+names[k]+" 2>&1; ls /sys/class/net").CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip netns exec: %v %s", err, out)
+		}
+		if !strings.Contains(string(out), "does not exist") || slices.Contains(strings.Fields(string(out)), names[k]) {
+			t.Fatalf("%s still there when Delete returned:\n%s", names[k], out)
+		}
+		if err := d.Delete(); err != nil { // twice: a no-op, as Close
+			t.Errorf("second Delete of %s: %v", names[k], err)
+		}
+	}
+	// A name is free again when Delete returns.
+	d := open(t, Config{Name: names[0], MTU: 2044, NetNS: ns})
+	if err := d.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	WaitReleased()
+}

@@ -68,6 +68,12 @@ func (d *Device) WatchAddrs(fn func([]netip.Prefix)) {}
 // Close does nothing.
 func (d *Device) Close() error { return nil }
 
+// Delete does nothing.
+func (d *Device) Delete() error { return nil }
+
+// WaitReleased does nothing.
+func WaitReleased() {}
+
 // SetLinkLocal is not supported.
 func (d *Device) SetLinkLocal(addr netip.Addr) error { return d.unsupported() }
 
