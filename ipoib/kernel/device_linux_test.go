@@ -1033,3 +1033,71 @@ func TestDeleteReturnsWhenTheDeviceIsGone(t *testing.T) {
 	}
 	WaitReleased()
 }
+
+// threadsEnv, when set, makes TestDeleteLeavesNoThreads do its deletes (in a process
+// of its own: a process that ran other tests has idle threads a release would reuse).
+const threadsEnv = "IPOIB_KERNEL_TEST_THREADS"
+
+// A thread blocked in close(2) for a release Delete left running exits with it: the
+// runtime keeps idle threads for good, and deleting a thousand children one after
+// another overlaps about twenty releases.
+func TestDeleteLeavesNoThreads(t *testing.T) {
+	if ns := os.Getenv(threadsEnv); ns != "" {
+		devs := make([]*Device, 60)
+		for k := range devs {
+			devs[k] = open(t, Config{Name: uniq("t"), MTU: 2044, NetNS: ns})
+		}
+		before := threads(t)
+		for _, d := range devs {
+			if err := d.Delete(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		WaitReleased()
+		n := threads(t)
+		t.Logf("%d threads after %d deletes, %d before", n, len(devs), before)
+		// Other threads come and go (a P handed off while a thread waits in a netlink
+		// call): a bound well below the one thread per delete the runtime kept before.
+		if n > before+len(devs)/3 {
+			t.Errorf("%d threads after %d deletes, %d before", n, len(devs), before)
+		}
+		return
+	}
+	prereqs(t)
+	ns := testNS(t, "t")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestDeleteLeavesNoThreads$", "-test.v")
+	cmd.Env = append(os.Environ(), threadsEnv+"="+ns)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestDeleteLeavesNoThreads")) {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "threads after") {
+			t.Log(strings.TrimSpace(l))
+		}
+	}
+}
+
+// threads is the number of threads of this process.
+func threads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no Threads line in /proc/self/status")
+	return 0
+}
