@@ -567,18 +567,19 @@ type CQ struct {
 	closed   bool
 }
 
-// cqInitial is a new CQ's ring: CQs are sized for the worst case (every buffer of
-// every connection completed at once) and thousands of interfaces each have several,
-// so memory is taken as completions actually pile up.
+// cqInitial is a CQ's ring at its first completion: CQs are sized for the worst case
+// (every buffer of every connection completed at once) and thousands of interfaces
+// each have several, most never used, so memory is taken as completions actually pile
+// up (a new CQ has no ring; four of 8 entries were 2.5 KiB per idle child).
 const cqInitial = 8
 
 func newCQ(entries int) *CQ {
-	return &CQ{entries: entries, ring: make([]verbs.WC, min(entries, cqInitial)), notify: make(chan struct{}, 1)}
+	return &CQ{entries: entries, notify: make(chan struct{}, 1)}
 }
 
 // growLocked doubles the ring (up to entries), keeping the pending completions in order.
 func (c *CQ) growLocked() {
-	r := make([]verbs.WC, min(2*len(c.ring), c.entries))
+	r := make([]verbs.WC, min(max(2*len(c.ring), cqInitial), c.entries))
 	for k := 0; k < c.n; k++ {
 		r[k] = c.ring[(c.head+k)%len(c.ring)]
 	}
