@@ -200,6 +200,11 @@ func TestChildren4000LeaveNothing(t *testing.T) {
 	// Only children brought up run goroutines (receive loop, task, connected mode's
 	// two loops, the device's reader; joins and watch events come and go): a child
 	// never brought up runs none, where each ran six before.
+	// One file descriptor per child, its TUN (the namespace's file and netlink socket
+	// are shared by its devices; each child held its own of both before).
+	if fds := sumCounts(fdKinds(t, pid)); fds-sumCounts(baseFD) > n+64 {
+		t.Errorf("with %d children: %d file descriptors, %d before; want one per child", n, fds, sumCounts(baseFD))
+	}
 	if up := len(members) + len(upNonMembers); peakG.total-baseG.total > 8*up+64 {
 		t.Errorf("with %d children, %d of them up: %d goroutines, %d before; want at most 8 per child up (by function: %s)",
 			n, up, peakG.total, baseG.total, peakG.diff(baseG))

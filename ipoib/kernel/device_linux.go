@@ -106,14 +106,19 @@ func Open(cfg Config) (_ *Device, err error) {
 		}
 		return nil, fail("%w", err)
 	}
-	if d.ns.IsOpen() { // the namespace's thread for the device's calls (inNetNS)
-		if d.worker, err = acquireWorker(d.ns); err != nil {
+	if d.ns.IsOpen() {
+		// The namespace's thread for the device's calls (inNetNS), its namespace file
+		// and its netlink handle, shared by the namespace's devices.
+		w, err := acquireWorker(d.ns)
+		if err != nil {
+			if denied(err) {
+				return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, err)
+			}
 			return nil, fail("%w", err)
 		}
-	}
-	// The handle's socket is created in the device's namespace by the namespace's
-	// thread (netlink's own NewHandleAt switches the calling thread there and back).
-	if d.h, err = newHandleIn(d.ns); err != nil {
+		d.ns.Close()
+		d.worker, d.ns, d.h = w, w.ns, w.h
+	} else if d.h, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil { // this namespace
 		if denied(err) {
 			return nil, fmt.Errorf("%w: %s%s: netlink: %w", ErrUnavailable, d.name, d.nsTag, err)
 		}
@@ -238,12 +243,13 @@ func (d *Device) release() {
 	if d.tun != nil {
 		d.tun.Close()
 	}
-	if d.h != nil {
-		d.h.Close()
-	}
-	if d.worker != nil {
+	if d.worker != nil { // the namespace file and handle are the worker's
 		d.worker.release()
 		d.worker = nil
+		return
+	}
+	if d.h != nil {
+		d.h.Close()
 	}
 	if d.ns.IsOpen() {
 		d.ns.Close()

@@ -1101,3 +1101,35 @@ func threads(t *testing.T) int {
 	t.Fatal("no Threads line in /proc/self/status")
 	return 0
 }
+
+// The devices of a namespace share its namespace file and netlink socket: a device
+// holds one file descriptor of its own, its TUN (it held three).
+func TestDeviceHoldsOneFileDescriptor(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "f")
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	// The namespace's shared ones, and its monitor's (its goroutine subscribes).
+	open(t, Config{Name: uniq("f"), MTU: 2044, NetNS: ns})
+	before := fds()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		if n := fds(); n != before {
+			before = n
+		} else {
+			break
+		}
+	}
+	const n = 10
+	for range n {
+		open(t, Config{Name: uniq("f"), MTU: 2044, NetNS: ns})
+	}
+	if got := fds() - before; got != n {
+		t.Errorf("%d devices opened %d file descriptors, want %d (one each)", n, got, n)
+	}
+}

@@ -171,12 +171,17 @@ func newHandleIn(ns netns.NsHandle) (*netlink.Handle, error) {
 // nsWorker is a goroutine locked on an OS thread that has entered a namespace, kept
 // while devices there hold it: every netlink, ethtool and /proc call of a device made
 // its own thread (entering the namespace, then discarded), seven per child created;
-// with the worker they cost a hand-off each.
+// with the worker they cost a hand-off each. The devices of the namespace also share
+// its namespace file and netlink handle (requests on it are serialised by its socket's
+// lock): each device held its own of both, three file descriptors per child with its
+// TUN instead of one.
 type nsWorker struct {
 	key  string
 	refs int // under workersMu
 	ch   chan func()
 	stop chan struct{}
+	ns   netns.NsHandle  // the worker's own (a dup), closed with it
+	h    *netlink.Handle // its socket made in ns
 }
 
 var (
@@ -193,7 +198,11 @@ func acquireWorker(ns netns.NsHandle) (*nsWorker, error) {
 		w.refs++
 		return w, nil
 	}
-	w := &nsWorker{key: key, refs: 1, ch: make(chan func()), stop: make(chan struct{})}
+	fd, err := unix.Dup(int(ns))
+	if err != nil {
+		return nil, fmt.Errorf("network namespace: %w", err)
+	}
+	w := &nsWorker{key: key, refs: 1, ch: make(chan func()), stop: make(chan struct{}), ns: netns.NsHandle(fd)}
 	started := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
@@ -201,7 +210,17 @@ func acquireWorker(ns netns.NsHandle) (*nsWorker, error) {
 			started <- fmt.Errorf("enter network namespace: %w", err)
 			return
 		}
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE) // its socket is in ns
+		if err != nil {
+			started <- fmt.Errorf("netlink: %w", err)
+			return
+		}
+		w.h = h
 		started <- nil
+		defer func() {
+			w.h.Close()
+			w.ns.Close()
+		}()
 		for {
 			select {
 			case f := <-w.ch:
@@ -212,6 +231,7 @@ func acquireWorker(ns netns.NsHandle) (*nsWorker, error) {
 		}
 	}()
 	if err := <-started; err != nil {
+		w.ns.Close()
 		return nil, err
 	}
 	workers[key] = w
