@@ -245,7 +245,9 @@ func (d *Device) release() {
 	}
 	if d.worker != nil { // the namespace file and handle are the worker's
 		d.worker.release()
-		d.worker = nil
+		// Nothing of the device may use them now: a closed handle would open a socket
+		// in the calling thread's namespace instead of failing.
+		d.worker, d.h, d.ns = nil, nil, netns.None()
 		return
 	}
 	if d.h != nil {
@@ -660,11 +662,17 @@ func (d *Device) Close() error {
 // delete_child after another then takes about a millisecond where each took the full
 // release (a thousand children 20 s), and the releases overlap. At most maxReleasing
 // are outstanding (each holds a thread in close(2)); WaitReleased waits for them. An
-// error of a release that ends after Delete returned is logged.
+// error of a release that ends after Delete returned is logged. A device someone moved
+// to another namespace counts as gone from its own. (If a reader is blocked on the
+// device, the final close, and so the wait for the release, may fall to the reader's
+// thread instead, which then stays with the runtime.)
 func (d *Device) Delete() error {
 	if !d.beginClose() {
 		return nil
 	}
+	// No watch event runs once Delete returns, as with Close (a running one ends at
+	// its next look at done).
+	d.watchers.Wait()
 	releasing <- struct{}{}
 	tunClosed := make(chan struct{})
 	polled := make(chan struct{}) // Delete no longer uses the netlink handle
@@ -716,8 +724,14 @@ const maxReleasing = 64
 
 var releasing = make(chan struct{}, maxReleasing)
 
+// releasedMu makes WaitReleased callers take the slots one after the other (two
+// taking some each would wait for each other for good).
+var releasedMu sync.Mutex
+
 // WaitReleased waits until the kernel has released every device Delete removed.
 func WaitReleased() {
+	releasedMu.Lock()
+	defer releasedMu.Unlock()
 	for range maxReleasing {
 		releasing <- struct{}{}
 	}

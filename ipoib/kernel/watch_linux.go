@@ -95,7 +95,8 @@ func (d *Device) Watch(ev Events) {
 	d.wmuW.Lock()
 	d.watches = append(slices.Clone(d.watches), w)
 	d.wmuW.Unlock()
-	w.dirty.Store(dirtyLink | dirtyAddrs | dirtyGroups)
+	// Or, not Store: a mark since w joined the list (a deletion: dirtyGone) must stay.
+	w.dirty.Or(dirtyLink | dirtyAddrs | dirtyGroups)
 	d.kickWatch(w)
 }
 
