@@ -3,13 +3,14 @@
 package kernel
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -171,60 +172,114 @@ func (m *monitor) run() {
 }
 
 // follow subscribes and dispatches until stopped (true) or the subscription ends.
+//
+// One socket joins the link and address groups, and a message is read only as far as
+// the interface index it is about: the monitor tells that device what changed and
+// the device reads its own state. (netlink's LinkSubscribe decoded every attribute of
+// every link message and its Receive allocated 64 KiB per read: with a child being
+// created, 30 KiB of garbage each, half of what creating it made.)
 func (m *monitor) follow() bool {
-	links := make(chan netlink.LinkUpdate, 256)
-	addrs := make(chan netlink.AddrUpdate, 256)
-	stop := make(chan struct{})
-	defer func() {
-		close(stop)
-		for range links { // let the subscription goroutines finish
+	var sock *os.File
+	// Subscribe from a thread in the namespace, so the socket lives there.
+	err := inNetNS(m.ns, func() error {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
 		}
-		for range addrs {
+		sa := &unix.SockaddrNetlink{Family: unix.AF_NETLINK,
+			Groups: 1<<(unix.RTNLGRP_LINK-1) | 1<<(unix.RTNLGRP_IPV4_IFADDR-1) | 1<<(unix.RTNLGRP_IPV6_IFADDR-1)}
+		if err := unix.Bind(fd, sa); err != nil {
+			unix.Close(fd)
+			return err
 		}
-	}()
-	// Subscribe from a throwaway thread in the namespace, so the sockets live there
-	// without netlink switching (and restoring) one of our threads.
-	lerr := inNetNS(m.ns, func() error {
-		return m.withBuffer(func(size int) error {
-			return netlink.LinkSubscribeWithOptions(links, stop, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {},
-				ReceiveBufferSize: size, ReceiveBufferForceSize: size != 0})
-		})
+		if err := m.withBuffer(func(size int) error {
+			if size == 0 {
+				return nil
+			}
+			return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size)
+		}); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		sock = os.NewFile(uintptr(fd), "netlink monitor")
+		return nil
 	})
-	if lerr != nil {
-		close(links)
-	}
-	aerr := inNetNS(m.ns, func() error {
-		return m.withBuffer(func(size int) error {
-			return netlink.AddrSubscribeWithOptions(addrs, stop, netlink.AddrSubscribeOptions{ErrorCallback: func(error) {},
-				ReceiveBufferSize: size, ReceiveBufferForceSize: size != 0})
-		})
-	})
-	if aerr != nil {
-		close(addrs)
-	}
-	if lerr != nil || aerr != nil {
+	if err != nil {
 		return false
 	}
+	rc, err := sock.SyscallConn()
+	if err != nil {
+		sock.Close()
+		return false
+	}
+	stopped := make(chan struct{})
+	go func() { // closing the socket ends a read waiting on it
+		select {
+		case <-m.stop:
+		case <-stopped:
+		}
+		sock.Close()
+	}()
+	defer close(stopped)
 	m.subscriptions.Add(1)
 	m.markAll() // after subscribing, so no change falls between the reads and the events
+	buf := make([]byte, 64<<10)
 	for {
+		var n int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			var from unix.Sockaddr
+			for {
+				n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+				if rerr != unix.EINTR {
+					break
+				}
+			}
+			if rerr == nil {
+				if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
+					n = 0 // not from the kernel
+				}
+			}
+			return rerr != unix.EAGAIN
+		})
 		select {
 		case <-m.stop:
 			return true
-		case u, ok := <-links:
-			if !ok {
-				return false
-			}
-			bits := uint32(dirtyLink | dirtyGroups) // up joins the all-hosts groups
-			if u.Header.Type == unix.RTM_DELLINK {
-				bits = dirtyGone
-			}
-			m.mark(int(u.Index), bits)
-		case u, ok := <-addrs:
-			if !ok {
-				return false
-			}
-			m.mark(u.LinkIndex, dirtyAddrs|dirtyGroups) // an IPv6 address has a solicited-node group
+		default:
 		}
+		if err != nil || rerr != nil {
+			return false // ENOBUFS: events were lost; subscribe again and read afresh
+		}
+		parseMonitorMessages(buf[:n], m.mark)
+	}
+}
+
+// parseMonitorMessages calls mark with the interface index and what changed for each
+// link and address message in b (a netlink datagram); anything else is skipped.
+func parseMonitorMessages(b []byte, mark func(index int, bits uint32)) {
+	for len(b) >= unix.NLMSG_HDRLEN {
+		l := int(binary.NativeEndian.Uint32(b[0:4]))
+		typ := binary.NativeEndian.Uint16(b[4:6])
+		if l < unix.NLMSG_HDRLEN || l > len(b) {
+			return
+		}
+		data := b[unix.NLMSG_HDRLEN:l]
+		// ifinfomsg and ifaddrmsg both carry the index at offset 4.
+		if len(data) >= 8 {
+			index := int(int32(binary.NativeEndian.Uint32(data[4:8])))
+			switch typ {
+			case unix.RTM_NEWLINK:
+				mark(index, dirtyLink|dirtyGroups) // up joins the all-hosts groups
+			case unix.RTM_DELLINK:
+				mark(index, dirtyGone)
+			case unix.RTM_NEWADDR, unix.RTM_DELADDR:
+				mark(index, dirtyAddrs|dirtyGroups) // an IPv6 address has a solicited-node group
+			}
+		}
+		al := (l + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
+		if al >= len(b) {
+			return
+		}
+		b = b[al:]
 	}
 }
