@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -1323,5 +1324,32 @@ func BenchmarkRCLoss(b *testing.B) {
 			b.ReportMetric(float64(moved)/1e6/el.Seconds(), "MB/s")
 			b.ReportMetric(ratio/float64(b.N), "pkts/datapkt")
 		})
+	}
+}
+
+// A connected-mode message's encoded packets come from a pool and go back when it is
+// acknowledged: streaming 64 KB messages allocates far less than a message's size
+// each (a fresh 66 KiB buffer per message, zeroed and collected, was 15-20% of the
+// sending daemon's CPU).
+func TestRCMessageBuffersAreReused(t *testing.T) {
+	nodes := udpFabric(t)
+	src, dst := rcPair(t, nodes[0], nodes[1], rcOpts{timeout: 12, retryCnt: 7, rnrRetry: 7})
+	const size, count = 64 << 10, 400
+	stop := dst.sink(t, 128, size, func(wc verbs.WC, data []byte) {
+		if data == nil {
+			t.Errorf("receive %+v", wc)
+		}
+	})
+	defer stop()
+	msg := make([]byte, size)
+	src.stream(t, 50, 64, func(int) []byte { return msg }) // warm the pool
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	src.stream(t, count, 64, func(int) []byte { return msg })
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / count; per > size/4 {
+		t.Errorf("%d bytes allocated per %d-byte message, want well under its size", per, size)
+	} else {
+		t.Logf("%d bytes allocated per %d-byte message", per, size)
 	}
 }
