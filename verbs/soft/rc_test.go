@@ -1347,7 +1347,9 @@ func TestRCMessageBuffersAreReused(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	src.stream(t, count, 64, func(int) []byte { return msg })
 	runtime.ReadMemStats(&after)
-	if per := (after.TotalAlloc - before.TotalAlloc) / count; per > size/4 {
+	// Half the size: under -race sync.Pool drops a quarter of what is put back (20 KB
+	// per message then); without the pool it is 74 KB.
+	if per := (after.TotalAlloc - before.TotalAlloc) / count; per > size/2 {
 		t.Errorf("%d bytes allocated per %d-byte message, want well under its size", per, size)
 	} else {
 		t.Logf("%d bytes allocated per %d-byte message", per, size)
