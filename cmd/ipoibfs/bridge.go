@@ -179,13 +179,14 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 				log.Printf("%s: wait for the kernel: %v", name(), err)
 			}
 		}
-		if m := mtu(); len(bufs) != n || len(bufs[0]) < m {
-			bufs = segmentBuffers(m, n)
+		// At the headroom a 64 KiB packet of connected mode is read in place.
+		if size := kernel.ReadBufferLen(mtu()); len(bufs) != n || len(bufs[0]) < size {
+			bufs = segmentBuffers(size, n)
 		}
 		if len(sizes) != n {
 			sizes, pkts = make([]int, n), make([][]byte, n)
 		}
-		c, err := dev.Read(bufs, sizes)
+		c, err := dev.ReadOffset(bufs, sizes, kernel.ReadHeadroom)
 		if err != nil {
 			if errors.Is(err, os.ErrClosed) {
 				return
@@ -193,7 +194,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 			if need, ok := kernel.ShortBuffer(err); ok {
 				// The MTU grew while this read waited (a switch to connected mode):
 				// the packet is kept for a read with buffers that hold it.
-				bufs = segmentBuffers(max(need, mtu()), n)
+				bufs = segmentBuffers(kernel.ReadBufferLen(max(need, mtu())), n)
 				continue
 			}
 			log.Printf("%s: read from the kernel: %v", name(), err)
@@ -201,7 +202,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 		}
 		groups := false
 		for k := 0; k < c; k++ {
-			pkts[k] = bufs[k][:sizes[k]]
+			pkts[k] = bufs[k][kernel.ReadHeadroom : kernel.ReadHeadroom+sizes[k]]
 			groups = groups || isGroupReport(pkts[k])
 		}
 		if groups {
@@ -211,13 +212,13 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 	}
 }
 
-// segmentBuffers returns n buffers of mtu bytes in one allocation: a super-packet's
+// segmentBuffers returns n buffers of size bytes in one allocation: a super-packet's
 // segments never exceed the MTU (n is the device's gso_max_segs with large send on).
-func segmentBuffers(mtu, n int) [][]byte {
+func segmentBuffers(size, n int) [][]byte {
 	bufs := make([][]byte, n)
-	mem := make([]byte, n*mtu)
+	mem := make([]byte, n*size)
 	for k := range bufs {
-		bufs[k] = mem[k*mtu : (k+1)*mtu : (k+1)*mtu]
+		bufs[k] = mem[k*size : (k+1)*size : (k+1)*size]
 	}
 	return bufs
 }

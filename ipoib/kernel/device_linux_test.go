@@ -184,16 +184,28 @@ func (s *dirStats) String() string {
 }
 
 // relay copies every packet from one device to the other until from is closed: the
-// "engine - fabric - engine" path with a zero-cost fabric. It reads into nbufs buffers.
-func relay(from, to *Device, st *dirStats, nbufs int) {
+// "engine - fabric - engine" path with a zero-cost fabric. It reads into nbufs buffers
+// of maxPacket bytes with Read, or, with rd.size set, of rd.size bytes with ReadOffset
+// at rd.offset (the daemon's way).
+func relay(from, to *Device, st *dirStats, nbufs int, rd readShape) {
+	size := rd.size
+	if size == 0 {
+		size = maxPacket
+	}
 	bufs := make([][]byte, nbufs)
 	for i := range bufs {
-		bufs[i] = make([]byte, maxPacket)
+		bufs[i] = make([]byte, size)
 	}
 	sizes := make([]int, len(bufs))
 	out := make([][]byte, len(bufs))
 	for {
-		n, err := from.Read(bufs, sizes)
+		var n int
+		var err error
+		if rd.size == 0 {
+			n, err = from.Read(bufs, sizes)
+		} else {
+			n, err = from.ReadOffset(bufs, sizes, rd.offset)
+		}
 		if err != nil {
 			if errors.Is(err, os.ErrClosed) {
 				return
@@ -216,7 +228,7 @@ func relay(from, to *Device, st *dirStats, nbufs int) {
 			if int64(sizes[i]) > st.maxSize.Load() {
 				st.maxSize.Store(int64(sizes[i]))
 			}
-			out[i] = bufs[i][:sizes[i]]
+			out[i] = bufs[i][rd.offset : rd.offset+sizes[i]]
 		}
 		if _, err := to.Write(out[:n]); err != nil {
 			if errors.Is(err, os.ErrClosed) {
@@ -242,8 +254,18 @@ func newPair(t *testing.T, mtu int, o Offloads) *pair {
 	return newPairBufs(t, mtu, o, 0)
 }
 
+// readShape is how a relay reads: buffers of size bytes at offset (0: Read into
+// maxPacket-byte buffers).
+type readShape struct{ size, offset int }
+
 // newPairBufs is newPair with relays reading into nbufs buffers (0: BatchSize).
 func newPairBufs(t *testing.T, mtu int, o Offloads, nbufs int) *pair {
+	t.Helper()
+	return newPairRead(t, mtu, o, nbufs, readShape{})
+}
+
+// newPairRead is newPairBufs with relays reading as rd says.
+func newPairRead(t *testing.T, mtu int, o Offloads, nbufs int, rd readShape) *pair {
 	t.Helper()
 	p := &pair{nsA: testNS(t, "a"), nsB: testNS(t, "b"), mtu: mtu}
 	p.a = open(t, Config{Name: uniq("a"), MTU: mtu, NetNS: p.nsA, Offloads: o})
@@ -262,8 +284,8 @@ func newPairBufs(t *testing.T, mtu int, o Offloads, nbufs int) *pair {
 	if nbufs == 0 {
 		nbufs = p.a.BatchSize()
 	}
-	go func() { defer wg.Done(); relay(p.a, p.b, &p.ab, nbufs) }()
-	go func() { defer wg.Done(); relay(p.b, p.a, &p.ba, nbufs) }()
+	go func() { defer wg.Done(); relay(p.a, p.b, &p.ab, nbufs, rd) }()
+	go func() { defer wg.Done(); relay(p.b, p.a, &p.ba, nbufs, rd) }()
 	t.Cleanup(func() {
 		p.a.Close()
 		p.b.Close()
@@ -533,11 +555,22 @@ func TestTransferConfigurations(t *testing.T) {
 		{4092, Offloads{TxChecksum: true, TSO: true}},
 		{4092, Offloads{}},
 		{65520, Offloads{}},
+		{65520, Offloads{TxChecksum: true}}, // partial checksums completed in place
 	} {
-		t.Run(fmt.Sprintf("mtu%d_csum%v_tso%v_gro%v", tc.mtu, tc.o.TxChecksum, tc.o.TSO, tc.o.GRO), func(t *testing.T) {
+		name := fmt.Sprintf("mtu%d_csum%v_tso%v_gro%v", tc.mtu, tc.o.TxChecksum, tc.o.TSO, tc.o.GRO)
+		t.Run(name, func(t *testing.T) {
 			p := newPair(t, tc.mtu, tc.o)
 			transfer(t, p.nsA, p.nsB, "10.77.0.2", size)
 		})
+		// As the daemon reads (ReadBufferLen at ReadHeadroom: in place for a large
+		// MTU), and into buffers that fit any read at the headroom: a super-packet
+		// read in place is split from the read buffer, a plain packet stays.
+		for _, rd := range []readShape{{ReadBufferLen(tc.mtu), ReadHeadroom}, {ReadHeadroom + maxPacket, ReadHeadroom}} {
+			t.Run(fmt.Sprintf("%s_read%d@%d", name, rd.size, rd.offset), func(t *testing.T) {
+				p := newPairRead(t, tc.mtu, tc.o, 0, rd)
+				transfer(t, p.nsA, p.nsB, "10.77.0.2", size)
+			})
+		}
 	}
 }
 

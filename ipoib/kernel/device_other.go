@@ -32,6 +32,17 @@ func (d *Device) BatchSize() int { return 1 }
 // Read is not supported.
 func (d *Device) Read(bufs [][]byte, sizes []int) (int, error) { return 0, d.unsupported() }
 
+// ReadHeadroom is the offset ReadOffset reads at without a copy.
+const ReadHeadroom = 10
+
+// ReadBufferLen is the length of a read buffer for packets of up to mtu bytes.
+func ReadBufferLen(mtu int) int { return ReadHeadroom + mtu }
+
+// ReadOffset is not supported.
+func (d *Device) ReadOffset(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return 0, d.unsupported()
+}
+
 // CloseAll does nothing: no Device can be opened here.
 func CloseAll(devs []*Device) error { return nil }
 

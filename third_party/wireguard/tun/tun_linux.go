@@ -463,6 +463,20 @@ func (tun *NativeTun) Read(bufs [][]byte, sizes []int, offset int) (int, error) 
 		return 0, err
 	default:
 		readInto := bufs[0][offset:]
+		if direct := tun.readDirect(bufs, offset); direct != nil { // ipoibfs patch
+			n, err := tun.tunFile.Read(direct)
+			if errors.Is(err, syscall.EBADFD) {
+				err = os.ErrClosed
+			}
+			if err != nil {
+				return 0, err
+			}
+			c, moved, err := tun.finishDirect(direct[:n], bufs, sizes, offset)
+			if !moved {
+				return c, err
+			}
+			return tun.keepTooLarge(handleVirtioRead(tun.readBuff[:n], bufs, sizes, offset))(n)
+		}
 		if tun.vnetHdr {
 			if tun.readBuff == nil { // ipoibfs patch: a device never read holds no buffer
 				tun.readBuff = new([virtioNetHdrLen + 65535]byte)
@@ -500,7 +514,10 @@ func (tun *NativeTun) TryRead(bufs [][]byte, sizes []int, offset int) (int, erro
 	tun.readOpMu.Lock()
 	defer tun.readOpMu.Unlock()
 	readInto := bufs[0][offset:]
-	if tun.vnetHdr {
+	direct := tun.readDirect(bufs, offset)
+	if direct != nil {
+		readInto = direct
+	} else if tun.vnetHdr {
 		if tun.readBuff == nil {
 			tun.readBuff = new([virtioNetHdrLen + 65535]byte)
 		}
@@ -537,6 +554,13 @@ func (tun *NativeTun) TryRead(bufs [][]byte, sizes []int, offset int) (int, erro
 		sizes[0] = n
 		return 1, nil
 	}
+	if direct != nil {
+		c, moved, err := tun.finishDirect(direct[:n], bufs, sizes, offset)
+		if !moved {
+			return c, err
+		}
+		readInto = tun.readBuff[:] // a super-packet: split from there, as below
+	}
 	c, err := handleVirtioRead(readInto[:n], bufs, sizes, offset)
 	var small *BufferTooSmallError
 	if errors.Is(err, ErrTooManySegments) || errors.As(err, &small) {
@@ -547,6 +571,43 @@ func (tun *NativeTun) TryRead(bufs [][]byte, sizes []int, offset int) (int, erro
 		return 0, nil
 	}
 	return c, err
+}
+
+// readDirect returns where a read may go straight into bufs[0] (an ipoibfs patch,
+// fifth): with the virtio-net header, when bufs[0] has the header's room before
+// offset and room for the largest read after it, and nothing is kept. The read then
+// lands in place: a packet without GSO (connected mode's, up to 64 KiB) is not copied
+// out of the read buffer, which was 5-6% of the sending daemon's CPU.
+func (tun *NativeTun) readDirect(bufs [][]byte, offset int) []byte {
+	if !tun.vnetHdr || tun.readKept > 0 || offset < virtioNetHdrLen || len(bufs[0]) < offset+65535 {
+		return nil
+	}
+	return bufs[0][offset-virtioNetHdrLen:]
+}
+
+// finishDirect completes a read that landed in bufs[0] at offset-virtioNetHdrLen: a
+// packet without GSO is done once its checksum is. A super-packet is moved to the read
+// buffer (moved), for the caller to split from there as from any read.
+func (tun *NativeTun) finishDirect(in []byte, bufs [][]byte, sizes []int, offset int) (c int, moved bool, err error) {
+	var hdr virtioNetHdr
+	if err := hdr.decode(in); err != nil {
+		return 0, false, err
+	}
+	if hdr.gsoType == unix.VIRTIO_NET_HDR_GSO_NONE {
+		pkt := in[virtioNetHdrLen:]
+		if hdr.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 {
+			if err := gsoNoneChecksum(pkt, hdr.csumStart, hdr.csumOffset); err != nil {
+				return 0, false, err
+			}
+		}
+		sizes[0] = len(pkt)
+		return 1, false, nil
+	}
+	if tun.readBuff == nil {
+		tun.readBuff = new([virtioNetHdrLen + 65535]byte)
+	}
+	copy(tun.readBuff[:], in)
+	return 0, true, nil
 }
 
 // keepTooLarge keeps the n bytes in the read buffer for the next Read when they did not
