@@ -278,7 +278,7 @@ type rcConn struct {
 	// sending: its batch may still point into them; they go back to the pool when it
 	// has sent it.
 	freeing [][]byte
-	rsv                []Datagram // resolve scratch
+	rsv     []Datagram // resolve scratch
 }
 
 func newRC() *rcConn { return &rcConn{} }
