@@ -312,6 +312,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	var lastAH *AH
 	var lastDGID verbs.GID
 	lastFrom, lastTo := 0, 0
+	var ic wire.ICRCCache // a batch's datagrams mostly go to one peer at one size
 	for i := range wrs {
 		wr := &wrs[i]
 		n := 0
@@ -363,7 +364,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 				}
 				off := len(q.scratch)
 				q.scratch = appendUD(q.scratch, op, uint16(pkey), uint32(wr.RemoteQPN), psn, rq, uint32(q.num), wr.Imm,
-					wr.Data, n, sgid, dgid)
+					wr.Data, n, sgid, dgid, &ic)
 				spans = append(spans, udSpan{from, len(q.dgrams), off, len(q.scratch)})
 			}
 		}
@@ -404,7 +405,7 @@ const udMaxOverhead = wire.BTHLen + wire.DETHLen + wire.ImmLen + 3 + wire.ICRCLe
 // appendUD appends a UD SEND_ONLY packet (with ImmDt for OpUDSendOnlyImm) carrying the
 // n bytes of data to b: the bytes wire.Packet.AppendTo encodes for the same fields
 // (SE, MigReq, TVer, FECN, BECN and AckReq clear), the payload gathered in place.
-func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, data [][]byte, n int, sgid, dgid verbs.GID) []byte {
+func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, data [][]byte, n int, sgid, dgid verbs.GID, ic *wire.ICRCCache) []byte {
 	hl := wire.HeaderLen(op)
 	pad := wire.PadLen(n)
 	start := len(b)
@@ -426,7 +427,7 @@ func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, 
 		off += copy(pkt[off:], d)
 	}
 	clear(pkt[off : off+pad])
-	binary.LittleEndian.PutUint32(pkt[size-wire.ICRCLen:], wire.ICRC(pkt, sgid, dgid))
+	binary.LittleEndian.PutUint32(pkt[size-wire.ICRCLen:], ic.ICRC(pkt, sgid, dgid))
 	return b
 }
 

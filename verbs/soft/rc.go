@@ -674,6 +674,7 @@ func encodeRC(wr *verbs.SendWR, n int, first uint32, mtu int, pkey verbs.PKey, d
 	m := &rcMsg{id: wr.ID, signaled: wr.Signaled, length: n, first: first, n: np, full: full,
 		pkts: getPktBuf((np-1)*full + lastLen), sgid: sgid, dgid: dgid}
 	var pkt wire.Packet
+	var ic wire.ICRCCache // the full packets share their pseudo header's prefix
 	pkt.BTH.PKey = uint16(pkey)
 	pkt.BTH.DestQP = uint32(dqpn)
 	for k := range np {
@@ -702,7 +703,7 @@ func encodeRC(wr *verbs.SendWR, n int, first uint32, mtu int, pkey verbs.PKey, d
 		} else {
 			pkt.Payload = g.next(mtu)
 		}
-		m.pkts = pkt.AppendTo(m.pkts, sgid, dgid)
+		m.pkts = pkt.AppendToCached(m.pkts, sgid, dgid, &ic)
 	}
 	return m
 }
@@ -1060,7 +1061,7 @@ func (t *rcTouched) flush() {
 // in the port counters UD uses: NoQP for a QPN that is not an RC QP of this port, a QP
 // not ready (ACKs need RTS, requests RTR or RTS) or a packet from a port other than the
 // connected peer; Malformed for an unknown source endpoint; BadICRC; BadPKey.
-func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched) {
+func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched, ic *wire.ICRCCache) {
 	q := p.hca.qp(verbs.QPN(pkt.BTH.DestQP))
 	if q == nil || q.port != p || q.typ != verbs.QPTypeRC {
 		p.cnt.noQP.Add(1)
@@ -1074,7 +1075,7 @@ func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched) {
 	p.mu.RLock()
 	dgid := p.gid0()
 	p.mu.RUnlock()
-	if !wire.CheckICRC(d.Data, src.GID, dgid) {
+	if !ic.CheckICRC(d.Data, src.GID, dgid) {
 		p.cnt.badICRC.Add(1)
 		return
 	}

@@ -102,6 +102,21 @@ func FuzzICRC(f *testing.F) {
 			if got, want := ICRC(pkt, sgid, d), crc32.ChecksumIEEE(canonicalByHand(pkt, sgid, d)); got != want {
 				t.Fatalf("ICRC %#08x, hand-built %#08x", got, want)
 			}
+			// A cache used for every candidate in turn, twice, and for a packet with
+			// another BTH and length in between, gives what ICRC gives.
+			var c ICRCCache
+			other := append(append([]byte(nil), pkt[:BTHLen]...), pkt...)
+			other[0] ^= 0x55
+			for range 2 {
+				for _, d := range dgids {
+					if got, want := c.ICRC(pkt, sgid, d), ICRC(pkt, sgid, d); got != want {
+						t.Fatalf("cached ICRC %#08x, uncached %#08x", got, want)
+					}
+					if got, want := c.ICRC(other, sgid, d), ICRC(other, sgid, d); got != want {
+						t.Fatalf("cached ICRC of another packet %#08x, uncached %#08x", got, want)
+					}
+				}
+			}
 			binary.LittleEndian.PutUint32(pkt[len(pkt)-4:], ICRC(pkt, sgid, d))
 			check()
 			if MatchICRC(pkt, sgid, dgids) < 0 {

@@ -49,13 +49,42 @@ func canonHeader(h *[canonLen]byte, pkt []byte, sgid, dgid *verbs.GID) {
 // (where the ICRC is stored, little-endian). It returns 0 for packets shorter than
 // MinPacketLen. It does not allocate.
 func ICRC(pkt []byte, sgid, dgid verbs.GID) uint32 {
+	var c ICRCCache
+	return c.ICRC(pkt, sgid, dgid)
+}
+
+// ICRCCache keeps the CRC of the canonical pseudo header's part before the BTH, which
+// depends only on the GIDs and the packet's length: the packets of one message, or a
+// batch's datagrams to one peer, share it, and then only the BTH's 12 bytes go through
+// the table-driven CRC instead of 68 (that CRC was 4-5% of a sending daemon's CPU). The
+// zero value is empty. It is not safe for concurrent use; callers keep one per batch.
+type ICRCCache struct {
+	ok         bool
+	sgid, dgid verbs.GID
+	n          int // the packet's length
+	crc        uint32
+}
+
+// ICRC is the package's ICRC, with the prefix's CRC from c when it matches.
+func (c *ICRCCache) ICRC(pkt []byte, sgid, dgid verbs.GID) uint32 {
 	if len(pkt) < icrcMinIn {
 		return 0
 	}
 	var h [canonLen]byte
-	canonHeader(&h, pkt, &sgid, &dgid)
-	crc := crcSoft(0, h[:])
+	if !c.ok || c.n != len(pkt) || c.sgid != sgid || c.dgid != dgid {
+		canonHeader(&h, pkt, &sgid, &dgid)
+		*c = ICRCCache{ok: true, sgid: sgid, dgid: dgid, n: len(pkt), crc: crcSoft(0, h[:canonBTH])}
+	} else {
+		copy(h[canonBTH:], pkt[:BTHLen])
+		h[canonBTH+4] = 0xff // FECN, BECN, reserved: masked
+	}
+	crc := crcSoft(c.crc, h[canonBTH:])
 	return crc32.Update(crc, crc32.IEEETable, pkt[BTHLen:len(pkt)-ICRCLen])
+}
+
+// CheckICRC is the package's CheckICRC with c's prefix.
+func (c *ICRCCache) CheckICRC(pkt []byte, sgid, dgid verbs.GID) bool {
+	return len(pkt) >= icrcMinIn && c.ICRC(pkt, sgid, dgid) == StoredICRC(pkt)
 }
 
 // StoredICRC returns the ICRC stored in the last 4 bytes of pkt (little-endian), or 0
@@ -70,7 +99,8 @@ func StoredICRC(pkt []byte) uint32 {
 // CheckICRC reports whether the ICRC stored in pkt is right for a packet sent from sgid
 // to dgid. Packets shorter than MinPacketLen never pass.
 func CheckICRC(pkt []byte, sgid, dgid verbs.GID) bool {
-	return len(pkt) >= icrcMinIn && ICRC(pkt, sgid, dgid) == StoredICRC(pkt)
+	var c ICRCCache
+	return c.CheckICRC(pkt, sgid, dgid)
 }
 
 // MatchICRC returns the index of the first GID in dgids for which the ICRC stored in

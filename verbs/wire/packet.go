@@ -160,6 +160,13 @@ func (p *Packet) EncodedLen() int {
 // modified; p.BTH.PadCnt is ignored. 24-bit fields are truncated to 24 bits, TVer to 4.
 // It does not allocate when b has enough capacity.
 func (p *Packet) AppendTo(b []byte, sgid, dgid verbs.GID) []byte {
+	var c ICRCCache
+	return p.AppendToCached(b, sgid, dgid, &c)
+}
+
+// AppendToCached is AppendTo computing the ICRC with c (a message's packets share
+// their pseudo header's prefix).
+func (p *Packet) AppendToCached(b []byte, sgid, dgid verbs.GID, c *ICRCCache) []byte {
 	op := p.BTH.Opcode
 	hl := HeaderLen(op)
 	pad := PadLen(len(p.Payload))
@@ -195,7 +202,7 @@ func (p *Packet) AppendTo(b []byte, sgid, dgid verbs.GID) []byte {
 	}
 	off += copy(pkt[off:], p.Payload)
 	clear(pkt[off : off+pad])
-	binary.LittleEndian.PutUint32(pkt[n-ICRCLen:], ICRC(pkt, sgid, dgid))
+	binary.LittleEndian.PutUint32(pkt[n-ICRCLen:], c.ICRC(pkt, sgid, dgid))
 	return b
 }
 
