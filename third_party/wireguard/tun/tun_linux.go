@@ -338,6 +338,7 @@ func (tun *NativeTun) Write(bufs [][]byte, offset int) (int, error) {
 	tun.writeOpMu.Lock()
 	if tun.tcpGROTable == nil { // ipoibfs patch: the tables are made at the first Write
 		tun.tcpGROTable, tun.udpGROTable = newTCPGROTable(), newUDPGROTable()
+		tun.toWrite = make([]int, 0, conn.IdealBatchSize) // and the write list (1 KiB)
 	}
 	defer func() {
 		tun.tcpGROTable.reset()
@@ -743,7 +744,6 @@ func CreateTUNFromFile(file *os.File, mtu int) (Device, error) {
 		events:                  make(chan Event, 5),
 		errors:                  make(chan error, 5),
 		statusListenersShutdown: make(chan struct{}),
-		toWrite:                 make([]int, 0, conn.IdealBatchSize),
 	}
 
 	name, err := tun.Name()
@@ -797,7 +797,6 @@ func CreateUnmonitoredTUNFromFD(fd int) (Device, string, error) {
 		tunFile: file,
 		events:  make(chan Event, 5),
 		errors:  make(chan error, 5),
-		toWrite: make([]int, 0, conn.IdealBatchSize),
 	}
 	name, err := tun.Name()
 	if err != nil {
