@@ -53,9 +53,9 @@ type monitor struct {
 // children costs seconds; the default buffer (net.core.rmem_default, 208 KiB: about
 // 50-150 link messages, each charged 1.5-4.5 KiB) overflowed under a burst of
 // `ip -batch` link changes. 32 MiB holds a change of each of 4000 devices with the
-// reader stalled; it is a limit, used only while messages wait. Forced past
-// net.core.rmem_max, which root may.
-const monitorBuffer = 32 << 20
+// reader stalled, and link and address messages share one socket: 64 MiB. It is a
+// limit, used only while messages wait. Forced past net.core.rmem_max, which root may.
+const monitorBuffer = 64 << 20
 
 // withBuffer subscribes with monitorBuffer, or with the default size where the kernel
 // refuses it (netlink leaves that socket open, so it is not tried again).
@@ -221,6 +221,7 @@ func (m *monitor) follow() bool {
 		sock.Close()
 	}()
 	defer close(stopped)
+	defer sock.Close() // closed when follow returns (the namespace may go right after)
 	m.subscriptions.Add(1)
 	m.markAll() // after subscribing, so no change falls between the reads and the events
 	buf := make([]byte, 64<<10)
@@ -229,14 +230,17 @@ func (m *monitor) follow() bool {
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
 			var from unix.Sockaddr
+			var flags int
 			for {
-				n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+				n, _, flags, from, rerr = unix.Recvmsg(int(fd), buf, nil, 0)
 				if rerr != unix.EINTR {
 					break
 				}
 			}
 			if rerr == nil {
-				if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
+				if flags&unix.MSG_TRUNC != 0 {
+					rerr = unix.EMSGSIZE // messages were cut: read everything afresh
+				} else if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
 					n = 0 // not from the kernel
 				}
 			}

@@ -150,6 +150,7 @@ type rcMsg struct {
 	n        int       // packets
 	full     int       // encoded size of every packet but the last
 	pkts     []byte    // the encoded packets back to back
+	pool     *[]byte   // pkts's handle in pktBufPool (nil: not pooled)
 	sgid     verbs.GID // the GIDs the ICRCs were computed for
 	dgid     verbs.GID
 }
@@ -277,7 +278,7 @@ type rcConn struct {
 	// freeing holds the encoded packets of messages acknowledged while the pump was
 	// sending: its batch may still point into them; they go back to the pool when it
 	// has sent it.
-	freeing [][]byte
+	freeing []*[]byte
 	rsv     []Datagram // resolve scratch
 }
 
@@ -628,38 +629,45 @@ func (q *QP) rcPostSend(wrs []verbs.SendWR) (int, error) {
 // CPU in netbench's connected-mode profile (makeslice, memclr and the GC's scan).
 // Smaller messages allocate as before.
 const (
-	pktBufMin = 8 << 10
+	pktBufMin = 32 << 10 // smaller messages would hold a buffer twice their size or more
 	pktBufCap = 68 << 10 // a 65520-byte message in 4096-byte packets, with headers
 )
 
+// pktBufPool holds *[]byte of capacity pktBufCap; the pointer travels with the
+// buffer (rcMsg.pool), so giving one back allocates nothing.
 var pktBufPool = sync.Pool{New: func() any { b := make([]byte, 0, pktBufCap); return &b }}
 
-// getPktBuf returns an empty buffer of at least size bytes' capacity.
-func getPktBuf(size int) []byte {
+// getPktBuf returns an empty buffer of at least size bytes' capacity, and its pool
+// handle (nil if it was allocated for the message alone).
+func getPktBuf(size int) ([]byte, *[]byte) {
 	if size < pktBufMin || size > pktBufCap {
-		return make([]byte, 0, size)
+		return make([]byte, 0, size), nil
 	}
-	return (*pktBufPool.Get().(*[]byte))[:0]
+	h := pktBufPool.Get().(*[]byte)
+	return (*h)[:0], h
 }
 
-// putPktBuf gives back a buffer getPktBuf may have taken from the pool. The caller
-// guarantees nothing refers to it any more.
-func putPktBuf(b []byte) {
-	if cap(b) == pktBufCap {
-		b = b[:0]
-		pktBufPool.Put(&b)
+// putPktBuf gives a pooled buffer back. The caller guarantees nothing refers to it
+// any more.
+func putPktBuf(h *[]byte) {
+	if h != nil {
+		*h = (*h)[:0]
+		pktBufPool.Put(h)
 	}
 }
 
 // rcFreeLocked gives back an acknowledged message's buffer, or holds it until the
 // pump has sent its batch.
 func (rc *rcConn) rcFreeLocked(m *rcMsg) {
-	if rc.pumping {
-		rc.freeing = append(rc.freeing, m.pkts)
-	} else {
-		putPktBuf(m.pkts)
+	if m.pool == nil {
+		return
 	}
-	m.pkts = nil
+	if rc.pumping {
+		rc.freeing = append(rc.freeing, m.pool)
+	} else {
+		putPktBuf(m.pool)
+	}
+	m.pkts, m.pool = nil, nil
 }
 
 // encodeRC builds the packets of one message starting at PSN first.
@@ -672,7 +680,8 @@ func encodeRC(wr *verbs.SendWR, n int, first uint32, mtu int, pkey verbs.PKey, d
 		lastLen += wire.ImmLen
 	}
 	m := &rcMsg{id: wr.ID, signaled: wr.Signaled, length: n, first: first, n: np, full: full,
-		pkts: getPktBuf((np-1)*full + lastLen), sgid: sgid, dgid: dgid}
+		sgid: sgid, dgid: dgid}
+	m.pkts, m.pool = getPktBuf((np-1)*full + lastLen)
 	var pkt wire.Packet
 	var ic wire.ICRCCache // the full packets share their pseudo header's prefix
 	pkt.BTH.PKey = uint16(pkey)
