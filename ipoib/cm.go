@@ -26,8 +26,12 @@ const (
 	cmServiceBase = 0x1000000000000000 // IPOIB_CM_IETF_ID
 	cmMaxMTU      = 0x10000 - 0x10     // IPOIB_CM_MTU: 65520
 	cmBufSize     = cmMaxMTU + encapLen
-	cmRxIdle      = 512 * time.Second // passive connections idle this long are torn down
-	cmRejectHold  = 30 * time.Second  // after a REJ the peer is reached over UD this long
+	// cmRxHeadroom is kept before each receive buffer, so that a FrameHost can put
+	// its own header before a received packet instead of copying it (16 bytes with
+	// the IPoIB header: a TUN device's virtio-net header needs 10).
+	cmRxHeadroom = 12
+	cmRxIdle     = 512 * time.Second // passive connections idle this long are torn down
+	cmRejectHold = 30 * time.Second  // after a REJ the peer is reached over UD this long
 )
 
 // cmTx is an active (transmit) connection to one peer (struct ipoib_cm_tx).
@@ -247,8 +251,9 @@ func (i *Interface) cmRxBuffers(rx *cmRx, shared bool) []verbs.RecvWR {
 	}
 	wrs := make([]verbs.RecvWR, len(bufs))
 	for k := range bufs {
-		bufs[k] = make([]byte, cmBufSize)
-		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: bufs[k]}
+		// The buffer with its headroom; the HCA gets what follows it.
+		bufs[k] = make([]byte, cmRxHeadroom+cmBufSize)
+		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: bufs[k][cmRxHeadroom:]}
 	}
 	if shared { // published filled, before any of them is posted
 		i.dmu.Lock()
@@ -523,7 +528,7 @@ func (i *Interface) cmSendLoop() {
 func (i *Interface) cmRecvLoop() {
 	defer i.wg.Done()
 	var wcs []verbs.WC // made at the first completion, as recvLoop's
-	var deliver [][]byte
+	var deliver, frames [][]byte
 	type repost struct {
 		to interface {
 			PostRecv([]verbs.RecvWR) (int, error)
@@ -542,7 +547,7 @@ func (i *Interface) cmRecvLoop() {
 			wcs = make([]verbs.WC, recvBatch)
 		}
 		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
-			deliver, re, local = deliver[:0], re[:0], local[:0]
+			deliver, frames, re, local = deliver[:0], frames[:0], re[:0], local[:0]
 			now := i.e.clk.Now()
 			i.dmu.Lock()
 			host := i.upperHost() // its own, or its bond's (bond.go)
@@ -554,12 +559,12 @@ func (i *Interface) cmRecvLoop() {
 					// A shared buffer goes back to the pool whatever became of the
 					// connection it came in on (a flushed one too), or the pool shrinks.
 					buf = i.cmSRQBufs[wc.WRID]
-					re = append(re, repost{i.cmSRQ, verbs.RecvWR{ID: wc.WRID, Buf: buf}})
+					re = append(re, repost{i.cmSRQ, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
 				case rx == nil || wc.Status == verbs.WCWRFlushErr || int(wc.WRID) >= len(rx.bufs):
 					continue
 				default:
 					buf = rx.bufs[wc.WRID]
-					re = append(re, repost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf}})
+					re = append(re, repost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
 				}
 				if rx == nil || wc.Status == verbs.WCWRFlushErr {
 					continue
@@ -569,7 +574,7 @@ func (i *Interface) cmRecvLoop() {
 					i.stats.rxDropped.Add(1)
 					continue
 				}
-				frame := buf[:wc.ByteLen]
+				frame := buf[cmRxHeadroom : cmRxHeadroom+wc.ByteLen]
 				if dataDebug {
 					i.e.cmdtracef("%s: cm rx %d bytes on QPN %#x", i.Name(), len(frame), wc.QPN)
 				}
@@ -586,11 +591,15 @@ func (i *Interface) cmRecvLoop() {
 				i.stats.rxPackets.Add(1)
 				i.stats.rxBytes.Add(uint64(len(pkt)))
 				deliver = append(deliver, pkt)
+				frames = append(frames, buf[:cmRxHeadroom+wc.ByteLen])
 			}
 			i.dmu.Unlock()
 			i.handleLocal(local) // before the buffers are posted again below
 			if len(deliver) > 0 {
-				if host != nil {
+				const off = cmRxHeadroom + encapLen // where each frame's packet starts
+				if fh, ok := host.(FrameHost); ok && fh.FrameHeadroom() <= off {
+					fh.DeliverFrames(frames, off) // in place: a 64 KiB copy less each
+				} else if host != nil {
 					host.Deliver(deliver)
 				} else {
 					i.stats.rxDropped.Add(uint64(len(deliver)))

@@ -47,6 +47,15 @@ type Host interface {
 	SetOffloads(f Features)
 }
 
+// FrameHost is a Host that takes received packets in place: DeliverFrames gets frames
+// whose packet starts at offset, and may overwrite the bytes before it (a kernel
+// device's own header goes there), sparing the copy Deliver makes; FrameHeadroom is
+// what it needs before a packet. Connected mode's receive buffers have that room.
+type FrameHost interface {
+	FrameHeadroom() int
+	DeliverFrames(frames [][]byte, offset int)
+}
+
 // AdminHost is a Host whose device has an administrative state of its own (a kernel
 // network device): the engine sets it when the interface goes up or down by itself,
 // such as a child following its parent.

@@ -272,6 +272,16 @@ func (b *bridge) Deliver(pkts [][]byte) {
 	}
 }
 
+// FrameHeadroom and DeliverFrames make the bridge an ipoib.FrameHost: connected mode's
+// packets are written to the kernel from their receive buffers.
+func (b *bridge) FrameHeadroom() int { return kernel.WriteHeadroom }
+
+func (b *bridge) DeliverFrames(frames [][]byte, offset int) {
+	if _, err := b.dev.WriteOffset(frames, offset); err != nil && !errors.Is(err, os.ErrClosed) {
+		log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
+	}
+}
+
 func (b *bridge) SetMTU(mtu int) {
 	b.logErr(b.dev.SetMTU(mtu))
 }

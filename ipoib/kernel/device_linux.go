@@ -420,24 +420,9 @@ func (d *Device) Write(pkts [][]byte) (n int, err error) {
 			vec = append(vec, b)
 		}
 		d.wvec = vec
-		if gro {
-			if _, err := d.tun.Write(vec, vnetHdrLen); err != nil {
-				if isClosed(err) {
-					return n, d.ioErr("write", err)
-				}
-				errs = append(errs, err)
-			}
-		} else {
-			f := d.tun.File()
-			for _, b := range vec {
-				clear(b[:vnetHdrLen]) // no GSO, no checksum offload
-				if _, err := f.Write(b); err != nil {
-					if isClosed(err) {
-						return n, d.ioErr("write", err)
-					}
-					errs = append(errs, err)
-				}
-			}
+		var err error
+		if errs, err = d.writeVecLocked(vec, vnetHdrLen, gro, errs); err != nil {
+			return n, err
 		}
 		n += len(chunk)
 	}
@@ -445,6 +430,71 @@ func (d *Device) Write(pkts [][]byte) (n int, err error) {
 		return n, d.errorf("write: %w", errors.Join(errs...))
 	}
 	return n, nil
+}
+
+// WriteHeadroom is what WriteOffset needs before each packet to write it in place.
+const WriteHeadroom = vnetHdrLen
+
+// WriteOffset is Write for packets in frames[i][offset:]: with offset >= WriteHeadroom
+// they are written in place, the virtio-net header put before each (the bytes before
+// offset are overwritten, and with GRO a packet may grow into the capacity after it),
+// sparing Write's copy of every packet (7% of a connected-mode receiver's CPU, for 64
+// KiB packets); with less headroom it is Write.
+func (d *Device) WriteOffset(frames [][]byte, offset int) (n int, err error) {
+	if offset < WriteHeadroom {
+		pkts := make([][]byte, len(frames))
+		for i, f := range frames {
+			pkts[i] = f[offset:]
+		}
+		return d.Write(pkts)
+	}
+	for i, f := range frames {
+		if l := len(f) - offset; l <= 0 || l > maxPacket {
+			return 0, d.errorf("write: packet %d has %d bytes (1..%d)", i, l, maxPacket)
+		}
+	}
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	gro := d.gro.Load()
+	var errs []error
+	for len(frames) > 0 {
+		chunk := frames[:min(len(frames), d.batch)]
+		frames = frames[len(chunk):]
+		if errs, err = d.writeVecLocked(chunk, offset, gro, errs); err != nil {
+			return n, err
+		}
+		n += len(chunk)
+	}
+	if len(errs) > 0 {
+		return n, d.errorf("write: %w", errors.Join(errs...))
+	}
+	return n, nil
+}
+
+// writeVecLocked writes the packets vec[i][offset:] (offset >= vnetHdrLen), with GRO
+// or one at a time; a packet's error is added to errs, a closed device is err.
+func (d *Device) writeVecLocked(vec [][]byte, offset int, gro bool, errs []error) ([]error, error) {
+	if gro {
+		if _, err := d.tun.Write(vec, offset); err != nil {
+			if isClosed(err) {
+				return errs, d.ioErr("write", err)
+			}
+			errs = append(errs, err)
+		}
+		return errs, nil
+	}
+	f := d.tun.File()
+	for _, b := range vec {
+		b = b[offset-vnetHdrLen:]
+		clear(b[:vnetHdrLen]) // no GSO, no checksum offload
+		if _, err := f.Write(b); err != nil {
+			if isClosed(err) {
+				return errs, d.ioErr("write", err)
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errs, nil
 }
 
 // WaitReadable returns when the kernel has a packet for Read, or with an error wrapping

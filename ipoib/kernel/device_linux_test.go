@@ -185,8 +185,9 @@ func (s *dirStats) String() string {
 
 // relay copies every packet from one device to the other until from is closed: the
 // "engine - fabric - engine" path with a zero-cost fabric. It reads into nbufs buffers
-// of maxPacket bytes with Read, or, with rd.size set, of rd.size bytes with ReadOffset
-// at rd.offset (the daemon's way).
+// of maxPacket bytes with Read and writes with Write, or, with rd.size set, reads into
+// buffers of rd.size bytes with ReadOffset at rd.offset (the daemon's way) and writes
+// them in place with WriteOffset.
 func relay(from, to *Device, st *dirStats, nbufs int, rd readShape) {
 	size := rd.size
 	if size == 0 {
@@ -229,8 +230,15 @@ func relay(from, to *Device, st *dirStats, nbufs int, rd readShape) {
 				st.maxSize.Store(int64(sizes[i]))
 			}
 			out[i] = bufs[i][rd.offset : rd.offset+sizes[i]]
+			if rd.size != 0 {
+				out[i] = bufs[i][:rd.offset+sizes[i]] // written in place (WriteOffset)
+			}
 		}
-		if _, err := to.Write(out[:n]); err != nil {
+		write := to.Write
+		if rd.size != 0 {
+			write = func(frames [][]byte) (int, error) { return to.WriteOffset(frames, rd.offset) }
+		}
+		if _, err := write(out[:n]); err != nil {
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}

@@ -38,6 +38,12 @@ const ReadHeadroom = 10
 // ReadBufferLen is the length of a read buffer for packets of up to mtu bytes.
 func ReadBufferLen(mtu int) int { return ReadHeadroom + mtu }
 
+// WriteHeadroom is what WriteOffset needs before each packet.
+const WriteHeadroom = 10
+
+// WriteOffset is not supported.
+func (d *Device) WriteOffset(frames [][]byte, offset int) (int, error) { return 0, d.unsupported() }
+
 // ReadOffset is not supported.
 func (d *Device) ReadOffset(bufs [][]byte, sizes []int, offset int) (int, error) {
 	return 0, d.unsupported()
