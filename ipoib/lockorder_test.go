@@ -576,7 +576,7 @@ func (lc *lockChecker) calloutKind(c *ast.CallExpr) (string, string) {
 	name := n.Obj().Name()
 	if n.Obj().Pkg() == lc.pkg && types.IsInterface(n) {
 		switch name {
-		case "Host", "AdminHost", "TxQueueHost", "LinkLocalHost":
+		case "Host", "AdminHost", "TxQueueHost", "LinkLocalHost", "FrameHost":
 			return "Host", name + "." + sel.Sel.Name
 		case "Devices", "BondDevices":
 			return name, name + "." + sel.Sel.Name
