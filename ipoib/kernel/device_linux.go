@@ -405,31 +405,23 @@ func (d *Device) Write(pkts [][]byte) (n int, err error) {
 	}
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
-	gro := d.gro.Load()
-	var errs []error
-	for len(pkts) > 0 {
-		chunk := pkts[:min(len(pkts), d.batch)]
-		pkts = pkts[len(chunk):]
-		vec := d.wvec[:0]
-		for i, p := range chunk {
-			if i == len(d.wbufs) {
-				d.wbufs = append(d.wbufs, make([]byte, vnetHdrLen+maxPacket))
-			}
-			b := d.wbufs[i][:vnetHdrLen+len(p)]
-			copy(b[vnetHdrLen:], p)
-			vec = append(vec, b)
+	return d.writeLocked(pkts, vnetHdrLen, d.toSlotsLocked)
+}
+
+// toSlotsLocked copies a chunk of packets into the write slots, after room for the
+// virtio-net header, and returns the slots.
+func (d *Device) toSlotsLocked(chunk [][]byte) [][]byte {
+	vec := d.wvec[:0]
+	for i, p := range chunk {
+		if i == len(d.wbufs) {
+			d.wbufs = append(d.wbufs, make([]byte, vnetHdrLen+maxPacket))
 		}
-		d.wvec = vec
-		var err error
-		if errs, err = d.writeVecLocked(vec, vnetHdrLen, gro, errs); err != nil {
-			return n, err
-		}
-		n += len(chunk)
+		b := d.wbufs[i][:vnetHdrLen+len(p)]
+		copy(b[vnetHdrLen:], p)
+		vec = append(vec, b)
 	}
-	if len(errs) > 0 {
-		return n, d.errorf("write: %w", errors.Join(errs...))
-	}
-	return n, nil
+	d.wvec = vec
+	return vec
 }
 
 // WriteHeadroom is what WriteOffset needs before each packet to write it in place.
@@ -455,12 +447,22 @@ func (d *Device) WriteOffset(frames [][]byte, offset int) (n int, err error) {
 	}
 	d.wmu.Lock()
 	defer d.wmu.Unlock()
+	return d.writeLocked(frames, offset, nil)
+}
+
+// writeLocked writes frames in chunks of the batch size, each chunk turned by prep
+// (if set) into frames with their packets at offset.
+func (d *Device) writeLocked(frames [][]byte, offset int, prep func([][]byte) [][]byte) (n int, err error) {
 	gro := d.gro.Load()
 	var errs []error
 	for len(frames) > 0 {
 		chunk := frames[:min(len(frames), d.batch)]
 		frames = frames[len(chunk):]
-		if errs, err = d.writeVecLocked(chunk, offset, gro, errs); err != nil {
+		vec := chunk
+		if prep != nil {
+			vec = prep(chunk)
+		}
+		if errs, err = d.writeVecLocked(vec, offset, gro, errs); err != nil {
 			return n, err
 		}
 		n += len(chunk)
