@@ -83,11 +83,18 @@ func connectedPair(t *testing.T) (a, b *node) {
 // connected mode.
 func connectedNodes(t *testing.T, nodes []*node) {
 	t.Helper()
-	for k, n := range nodes {
-		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
+	addressNodes(nodes)
+	for _, n := range nodes {
 		if err := n.ib0.SetMode(Connected); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// addressNodes gives node k's ib0 the address 10.0.0.k+1/24.
+func addressNodes(nodes []*node) {
+	for k, n := range nodes {
+		n.ib0.SetHostAddrs([]netip.Prefix{pfx(fmt.Sprintf("10.0.0.%d/24", k+1))})
 	}
 }
 

@@ -260,8 +260,7 @@ func TestCarrierMTUAndBroadcastGroup(t *testing.T) {
 func TestARPAndICMPBetweenEngines(t *testing.T) {
 	_, nodes := testFabric(t, "", "a", "b")
 	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	addressNodes(nodes)
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
 	ping(t, b.ib0, a.ib0, a.host, "10.0.0.2", "10.0.0.1", 2)
 	// Both learned each other: the path file shows a complete path to the peer's GID.

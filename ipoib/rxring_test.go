@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,8 +100,7 @@ func TestModeSwitchesUnderTraffic(t *testing.T) {
 func TestRestartsUnderTraffic(t *testing.T) {
 	_, nodes := testFabric(t, "", "a", "b")
 	a, b := nodes[0], nodes[1]
-	a.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.1/24")})
-	b.ib0.SetHostAddrs([]netip.Prefix{pfx("10.0.0.2/24")})
+	addressNodes(nodes)
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
 	tr := startTraffic(1, func(_ int, seq uint32) {
 		a.ib0.Transmit([][]byte{udp4("10.0.0.1", "10.0.0.2", 9, binary.BigEndian.AppendUint32(nil, seq))})

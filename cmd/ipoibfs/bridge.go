@@ -223,9 +223,14 @@ func segmentBuffers(size, n int) [][]byte {
 	return bufs
 }
 
-func (b *bridge) close() {
+// detach makes the interface forget the device before the device goes.
+func (b *bridge) detach() {
 	b.i.AttachHost(nil)
 	b.i.SetIfIndex(0)
+}
+
+func (b *bridge) close() {
+	b.detach()
 	b.dev.Close()
 	b.stopReader()
 }
@@ -236,8 +241,7 @@ func (b *bridge) close() {
 // the ~20 ms of the kernel's release); a packet it still hands to the engine meanwhile
 // is dropped, the interface being down or closed.
 func (b *bridge) delete() {
-	b.i.AttachHost(nil)
-	b.i.SetIfIndex(0)
+	b.detach()
 	if err := b.dev.Delete(); err != nil {
 		log.Printf("%s: %v", b.i.Name(), err)
 	}
@@ -418,8 +422,7 @@ func (bs *bridges) close() {
 	// 4000 children took 70-110 s, the kernel's unregistration of each.
 	devs := make([]*kernel.Device, 0, len(bs.m))
 	for _, b := range bs.m {
-		b.i.AttachHost(nil)
-		b.i.SetIfIndex(0)
+		b.detach()
 		devs = append(devs, b.dev)
 	}
 	if err := kernel.CloseAll(devs); err != nil {

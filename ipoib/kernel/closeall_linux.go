@@ -93,7 +93,7 @@ func deleteTogether(ds []*Device) error {
 			return fmt.Errorf("%s (index %d) is not the device it was", d.name, d.index)
 		}
 	}
-	return inNetNS(ds[0].ns, func() error {
+	return ds[0].inNS(func() error {
 		req := nl.NewNetlinkRequest(unix.RTM_DELLINK, unix.NLM_F_ACK)
 		req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC)) // index 0: by group
 		req.AddData(nl.NewRtAttr(unix.IFLA_GROUP, nl.Uint32Attr(group)))

@@ -131,7 +131,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	}
 
 	var fd int
-	if err = inNetNS(d.ns, func() (e error) { fd, e = createTUN(cfg.Name); return e }); err != nil {
+	if err = d.inNS(func() (e error) { fd, e = createTUN(cfg.Name); return e }); err != nil {
 		var ue unavailableError
 		if errors.As(err, &ue) {
 			return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, ue.err)

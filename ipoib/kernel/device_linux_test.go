@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -1123,24 +1124,18 @@ func TestDeleteLeavesNoThreads(t *testing.T) {
 	}
 }
 
-// threads is the number of threads of this process.
+// threads is the number of threads of this process (prometheus/procfs).
 func threads(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	p, err := procfs.Self()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+	st, err := p.Stat()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no Threads line in /proc/self/status")
-	return 0
+	return st.NumThreads
 }
 
 // The devices of a namespace share its namespace file and netlink socket: a device
@@ -1149,11 +1144,15 @@ func TestDeviceHoldsOneFileDescriptor(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "f")
 	fds := func() int {
-		ents, err := os.ReadDir("/proc/self/fd")
+		p, err := procfs.Self()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(ents)
+		n, err := p.FileDescriptorsLen()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 	// The namespace's shared ones, and its monitor's (its goroutine subscribes).
 	open(t, Config{Name: uniq("f"), MTU: 2044, NetNS: ns})

@@ -58,7 +58,7 @@ func (d *Device) ethtool(name string, fn func(ioctl func(data unsafe.Pointer) er
 		}
 		name = l.Attrs().Name
 	}
-	return inNetNS(d.ns, func() error {
+	return d.inNS(func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err

@@ -96,6 +96,17 @@ func inNetNS(ns netns.NsHandle, fn func() error) error {
 	return <-ch
 }
 
+// inNS is inNetNS for a device: on the worker it holds, without looking the worker up
+// by the namespace's identity (an fstat and a map under a global lock per call).
+func (d *Device) inNS(fn func() error) error {
+	if w := d.worker; w != nil {
+		if ran, err := w.run(fn); ran {
+			return err
+		}
+	}
+	return inNetNS(d.ns, fn)
+}
+
 // LinkAddrs returns the IPv4 and IPv6 addresses of the interface called name in the
 // named namespace ("" = this process's), for configuration that derives from another
 // interface (the vendor installer's LAN_INTERFACE).

@@ -211,7 +211,7 @@ func (d *Device) Groups() ([]netip.Addr, error) {
 	read := func() (map[int][]netip.Addr, error) {
 		var all map[int][]netip.Addr
 		err := d.control(func() error {
-			return inNetNS(d.ns, func() error {
+			return d.inNS(func() error {
 				// thread-self: the namespace of this thread, which inNetNS entered.
 				v4, err := os.ReadFile("/proc/thread-self/net/igmp")
 				if err != nil && !errors.Is(err, os.ErrNotExist) {
