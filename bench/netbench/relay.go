@@ -1,0 +1,125 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The latency reference for the daemon's own design: the smallest Go program that moves
+// IP packets between a TUN device and a UDP socket on loopback, one goroutine and one
+// packet per system call each way, nothing else. A ping over two of them crosses the
+// same kernel paths and process wakeups as one over two daemons (TUN read, UDP send,
+// UDP receive, TUN write, each side), none of the engine: the difference between its
+// RTT and veth's is what the TUN-and-UDP design costs before any IPoIB work is done.
+var relayArgs = flag.String("relay", "", "internal: run the TUN<->UDP relay reference: DEV,LOCAL,REMOTE")
+
+// serveRelay creates the TUN device and relays until killed.
+func serveRelay(spec string) {
+	f := strings.Split(spec, ",")
+	if len(f) != 3 {
+		die("-relay wants DEV,LOCAL,REMOTE, not %q", spec)
+	}
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		die("relay: /dev/net/tun: %v", err)
+	}
+	ifr, err := unix.NewIfreq(f[0])
+	if err != nil {
+		die("relay: %v", err)
+	}
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		die("relay: TUNSETIFF %s: %v", f[0], err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil { // the runtime's poller, as the daemon's TUN
+		die("relay: %v", err)
+	}
+	tun := os.NewFile(uintptr(fd), f[0])
+	la, err := net.ResolveUDPAddr("udp", f[1])
+	if err != nil {
+		die("relay: %v", err)
+	}
+	ra, err := net.ResolveUDPAddr("udp", f[2])
+	if err != nil {
+		die("relay: %v", err)
+	}
+	c, err := net.ListenUDP("udp", la)
+	if err != nil {
+		die("relay: %v", err)
+	}
+	go func() {
+		b := make([]byte, 65536)
+		for {
+			n, _, err := c.ReadFromUDP(b)
+			if err != nil {
+				die("relay: %v", err)
+			}
+			tun.Write(b[:n]) // a write the kernel refuses is a lost packet, as on a wire
+		}
+	}()
+	fmt.Println("ready")
+	b := make([]byte, 65536)
+	for {
+		n, err := tun.Read(b)
+		if err != nil {
+			die("relay: %v", err)
+		}
+		c.WriteToUDP(b[:n], ra)
+	}
+}
+
+// measureRelay pings across two relays in two namespaces and returns the mean RTT in ms.
+func measureRelay(mtu int) (float64, error) {
+	nsA, nsB := "nbrla", "nbrlb"
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	devs := [2]string{"nbrl0", "nbrl1"}
+	addrs := [2]string{"127.0.3.11:4792", "127.0.3.12:4792"}
+	for k, ns := range []string{nsA, nsB} {
+		sh("ip", "netns", "del", ns)
+		if _, err := sh("ip", "netns", "add", ns); err != nil {
+			return 0, err
+		}
+		defer sh("ip", "netns", "del", ns)
+		cmd := exec.Command(self, "-relay", devs[k]+","+addrs[k]+","+addrs[1-k])
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		ready := make([]byte, 6)
+		if _, err := out.Read(ready); err != nil || string(ready) != "ready\n" {
+			return 0, fmt.Errorf("relay %s did not start: %v", devs[k], err)
+		}
+		// The device moves into the namespace; the relay's descriptor stays attached.
+		if _, err := sh("ip", "link", "set", devs[k], "netns", ns); err != nil {
+			return 0, err
+		}
+		addr := fmt.Sprintf("10.99.0.%d/24", k+1)
+		if _, err := sh("ip", "-n", ns, "addr", "add", addr, "dev", devs[k]); err != nil {
+			return 0, err
+		}
+		if _, err := sh("ip", "-n", ns, "link", "set", devs[k], "mtu", strconv.Itoa(mtu), "up"); err != nil {
+			return 0, err
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "3", "-W", "2", "10.99.0.2"); err != nil {
+		return 0, err
+	}
+	return pingRTT(nsA)
+}
