@@ -34,21 +34,24 @@
 //  3. Bond.mu: a bond's configuration and slaves (bond.go); releaseGone looks names
 //     up in the engine holding it.
 //  4. Engine.mu: the interface table, the watchers and the device maker.
-//  5. Interface.txMu: the UD send scratch slices; one UD post at a time.
-//  6. Interface.mu: the control path's fields (admin MTU, features, moderation,
+//  5. Interface.udRx.mu (rxState.mu): one drain of the UD receive CQ at a time, the
+//     receive loop's or the completion handler's on the HCA's receive path, from the
+//     poll to the host's Deliver, so batches reach the host in order.
+//  6. Interface.txMu: the UD send scratch slices; one UD post at a time.
+//  7. Interface.mu: the control path's fields (admin MTU, features, moderation,
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
 //     only with it held (setLocked), so a holder reads a state that stays current. A
 //     child's is taken before its parent's (SetUp reads the parent's), never after.
-//  7. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
+//  8. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
 //     posting the ring afresh, so no buffer is handed to the HCA while its packet is
 //     copied; a buffer's work request ID carries the ring generation it was posted
 //     in, and a completion of an older ring is dropped, its buffer posted already.
-//  8. Interface.dmu: the tables, and the moment a new dataState is published
+//  9. Interface.dmu: the tables, and the moment a new dataState is published
 //     (setLocked takes it; publishLocked is for a holder), so that Transmit, which
 //     holds it over a batch, routes on the mode and addresses its tables were made
 //     for; SetMode changes the mode and empties the tables in one step.
-//  9. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
-//  10. Interface.loopMu: whether the interface's goroutines have started (they start at
+//  10. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//  11. Interface.loopMu: whether the interface's goroutines have started (they start at
 //     its first open or connection) and whether close has begun, so none starts after
 //     close waits for them.
 //
@@ -60,12 +63,15 @@
 //
 // Below all of them, and never held while this package is called: the CM's lock (its
 // callbacks and listeners run on goroutines of their own, after it is released), the
-// HCA's (completions and events come through channels), the kernel device's (its watch
-// callbacks run with none held), the event log's and the loggers'.
+// HCA's (completions and events come through channels, and the UD receive CQ's
+// handler, rxHandler, is called with none of the HCA's locks held, at the end of a
+// received batch), the kernel device's (its watch callbacks run with none held), the
+// event log's and the loggers'.
 //
 // Calls out, and the locks held while they are made:
 //   - Host methods: none, except childOps (a child closed or its mode set while it is
-//     created or deleted) and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
+//     created or deleted), udRx.mu (Deliver, so received batches keep their order)
+//     and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
 //     state, which calls the slave's own host; a bond's own host is called after
 //     Bond.mu). A Host must not call the engine from these methods.
 //   - Devices.Create and Delete: childOps or none; their implementations take
@@ -84,15 +90,15 @@
 // changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
 // that the caller runs after unlocking; Transmit and resend resolve under dmu and post
 // after it, and hand the ICMP errors they made to the host after txMu; the receive
-// loops deliver with no lock (cmRecvLoop answers ARP and ND after dmu too); the
+// loops deliver with no lock but udRx.mu (cmRecvLoop answers ARP and ND after dmu too); the
 // goroutines of joins, path queries and connections take the locks again to finish,
 // and cmConnect checks that its connection is still current before keeping what it
 // made. Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu
 // and call the interfaces after it.
 //
 // The data path takes dmu once per batch (Transmit over the batch's classification
-// and resolution, cmRecvLoop over its completions; ARP and ND per packet), rxMu once
-// per received batch, and never mu. It reads a bond's active slave and host through
+// and resolution, cmRecvLoop over its completions; ARP and ND per packet), udRx.mu and
+// rxMu once per received batch, and never mu. It reads a bond's active slave and host through
 // atomics and counts with atomics. lockorder_test.go checks this order and these
 // rules on the code.
 package ipoib

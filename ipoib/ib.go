@@ -286,56 +286,89 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return netip.AddrFrom4(a)
 }
 
-// recvLoop is the receive completion handler (ipoib_ib_handle_rx_wc).
-//
-// Received packets are copied out of the receive buffers, the buffers go straight
-// back to the receive queue, and the copies go to the host from this goroutine, with
-// no hand-off on the way: a packet reaches the kernel one wakeup after it reached the
-// HCA. While the host takes a batch the HCA has every other buffer of the queue
-// (and waits briefly for more before it drops, see verbs/soft).
-//
-// A batch is polled, copied and re-posted under rxMu, so that a QP restart, which
-// posts the whole ring afresh, cannot hand a buffer to the HCA while its packet is
-// being copied out; completions of a ring from before a restart (their WR IDs carry
-// its generation) are dropped, their buffers posted again already.
+// recvLoop takes the receive completions the HCA signals on Notify; rxHandler takes
+// those it hands over where it makes them (verbs.CQAttr.Handler: a ping's packet
+// reaches the kernel on the thread that took it off the wire, with no goroutine to
+// wake). Either drains the CQ holding udRx.mu, so batches reach the host in order.
 func (i *Interface) recvLoop() {
 	defer i.wg.Done()
-	// The arrays are made at the first completion: most children never get one
-	// (about 4.6 MB per 1000 idle children, heap profile).
-	var wcs []verbs.WC
-	var repost []verbs.RecvWR
-	var b rxBatch // grows to what batches hold: most interfaces are idle
-	var local []rxLocal
 	for {
 		select {
 		case <-i.stop:
 			return
 		case <-i.rcq.Notify():
 		}
-		if wcs == nil {
-			wcs, repost = make([]verbs.WC, recvBatch), make([]verbs.RecvWR, 0, recvBatch)
-		}
-		for {
-			i.rxMu.Lock()
-			n := i.rcq.Poll(wcs)
-			if n == 0 {
-				i.rxMu.Unlock()
-				break
-			}
-			var c rxCounts
-			repost, local, c = i.sortRxLocked(wcs[:n], &b, repost[:0], local[:0])
-			i.repostRecvLocked(repost)
+		i.udRx.mu.Lock()
+		i.drainRxLocked()
+		i.udRx.mu.Unlock()
+	}
+}
+
+// rxHandler is the receive CQ's completion handler: it drains the CQ where the HCA
+// made the completions unless a drain is under way (the loop's, which polls again
+// once signalled) or the interface is closing.
+func (i *Interface) rxHandler() bool {
+	if !i.udRx.mu.TryLock() {
+		return false
+	}
+	defer i.udRx.mu.Unlock()
+	if i.udRx.closed {
+		return false
+	}
+	i.drainRxLocked()
+	return true
+}
+
+// rxState is what one drain of the receive CQ works with, kept between drains; mu
+// makes the drains of recvLoop and rxHandler one at a time.
+type rxState struct {
+	mu     sync.Mutex
+	closed bool // close has begun: the handler leaves the CQ alone
+	// The arrays are made at the first completion: most children never get one
+	// (about 4.6 MB per 1000 idle children, heap profile).
+	wcs    []verbs.WC
+	repost []verbs.RecvWR
+	b      rxBatch // grows to what batches hold: most interfaces are idle
+	local  []rxLocal
+}
+
+// drainRxLocked is the receive completion handler (ipoib_ib_handle_rx_wc): it polls
+// the CQ until it is empty, and hands each batch to the host. Called with udRx.mu held.
+//
+// Received packets are copied out of the receive buffers, the buffers go straight
+// back to the receive queue, and the copies go to the host. While the host takes a
+// batch the HCA has every other buffer of the queue (and waits briefly for more
+// before it drops, see verbs/soft).
+//
+// A batch is polled, copied and re-posted under rxMu, so that a QP restart, which
+// posts the whole ring afresh, cannot hand a buffer to the HCA while its packet is
+// being copied out; completions of a ring from before a restart (their WR IDs carry
+// its generation) are dropped, their buffers posted again already.
+func (i *Interface) drainRxLocked() {
+	r := &i.udRx
+	if r.wcs == nil {
+		r.wcs, r.repost = make([]verbs.WC, recvBatch), make([]verbs.RecvWR, 0, recvBatch)
+	}
+	for {
+		i.rxMu.Lock()
+		n := i.rcq.Poll(r.wcs)
+		if n == 0 {
 			i.rxMu.Unlock()
-			c.add(&i.stats)
-			i.handleLocal(local)
-			if len(b.pkts) == 0 {
-				continue
-			}
-			if host := i.upperHost(); host != nil { // its own, or its bond's (bond.go)
-				host.Deliver(b.pkts)
-			} else {
-				i.stats.rxDropped.Add(uint64(len(b.pkts)))
-			}
+			return
+		}
+		var c rxCounts
+		r.repost, r.local, c = i.sortRxLocked(r.wcs[:n], &r.b, r.repost[:0], r.local[:0])
+		i.repostRecvLocked(r.repost)
+		i.rxMu.Unlock()
+		c.add(&i.stats)
+		i.handleLocal(r.local)
+		if len(r.b.pkts) == 0 {
+			continue
+		}
+		if host := i.upperHost(); host != nil { // its own, or its bond's (bond.go)
+			host.Deliver(r.b.pkts)
+		} else {
+			i.stats.rxDropped.Add(uint64(len(r.b.pkts)))
 		}
 	}
 }

@@ -101,6 +101,7 @@ type Interface struct {
 	pkeyIndex int
 	rxMu      sync.Mutex // the repost of receive buffers against restartQP's
 	recvBufs  [][]byte
+	udRx      rxState // the receive CQ's drains (ib.go)
 
 	dmu   sync.Mutex // the tables below, the connections' and icmpOut
 	mcast map[verbs.GID]*mcastGroup
@@ -251,7 +252,7 @@ func (i *Interface) createQP() error {
 	if i.scq, err = dev.CreateCQ(verbs.CQAttr{Entries: q.SendQueueSize}); err != nil {
 		return err
 	}
-	if i.rcq, err = dev.CreateCQ(verbs.CQAttr{Entries: q.RecvQueueSize}); err != nil {
+	if i.rcq, err = dev.CreateCQ(verbs.CQAttr{Entries: q.RecvQueueSize, Handler: i.rxHandler}); err != nil {
 		return err
 	}
 	i.qp, err = dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: i.port, SendCQ: i.scq, RecvCQ: i.rcq,
@@ -684,6 +685,9 @@ func (i *Interface) close() {
 	i.loopsDone = true
 	i.loopMu.Unlock()
 	i.cmClose()
+	i.udRx.mu.Lock() // a drain on the HCA's receive path ends first; none starts after
+	i.udRx.closed = true
+	i.udRx.mu.Unlock()
 	close(i.stop)
 	i.cancel()
 	i.wg.Wait()

@@ -111,6 +111,16 @@ type Event struct {
 // CQAttr describes a completion queue.
 type CQAttr struct {
 	Entries int // capacity; completions beyond it are lost and the CQ enters overrun
+	// Handler, if set, may be called where the HCA makes the completions, as the kernel
+	// calls a CQ's completion handler from the device's interrupt: a consumer that
+	// polls there saves the hand-off to a goroutine waiting on Notify (on an idle
+	// machine two thread wakeups per packet). It returns true if it polled the CQ,
+	// false to have Notify signalled instead (another poller is busy, or the consumer
+	// is closing). It runs on the HCA's receive path: it must not block for long nor
+	// call into the HCA's receive (posting receives and sends is fine). A provider may
+	// never call it; the soft HCA calls it at the end of a received batch that left a
+	// few completions (verbs/soft, cqDeferMax), and signals Notify for larger ones.
+	Handler func() bool
 }
 
 // CQ is a completion queue. Poll moves completions out in batches; Notify delivers a

@@ -1,9 +1,14 @@
 package soft
 
 import (
+	"runtime/debug"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/wire"
 )
 
 // A CQ's ring grows as completions pile up, keeps them in order across the growth
@@ -50,5 +55,161 @@ func TestCQGrowsToCapacity(t *testing.T) {
 	}
 	if want != next {
 		t.Errorf("polled up to %d, pushed %d (the last one overran)", want, next)
+	}
+}
+
+// A receive CQ's handler runs where the HCA made the completions, once at the end of
+// the received batch, in place of the Notify signal (a ping's packet reaches its
+// consumer with no goroutine to wake); declined, the signal goes to Notify. A batch
+// that leaves more than cqDeferMax completions is signalled as it comes, as is the
+// completion that takes a QP's last posted buffer (its consumer must post more before
+// the next packet waits for one).
+func TestCQHandlerRunsAtTheEndOfAReceivedBatch(t *testing.T) {
+	_, _, nodes := fabric(t, "", "a", "b")
+	pb := nodes[1].SoftPort(1)
+	var (
+		mu     sync.Mutex
+		accept = true
+		calls  int
+		polled int
+		inRecv bool // the handler ran inside Port.receive
+	)
+	var rcq verbs.CQ
+	handler := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		inRecv = strings.Contains(string(debug.Stack()), "(*Port).receive")
+		if !accept {
+			return false
+		}
+		wc := make([]verbs.WC, 64)
+		for n := rcq.Poll(wc); n > 0; n = rcq.Poll(wc) {
+			polled += n
+		}
+		return true
+	}
+	qp, rcq := handlerQP(t, nodes[1], handler, 100)
+	batch := udBatch(t, nodes[0], nodes[1], qp.Num())
+	signalled := func() bool {
+		select {
+		case <-rcq.Notify():
+			return true
+		default:
+			return false
+		}
+	}
+	state := func() (int, int, bool) { mu.Lock(); defer mu.Unlock(); return calls, polled, inRecv }
+
+	pb.receive(batch(1), true)
+	if c, p, in := state(); c != 1 || p != 1 || !in {
+		t.Fatalf("one packet: handler called %d times (in the receive: %v), polled %d; want once, in the receive, 1", c, in, p)
+	}
+	if signalled() {
+		t.Fatal("one packet taken by the handler also signalled Notify")
+	}
+	pb.receive(batch(cqDeferMax), true)
+	if c, p, _ := state(); c != 2 || p != 1+cqDeferMax {
+		t.Fatalf("a batch of %d: handler called %d times in all, polled %d; want 2, %d", cqDeferMax, c, p, 1+cqDeferMax)
+	}
+
+	mu.Lock()
+	accept = false
+	mu.Unlock()
+	pb.receive(batch(1), true)
+	if c, _, _ := state(); c != 3 || !signalled() {
+		t.Fatalf("declined: handler called %d times in all (want 3), Notify signalled: false", c)
+	}
+	wc := make([]verbs.WC, 64)
+	if n := rcq.Poll(wc); n != 1 {
+		t.Fatalf("declined: %d completions left for the poller, want 1", n)
+	}
+
+	mu.Lock()
+	accept = true
+	mu.Unlock()
+	pb.receive(batch(cqDeferMax+4), true)
+	if c, _, _ := state(); c != 3 || !signalled() {
+		t.Fatalf("a batch of %d: handler called (%d in all, want 3) or Notify not signalled", cqDeferMax+4, c)
+	}
+	if n := rcq.Poll(wc); n != cqDeferMax+4 {
+		t.Fatalf("a batch of %d: %d completions polled", cqDeferMax+4, n)
+	}
+}
+
+// A QP with 4 buffers posted and a batch of 6 packets, whose consumer posts buffers
+// when Notify says there are completions: the completion that took the last buffer
+// was signalled at once, so the fifth packet finds a buffer instead of waiting for
+// one until the QP gives up on it.
+func TestCQHandlerSignalsTheLastBufferAtOnce(t *testing.T) {
+	_, _, nodes := fabric(t, "", "a", "b")
+	pb := nodes[1].SoftPort(1)
+	qp, rcq := handlerQP(t, nodes[1], func() bool { return false }, 4)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wc := make([]verbs.WC, 8)
+		for got := 0; got < 6; {
+			<-rcq.Notify()
+			n := rcq.Poll(wc)
+			got += n
+			postBufs(t, qp, n)
+		}
+	}()
+	drops := pb.Counters().RcvDropped
+	pb.receive(udBatch(t, nodes[0], nodes[1], qp.Num())(6), true)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the consumer never got 6 completions (%d packets dropped waiting for a buffer)", pb.Counters().RcvDropped-drops)
+	}
+	if d := pb.Counters().RcvDropped - drops; d != 0 {
+		t.Fatalf("%d packets dropped waiting for a buffer", d)
+	}
+}
+
+// handlerQP makes a UD QP in RTS on h's port 1 whose receive CQ has handler, with
+// bufs receive buffers posted.
+func handlerQP(t *testing.T, h *HCA, handler func() bool, bufs int) (verbs.QP, verbs.CQ) {
+	t.Helper()
+	rcq, _ := h.CreateCQ(verbs.CQAttr{Entries: 256, Handler: handler})
+	scq, _ := h.CreateCQ(verbs.CQAttr{Entries: 256})
+	qp, err := h.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: 1, SendCQ: scq, RecvCQ: rcq, MaxSendWR: 16, MaxRecvWR: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []verbs.QPModify{
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, QKey: 0x0b1b},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
+	} {
+		if err := qp.Modify(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	postBufs(t, qp, bufs)
+	return qp, rcq
+}
+
+func postBufs(t *testing.T, qp verbs.QP, n int) {
+	wrs := make([]verbs.RecvWR, n)
+	for k := range wrs {
+		wrs[k] = verbs.RecvWR{ID: uint64(k), Buf: make([]byte, 256)}
+	}
+	if _, err := qp.PostRecv(wrs); err != nil {
+		t.Error(err)
+	}
+}
+
+// udBatch returns a maker of received batches of n small UD packets from src to dst's qpn.
+func udBatch(t *testing.T, src, dst *HCA, qpn verbs.QPN) func(n int) []Datagram {
+	pkt := craft(t, src, dst, wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: 0xffff, DestQP: uint32(qpn)},
+		DETH: wire.DETH{QKey: 0x0b1b, SrcQP: 77}, Payload: []byte("ping")})
+	return func(n int) []Datagram {
+		b := make([]Datagram, n)
+		for k := range b {
+			b[k] = Datagram{Addr: src.Endpoint(1), Data: pkt}
+		}
+		return b
 	}
 }

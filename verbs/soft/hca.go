@@ -203,7 +203,9 @@ func (h *HCA) CreateCQ(attr verbs.CQAttr) (verbs.CQ, error) {
 	if attr.Entries <= 0 || attr.Entries > 1<<20 {
 		return nil, &verbs.Error{Op: "create_cq", Obj: h.cfg.Name, Err: fmt.Errorf("%w: %d entries", verbs.ErrInvalid, attr.Entries)}
 	}
-	return newCQ(attr.Entries), nil
+	c := newCQ(attr.Entries)
+	c.handler = attr.Handler
+	return c, nil
 }
 
 // CreateAH creates an address handle.

@@ -486,6 +486,7 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 	var pkt wire.Packet
 	var rc rcTouched      // RC QPs to flush (ACKs, transmission) after the batch
 	var ic wire.ICRCCache // a batch's packets mostly come from one peer at one size
+	var cb cqBatch        // CQs whose handlers run after the batch
 	for _, d := range batch {
 		if err := wire.Parse(d.Data, &pkt); err != nil {
 			p.cnt.malformed.Add(1)
@@ -513,12 +514,13 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 			}
 			p.handleCtl(d.Addr, mad)
 		case verbs.MulticastQPN:
-			p.receiveMulticast(d, &pkt)
+			p.receiveMulticast(d, &pkt, &cb)
 		default:
-			p.receiveUnicast(d, &pkt, dqp, &ic)
+			p.receiveUnicast(d, &pkt, dqp, &ic, &cb)
 		}
 	}
 	rc.flush()
+	cb.flush()
 }
 
 // source looks up the sending port by its endpoint.
@@ -534,7 +536,7 @@ func (p *Port) source(addr netip.AddrPort) (ctlRoute, bool) {
 	return r, ok
 }
 
-func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, ic *wire.ICRCCache) {
+func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, ic *wire.ICRCCache, cb *cqBatch) {
 	src, ok := p.source(d.Addr)
 	if !ok {
 		p.cnt.malformed.Add(1)
@@ -576,10 +578,10 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, ic *w
 		p.cnt.noQP.Add(1)
 		return
 	}
-	q.deliver(pkt, src, dgid)
+	q.deliver(pkt, src, dgid, cb)
 }
 
-func (p *Port) receiveMulticast(d Datagram, pkt *wire.Packet) {
+func (p *Port) receiveMulticast(d Datagram, pkt *wire.Packet, cb *cqBatch) {
 	src, ok := p.source(d.Addr)
 	if !ok {
 		p.cnt.malformed.Add(1)
@@ -600,7 +602,7 @@ func (p *Port) receiveMulticast(d Datagram, pkt *wire.Packet) {
 	qps := slices.Clone(p.attached[cands[i]])
 	p.mu.RUnlock()
 	for _, q := range qps {
-		q.deliver(pkt, src, cands[i])
+		q.deliver(pkt, src, cands[i], cb)
 	}
 }
 

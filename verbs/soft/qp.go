@@ -431,8 +431,9 @@ func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, 
 	return b
 }
 
-// deliver runs the receive checks of one packet for this QP and completes a receive.
-func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID) {
+// deliver runs the receive checks of one packet for this QP and completes a receive,
+// in the received batch cb.
+func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch) {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -454,18 +455,21 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID) {
 	wr := q.recvQ[q.recvH]
 	q.recvQ[q.recvH] = verbs.RecvWR{}
 	q.recvH++
+	if q.recvH == len(q.recvQ) {
+		cb = nil // the last buffer: the consumer must hear now, to post more before the next packet waits for one
+	}
 	wc := verbs.WC{WRID: wr.ID, Opcode: verbs.WCRecv, QPN: q.num, SrcQP: verbs.QPN(pkt.DETH.SrcQP),
 		SLID: src.LID, PKeyIndex: q.pkeyIx, GRH: true, WithImm: pkt.BTH.Opcode == wire.OpUDSendOnlyImm, Imm: pkt.Imm}
 	need := grhLen + len(pkt.Payload)
 	if len(wr.Buf) < need {
 		wc.Status = verbs.WCLocLenErr
-		q.recvCQ.push(wc)
+		q.recvCQ.pushIn(wc, cb)
 		return
 	}
 	writeGRH(wr.Buf, len(pkt.Payload), src.GID, dgid)
 	copy(wr.Buf[grhLen:], pkt.Payload)
 	wc.ByteLen = need
-	q.recvCQ.push(wc)
+	q.recvCQ.pushIn(wc, cb)
 }
 
 // writeGRH fills a 40-byte GRH as a UD receive buffer carries it.
@@ -566,6 +570,40 @@ type CQ struct {
 	timer    *time.Timer
 	overruns atomic.Uint64
 	closed   bool
+	// handler is verbs.CQAttr.Handler. deferred says a signal waits for the end of the
+	// receive batch that made the completions (cqBatch.flush).
+	handler  func() bool
+	deferred bool
+}
+
+// cqDeferMax is how many completions a CQ with a handler holds back until the end of
+// a received batch: a few are the latency case (a ping, a request), taken on the
+// receive goroutine at once; more are a stream, signalled as they come so the
+// consumer's goroutine works beside the receive loop (and re-posts buffers before
+// the ring runs dry: a QP waits rqWait for one).
+const cqDeferMax = 16
+
+// cqBatch holds the CQs whose signal a received batch deferred to its end.
+type cqBatch struct {
+	n   int
+	cqs [8]*CQ
+}
+
+// flush runs the deferred CQs' handlers, or signals their Notify where the handler
+// declines. Called with no lock held.
+func (b *cqBatch) flush() {
+	for _, c := range b.cqs[:b.n] {
+		c.mu.Lock()
+		run := c.deferred && c.n > 0 && !c.closed
+		c.deferred = false
+		c.mu.Unlock()
+		if run && !c.handler() {
+			c.mu.Lock()
+			c.signal()
+			c.mu.Unlock()
+		}
+	}
+	b.n = 0
 }
 
 // cqInitial is a CQ's ring at its first completion: CQs are sized for the worst case
@@ -587,7 +625,12 @@ func (c *CQ) growLocked() {
 	c.ring, c.head = r, 0
 }
 
-func (c *CQ) push(wc verbs.WC) {
+func (c *CQ) push(wc verbs.WC) { c.pushIn(wc, nil) }
+
+// pushIn adds a completion made while receiving the batch b (nil: elsewhere): a CQ
+// with a handler signals at the end of the batch (b.flush) while it holds at most
+// cqDeferMax completions.
+func (c *CQ) pushIn(wc verbs.WC, b *cqBatch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -607,6 +650,10 @@ func (c *CQ) push(wc verbs.WC) {
 	// says, as drivers treat rx-usecs 0 (a lone completion is never stranded).
 	switch {
 	case c.usecs == 0, c.count != 0 && c.n >= int(c.count):
+		if c.handler != nil && b != nil && c.n <= cqDeferMax && b.hold(c) {
+			return
+		}
+		c.deferred = false
 		c.signal()
 	case c.timer == nil:
 		c.timer = time.AfterFunc(time.Duration(c.usecs)*time.Microsecond, func() {
@@ -616,6 +663,21 @@ func (c *CQ) push(wc verbs.WC) {
 			c.mu.Unlock()
 		})
 	}
+}
+
+// hold defers c's signal to the end of the batch; false if the batch holds as many CQs
+// as it can. Called with c.mu held.
+func (b *cqBatch) hold(c *CQ) bool {
+	if c.deferred {
+		return true // this batch's already (a CQ is in one batch at a time: one receive goroutine per port)
+	}
+	if b.n == len(b.cqs) {
+		return false
+	}
+	b.cqs[b.n] = c
+	b.n++
+	c.deferred = true
+	return true
 }
 
 func (c *CQ) signal() {
