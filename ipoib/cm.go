@@ -97,7 +97,7 @@ func (i *Interface) cmInit(mgr *cm.Manager) error {
 	if !i.cmHasSRQ {
 		entries = p.RecvQueueSize*p.MaxNonSRQConnQP + 1
 	}
-	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: entries}); err != nil {
+	if i.cmRcq, err = dev.CreateCQ(verbs.CQAttr{Entries: entries, Handler: i.cmRxHandler}); err != nil {
 		return err
 	}
 	i.cmMgr = mgr
@@ -524,91 +524,115 @@ func (i *Interface) cmSendLoop() {
 	}
 }
 
-// cmRecvLoop handles receive completions of all passive connections.
+// cmRecvLoop takes the receive completions of all passive connections that the HCA
+// signals on Notify; cmRxHandler those it hands over where it makes them, as
+// recvLoop and rxHandler do for UD.
 func (i *Interface) cmRecvLoop() {
 	defer i.wg.Done()
-	var wcs []verbs.WC // made at the first completion, as recvLoop's
-	var deliver, frames [][]byte
-	type repost struct {
-		to interface {
-			PostRecv([]verbs.RecvWR) (int, error)
-		}
-		wr verbs.RecvWR
-	}
-	var re []repost
-	var local []rxLocal
 	for {
 		select {
 		case <-i.stop:
 			return
 		case <-i.cmRcq.Notify():
 		}
-		if wcs == nil {
-			wcs = make([]verbs.WC, recvBatch)
+		i.cmRxS.mu.Lock()
+		i.cmDrainRxLocked()
+		i.cmRxS.mu.Unlock()
+	}
+}
+
+// cmRxHandler is the connected-mode receive CQ's completion handler (rxHandler's twin).
+func (i *Interface) cmRxHandler() bool {
+	if !i.cmRxS.mu.TryLock() {
+		return false
+	}
+	defer i.cmRxS.mu.Unlock()
+	if i.cmRxS.closed {
+		return false
+	}
+	i.cmDrainRxLocked()
+	return true
+}
+
+// cmRepost is a receive buffer to post again once its packet is delivered: to the
+// shared receive queue or to its connection's QP.
+type cmRepost struct {
+	to interface {
+		PostRecv([]verbs.RecvWR) (int, error)
+	}
+	wr verbs.RecvWR
+}
+
+// cmDrainRxLocked polls the connected-mode receive CQ until it is empty and hands the
+// packets to the host, in place where it can. Called with cmRxS.mu held.
+func (i *Interface) cmDrainRxLocked() {
+	r := &i.cmRxS
+	if r.wcs == nil {
+		r.wcs = make([]verbs.WC, recvBatch) // at the first completion, as the UD drain's
+	}
+	for n := i.cmRcq.Poll(r.wcs); n > 0; n = i.cmRcq.Poll(r.wcs) {
+		deliver, frames, re, local := r.deliver[:0], r.frames[:0], r.cmRe[:0], r.local[:0]
+		now := i.e.clk.Now()
+		i.dmu.Lock()
+		host := i.upperHost() // its own, or its bond's (bond.go)
+		for _, wc := range r.wcs[:n] {
+			rx := i.rx[wc.QPN]
+			var buf []byte
+			switch {
+			case i.cmSRQ != nil && int(wc.WRID) < len(i.cmSRQBufs):
+				// A shared buffer goes back to the pool whatever became of the
+				// connection it came in on (a flushed one too), or the pool shrinks.
+				buf = i.cmSRQBufs[wc.WRID]
+				re = append(re, cmRepost{i.cmSRQ, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
+			case rx == nil || wc.Status == verbs.WCWRFlushErr || int(wc.WRID) >= len(rx.bufs):
+				continue
+			default:
+				buf = rx.bufs[wc.WRID]
+				re = append(re, cmRepost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
+			}
+			if rx == nil || wc.Status == verbs.WCWRFlushErr {
+				continue
+			}
+			rx.last = now
+			if wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
+				i.stats.rxDropped.Add(1)
+				continue
+			}
+			frame := buf[cmRxHeadroom : cmRxHeadroom+wc.ByteLen]
+			if dataDebug {
+				i.e.cmdtracef("%s: cm rx %d bytes on QPN %#x", i.Name(), len(frame), wc.QPN)
+			}
+			et := binary.BigEndian.Uint16(frame)
+			pkt := frame[encapLen:]
+			switch rxClassify(et, pkt) {
+			case rxARP, rxND: // handled once dmu is released (they take it)
+				local = append(local, rxLocal{et, pkt})
+				continue
+			case rxDrop:
+				i.stats.rxDropped.Add(1)
+				continue
+			}
+			i.stats.rxPackets.Add(1)
+			i.stats.rxBytes.Add(uint64(len(pkt)))
+			deliver = append(deliver, pkt)
+			frames = append(frames, buf[:cmRxHeadroom+wc.ByteLen])
 		}
-		for n := i.cmRcq.Poll(wcs); n > 0; n = i.cmRcq.Poll(wcs) {
-			deliver, frames, re, local = deliver[:0], frames[:0], re[:0], local[:0]
-			now := i.e.clk.Now()
-			i.dmu.Lock()
-			host := i.upperHost() // its own, or its bond's (bond.go)
-			for _, wc := range wcs[:n] {
-				rx := i.rx[wc.QPN]
-				var buf []byte
-				switch {
-				case i.cmSRQ != nil && int(wc.WRID) < len(i.cmSRQBufs):
-					// A shared buffer goes back to the pool whatever became of the
-					// connection it came in on (a flushed one too), or the pool shrinks.
-					buf = i.cmSRQBufs[wc.WRID]
-					re = append(re, repost{i.cmSRQ, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
-				case rx == nil || wc.Status == verbs.WCWRFlushErr || int(wc.WRID) >= len(rx.bufs):
-					continue
-				default:
-					buf = rx.bufs[wc.WRID]
-					re = append(re, repost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
-				}
-				if rx == nil || wc.Status == verbs.WCWRFlushErr {
-					continue
-				}
-				rx.last = now
-				if wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
-					i.stats.rxDropped.Add(1)
-					continue
-				}
-				frame := buf[cmRxHeadroom : cmRxHeadroom+wc.ByteLen]
-				if dataDebug {
-					i.e.cmdtracef("%s: cm rx %d bytes on QPN %#x", i.Name(), len(frame), wc.QPN)
-				}
-				et := binary.BigEndian.Uint16(frame)
-				pkt := frame[encapLen:]
-				switch rxClassify(et, pkt) {
-				case rxARP, rxND: // handled once dmu is released (they take it)
-					local = append(local, rxLocal{et, pkt})
-					continue
-				case rxDrop:
-					i.stats.rxDropped.Add(1)
-					continue
-				}
-				i.stats.rxPackets.Add(1)
-				i.stats.rxBytes.Add(uint64(len(pkt)))
-				deliver = append(deliver, pkt)
-				frames = append(frames, buf[:cmRxHeadroom+wc.ByteLen])
-			}
-			i.dmu.Unlock()
-			i.handleLocal(local) // before the buffers are posted again below
-			if len(deliver) > 0 {
-				const off = cmRxHeadroom + encapLen // where each frame's packet starts
-				if fh, ok := host.(FrameHost); ok && fh.FrameHeadroom() <= off {
-					fh.DeliverFrames(frames, off) // in place: a 64 KiB copy less each
-				} else if host != nil {
-					host.Deliver(deliver)
-				} else {
-					i.stats.rxDropped.Add(uint64(len(deliver)))
-				}
-			}
-			for _, r := range re {
-				_, _ = r.to.PostRecv([]verbs.RecvWR{r.wr})
+		i.dmu.Unlock()
+		i.handleLocal(local) // before the buffers are posted again below
+		if len(deliver) > 0 {
+			const off = cmRxHeadroom + encapLen // where each frame's packet starts
+			if fh, ok := host.(FrameHost); ok && fh.FrameHeadroom() <= off {
+				fh.DeliverFrames(frames, off) // in place: a 64 KiB copy less each
+			} else if host != nil {
+				host.Deliver(deliver)
+			} else {
+				i.stats.rxDropped.Add(uint64(len(deliver)))
 			}
 		}
+		for _, x := range re {
+			_, _ = x.to.PostRecv([]verbs.RecvWR{x.wr})
+		}
+		r.deliver, r.frames, r.cmRe, r.local = deliver, frames, re, local
 	}
 }
 

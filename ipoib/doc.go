@@ -34,9 +34,10 @@
 //  3. Bond.mu: a bond's configuration and slaves (bond.go); releaseGone looks names
 //     up in the engine holding it.
 //  4. Engine.mu: the interface table, the watchers and the device maker.
-//  5. Interface.udRx.mu (rxState.mu): one drain of the UD receive CQ at a time, the
-//     receive loop's or the completion handler's on the HCA's receive path, from the
-//     poll to the host's Deliver, so batches reach the host in order.
+//  5. Interface.udRx.mu and cmRxS.mu (rxState.mu): one drain of the UD (connected
+//     mode's) receive CQ at a time, the receive loop's or the completion handler's on
+//     the HCA's receive path, from the poll to the host's Deliver, so batches reach
+//     the host in order. Never one under the other.
 //  6. Interface.txMu: the UD send scratch slices; one UD post at a time.
 //  7. Interface.mu: the control path's fields (admin MTU, features, moderation,
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
@@ -64,13 +65,13 @@
 // Below all of them, and never held while this package is called: the CM's lock (its
 // callbacks and listeners run on goroutines of their own, after it is released), the
 // HCA's (completions and events come through channels, and the UD receive CQ's
-// handler, rxHandler, is called with none of the HCA's locks held, at the end of a
+// handlers, rxHandler and cmRxHandler, are called with none of the HCA's locks held, at the end of a
 // received batch), the kernel device's (its watch callbacks run with none held), the
 // event log's and the loggers'.
 //
 // Calls out, and the locks held while they are made:
 //   - Host methods: none, except childOps (a child closed or its mode set while it is
-//     created or deleted), udRx.mu (Deliver, so received batches keep their order)
+//     created or deleted), udRx.mu and cmRxS.mu (Deliver, so received batches keep their order)
 //     and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
 //     state, which calls the slave's own host; a bond's own host is called after
 //     Bond.mu). A Host must not call the engine from these methods.
@@ -90,15 +91,15 @@
 // changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
 // that the caller runs after unlocking; Transmit and resend resolve under dmu and post
 // after it, and hand the ICMP errors they made to the host after txMu; the receive
-// loops deliver with no lock but udRx.mu (cmRecvLoop answers ARP and ND after dmu too); the
+// loops deliver with no lock but their rxState's (cmRecvLoop answers ARP and ND after dmu too); the
 // goroutines of joins, path queries and connections take the locks again to finish,
 // and cmConnect checks that its connection is still current before keeping what it
 // made. Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu
 // and call the interfaces after it.
 //
 // The data path takes dmu once per batch (Transmit over the batch's classification
-// and resolution, cmRecvLoop over its completions; ARP and ND per packet), udRx.mu and
-// rxMu once per received batch, and never mu. It reads a bond's active slave and host through
-// atomics and counts with atomics. lockorder_test.go checks this order and these
-// rules on the code.
+// and resolution, the connected-mode drain over its completions; ARP and ND per
+// packet), a drain's rxState.mu and rxMu once per received batch, and never mu. It
+// reads a bond's active slave and host through atomics and counts with atomics.
+// lockorder_test.go checks this order and these rules on the code.
 package ipoib

@@ -319,17 +319,22 @@ func (i *Interface) rxHandler() bool {
 	return true
 }
 
-// rxState is what one drain of the receive CQ works with, kept between drains; mu
-// makes the drains of recvLoop and rxHandler one at a time.
+// rxState is what one drain of a receive CQ works with, kept between drains; mu makes
+// the drains of the receive loop and of the completion handler one at a time (udRx:
+// recvLoop and rxHandler; cmRxS: cmRecvLoop and cmRxHandler).
 type rxState struct {
 	mu     sync.Mutex
 	closed bool // close has begun: the handler leaves the CQ alone
 	// The arrays are made at the first completion: most children never get one
 	// (about 4.6 MB per 1000 idle children, heap profile).
 	wcs    []verbs.WC
-	repost []verbs.RecvWR
-	b      rxBatch // grows to what batches hold: most interfaces are idle
+	repost []verbs.RecvWR // UD
+	b      rxBatch        // UD; grows to what batches hold: most interfaces are idle
 	local  []rxLocal
+	// Connected mode's: the packets for the host, their frames with headroom, and
+	// their buffers to post again after the host took them.
+	deliver, frames [][]byte
+	cmRe            []cmRepost
 }
 
 // drainRxLocked is the receive completion handler (ipoib_ib_handle_rx_wc): it polls

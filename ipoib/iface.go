@@ -102,6 +102,7 @@ type Interface struct {
 	rxMu      sync.Mutex // the repost of receive buffers against restartQP's
 	recvBufs  [][]byte
 	udRx      rxState // the receive CQ's drains (ib.go)
+	cmRxS     rxState // connected mode's (cm.go)
 
 	dmu   sync.Mutex // the tables below, the connections' and icmpOut
 	mcast map[verbs.GID]*mcastGroup
@@ -685,9 +686,11 @@ func (i *Interface) close() {
 	i.loopsDone = true
 	i.loopMu.Unlock()
 	i.cmClose()
-	i.udRx.mu.Lock() // a drain on the HCA's receive path ends first; none starts after
-	i.udRx.closed = true
-	i.udRx.mu.Unlock()
+	for _, r := range []*rxState{&i.udRx, &i.cmRxS} {
+		r.mu.Lock() // a drain on the HCA's receive path ends first; none starts after
+		r.closed = true
+		r.mu.Unlock()
+	}
 	close(i.stop)
 	i.cancel()
 	i.wg.Wait()

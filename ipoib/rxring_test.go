@@ -170,7 +170,7 @@ func (tr *traffic) stop() {
 }
 
 // stackHost records, for each delivered batch, whether it was delivered on the HCA's
-// receive path (the soft port's receive in the stack) or by the receive loop.
+// receive path (the soft port's receive in the stack) or by a receive loop.
 type stackHost struct {
 	*fakeHost
 	onHCA, onLoop atomic.Int64
@@ -181,34 +181,41 @@ func (h *stackHost) Deliver(pkts [][]byte) {
 	switch {
 	case strings.Contains(st, "(*Port).receive"):
 		h.onHCA.Add(1)
-	case strings.Contains(st, "(*Interface).recvLoop"):
+	case strings.Contains(st, "(*Interface).recvLoop"), strings.Contains(st, "(*Interface).cmRecvLoop"):
 		h.onLoop.Add(1)
 	}
 	h.fakeHost.Deliver(pkts)
 }
 
 // A lone packet reaches the host on the thread that took it off the fabric (the
-// receive CQ's completion handler), not through a goroutine woken for it, and in order
-// with the batches the receive loop delivers; a closed interface's handler leaves the
-// CQ alone.
+// receive CQ's completion handler), not through a goroutine woken for it, in datagram
+// and in connected mode; a closed interface's handlers leave their CQs alone.
 func TestReceiveDeliversOnTheHCAsReceivePath(t *testing.T) {
-	_, nodes := testFabric(t, "", "a", "b")
-	addressNodes(nodes)
-	a, b := nodes[0], nodes[1]
-	h := &stackHost{fakeHost: b.host}
-	b.ib0.AttachHost(h)
-	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1) // resolves b
-	on := h.onHCA.Load()
-	for seq := uint16(2); seq < 12; seq++ {
-		ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", seq)
-	}
-	// (A packet that meets the loop draining something else, an ND or IGMP packet of
-	// the same moment, is the loop's to deliver: most, not all.)
-	if got := h.onHCA.Load() - on; got < 8 {
-		t.Fatalf("%d of 10 lone packets delivered on the HCA's receive path (%d by the receive loop)", got, h.onLoop.Load())
-	}
-	b.ib0.close()
-	if b.ib0.rxHandler() {
-		t.Fatal("the handler of a closed interface drained its CQ")
+	for _, connected := range []bool{false, true} {
+		t.Run(map[bool]string{false: "datagram", true: "connected"}[connected], func(t *testing.T) {
+			_, nodes := testFabric(t, "", "a", "b")
+			if connected {
+				connectedNodes(t, nodes)
+			} else {
+				addressNodes(nodes)
+			}
+			a, b := nodes[0], nodes[1]
+			h := &stackHost{fakeHost: b.host}
+			b.ib0.AttachHost(h)
+			ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1) // resolves b (connects)
+			on := h.onHCA.Load()
+			for seq := uint16(2); seq < 12; seq++ {
+				ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", seq)
+			}
+			// (A packet that meets the loop draining something else, an ND or IGMP
+			// packet of the same moment, is the loop's to deliver: most, not all.)
+			if got := h.onHCA.Load() - on; got < 8 {
+				t.Fatalf("%d of 10 lone packets delivered on the HCA's receive path (%d by a receive loop)", got, h.onLoop.Load())
+			}
+			b.ib0.close()
+			if b.ib0.rxHandler() || b.ib0.cmRxHandler() {
+				t.Fatal("a handler of a closed interface drained its CQ")
+			}
+		})
 	}
 }

@@ -495,7 +495,7 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 		p.cnt.rcvPkts.Add(1)
 		p.cnt.rcvBytes.Add(uint64(len(d.Data)))
 		if wire.IsRC(pkt.BTH.Opcode) {
-			p.receiveRC(d, &pkt, &rc, &ic)
+			p.receiveRC(d, &pkt, &rc, &ic, &cb)
 			continue
 		}
 		switch dqp := verbs.QPN(pkt.BTH.DestQP); dqp {

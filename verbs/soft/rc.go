@@ -1070,7 +1070,7 @@ func (t *rcTouched) flush() {
 // in the port counters UD uses: NoQP for a QPN that is not an RC QP of this port, a QP
 // not ready (ACKs need RTS, requests RTR or RTS) or a packet from a port other than the
 // connected peer; Malformed for an unknown source endpoint; BadICRC; BadPKey.
-func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched, ic *wire.ICRCCache) {
+func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched, ic *wire.ICRCCache, cb *cqBatch) {
 	q := p.hca.qp(verbs.QPN(pkt.BTH.DestQP))
 	if q == nil || q.port != p || q.typ != verbs.QPTypeRC {
 		p.cnt.noQP.Add(1)
@@ -1088,14 +1088,14 @@ func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched, ic *w
 		p.cnt.badICRC.Add(1)
 		return
 	}
-	if q.rcReceive(pkt, src, dgid) {
+	if q.rcReceive(pkt, src, dgid, cb) {
 		touched.add(q)
 	}
 }
 
-// rcReceive processes one checked packet; it reports whether the QP has something to
-// do at the end of the batch.
-func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID) bool {
+// rcReceive processes one checked packet of the received batch cb; it reports whether
+// the QP has something to do at the end of the batch.
+func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID, cb *cqBatch) bool {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -1110,14 +1110,14 @@ func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID) bool {
 		p.cnt.noQP.Add(1)
 		return false
 	}
-	mine, ok := q.pkeyAdmitsLocked(pkt.BTH.PKey)
+	_, ok := q.pkeyAdmitsLocked(pkt.BTH.PKey)
 	if !ok {
 		return false
 	}
 	if isAck {
 		q.rcAckLocked(pkt)
 	} else {
-		q.rcRequestLocked(pkt, src, mine, mygid)
+		q.rcRequestLocked(pkt, src, cb)
 	}
 	return true
 }
@@ -1184,7 +1184,7 @@ func (q *QP) rcNAKLocked(syndrome uint8, psn uint32) {
 }
 
 // rcRequestLocked is the responder: one SEND packet from the peer.
-func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ verbs.GID) {
+func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, cb *cqBatch) {
 	rc := q.rc
 	s := &rc.resp
 	s.peer = src
@@ -1208,16 +1208,17 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, _ verbs.PKey, _ ver
 		}
 		return
 	}
-	q.rcAcceptLocked(pkt)
+	q.rcAcceptLocked(pkt, cb)
 	if s.held && s.epsn == s.heldPkt.BTH.PSN && q.state != verbs.QPErr {
 		s.held = false
-		q.rcAcceptLocked(&s.heldPkt)
+		q.rcAcceptLocked(&s.heldPkt, cb)
 	}
 	s.held = false
 }
 
-// rcAcceptLocked is the responder's handling of the packet with the expected PSN.
-func (q *QP) rcAcceptLocked(pkt *wire.Packet) {
+// rcAcceptLocked is the responder's handling of the packet with the expected PSN, in
+// the received batch cb (a message's completion is signalled at its end).
+func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 	rc := q.rc
 	s := &rc.resp
 	psn := pkt.BTH.PSN
@@ -1271,7 +1272,7 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet) {
 	s.nakSent = false
 	s.unacked++
 	if last {
-		q.recvCQ.push(q.rcRecvWC(verbs.WCSuccess, pkt))
+		q.recvCQ.pushIn(q.rcRecvWC(verbs.WCSuccess, pkt), cb)
 		s.inMsg, s.wr = false, verbs.RecvWR{}
 		s.msn = (s.msn + 1) & wire.MaxMSN
 	}
