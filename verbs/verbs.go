@@ -119,7 +119,8 @@ type CQAttr struct {
 	// is closing). It runs on the HCA's receive path: it must not block for long nor
 	// call into the HCA's receive (posting receives and sends is fine). A provider may
 	// never call it; the soft HCA calls it at the end of a received batch that left a
-	// few completions (verbs/soft, cqDeferMax), and signals Notify for larger ones.
+	// few completions (verbs/soft, cqDeferMax), and signals Notify for larger ones;
+	// verbs/rdma on its completion channel's goroutine, in place of the signal.
 	Handler func() bool
 }
 
