@@ -389,3 +389,71 @@ func (r *recConn) Write(p []byte) (int, error) {
 	r.writes = append(r.writes, append([]byte(nil), p...))
 	return len(p), nil
 }
+
+// ---- raw messages the p9 client does not send ----
+
+func u32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
+
+func tattach(fid uint32) []byte {
+	b := append(u32(fid), u32(^uint32(0))...) // afid NOFID
+	b = append(append(b, str9("root")...), str9("/")...)
+	return frame(104, 1, append(b, u32(0)...)...)
+}
+
+func twalk(fid, newfid uint32, names ...string) []byte {
+	b := append(u32(fid), u32(newfid)...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(names)))
+	for _, n := range names {
+		b = append(b, str9(n)...)
+	}
+	return frame(110, 1, b...)
+}
+
+func tlopen(fid, flags uint32) []byte { return frame(12, 1, append(u32(fid), u32(flags)...)...) }
+
+func txattrwalk(fid, newfid uint32, name string) []byte {
+	return frame(30, 1, append(append(u32(fid), u32(newfid)...), str9(name)...)...)
+}
+
+func tclunk(fid uint32) []byte { return frame(120, 1, u32(fid)...) }
+
+func twrite(fid uint32, data string) []byte {
+	b := binary.LittleEndian.AppendUint64(u32(fid), 0)
+	return frame(118, 1, append(append(b, u32(uint32(len(data)))...), data...)...)
+}
+
+// rerrno is the errno of an Rlerror reply, 0 for any other.
+func rerrno(r []byte) uint32 {
+	if r[4] != msgRlerror {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(r[7:])
+}
+
+// A fid made by Txattrwalk shares the file of the fid it was walked from without
+// owning it: clunking it leaves that fid open (a write through it still works, and
+// sm/partitions' text is not applied early). Writing through a fid opened read-only
+// fails with EBADF, as write(2) on such a descriptor.
+func TestXattrWalkLeavesItsFidOpen(t *testing.T) {
+	v := newEnv(t)
+	r := exchange(t, v.tree.Root(), Options{}, tversion(), tattach(0),
+		twalk(0, 1, "class", "net", "ib0", "mtu"), tlopen(1, syscall.O_RDWR),
+		txattrwalk(1, 2, ""), tclunk(2), twrite(1, "1500\n"),
+		twalk(0, 3, "class", "net", "ib0", "mtu"), tlopen(3, syscall.O_RDONLY), twrite(3, "1400\n"))
+	for k, want := range []byte{101, 105, 111, 13, 31, 121, 119, 111, 13} {
+		if r[k][4] != want {
+			t.Fatalf("reply %d: type %d (errno %d), want %d", k, r[k][4], rerrno(r[k]), want)
+		}
+	}
+	if got := rerrno(r[9]); got != uint32(syscall.EBADF) {
+		t.Errorf("Twrite on a read-only fid: errno %d, want EBADF", got)
+	}
+	if n, _ := v.tree.Lookup("class/net/ib0/mtu"); n != nil {
+		h, _ := n.Open(fs.Internal, syscall.O_RDONLY)
+		b := make([]byte, 16)
+		k, _ := h.ReadAt(b, 0)
+		if string(b[:k]) != "1500\n" {
+			t.Errorf("mtu %q after the writes, want 1500", b[:k])
+		}
+	}
+}

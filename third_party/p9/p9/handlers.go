@@ -731,7 +731,7 @@ func (t *tread) handle(cs *connState) message {
 
 			// Can it be read? Check permissions.
 			if ref.openFlags&OpenFlagsModeMask == WriteOnly {
-				return linux.EPERM
+				return linux.EBADF // ipoibfs patch: read(2) on a write-only descriptor (was EPERM)
 			}
 
 			if fr, ok := ref.file.(FlushableReader); ok && t.flushed != nil { // ipoibfs patch
@@ -799,7 +799,7 @@ func (t *twrite) handle(cs *connState) message {
 
 			// Can it be written? Check permissions.
 			if ref.openFlags&OpenFlagsModeMask == ReadOnly {
-				return linux.EPERM
+				return linux.EBADF // ipoibfs patch: write(2) on a read-only descriptor (was EPERM)
 			}
 
 			n, err = ref.file.WriteAt(t.Data, int64(t.Offset))
@@ -969,6 +969,14 @@ func (t *tsetattr) handle(cs *connState) message {
 	return &rsetattr{}
 }
 
+// xattrWalkFile is the file of a fid made by Txattrwalk (ipoibfs patch): the fid shares
+// the file of the fid it was walked from but does not own it, so clunking it must not
+// close that fid's file (upstream closed it: the original fid's open file went with
+// it, and a server counting its files counted one too few).
+type xattrWalkFile struct{ File }
+
+func (xattrWalkFile) Close() error { return nil }
+
 // handle implements handler.handle.
 func (t *txattrwalk) handle(cs *connState) message {
 	// Lookup the fid.
@@ -1000,7 +1008,7 @@ func (t *txattrwalk) handle(cs *connState) message {
 		size = len(buf)
 		newRef := &fidRef{
 			server: cs.server,
-			file:   ref.file,
+			file:   xattrWalkFile{ref.file}, // ipoibfs patch: see xattrWalkFile
 			pendingXattr: pendingXattr{
 				op:   xattrWalk,
 				name: t.Name,
