@@ -64,10 +64,11 @@
 //
 // Below all of them, and never held while this package is called: the CM's lock (its
 // callbacks and listeners run on goroutines of their own, after it is released), the
-// HCA's (completions and events come through channels, and the UD receive CQ's
-// handlers, rxHandler and cmRxHandler, are called with none of the HCA's locks held, at the end of a
-// received batch), the kernel device's (its watch callbacks run with none held), the
-// event log's and the loggers'.
+// HCA's (completions and events come through channels, and the receive CQs'
+// handlers, rxHandler for UD and cmRxHandler for connected mode, are called with none
+// of the HCA's locks held: the soft HCA's at the end of a received batch, verbs/rdma's
+// on its completion channel's goroutine), the kernel device's (its watch callbacks run
+// with none held), the event log's and the loggers'.
 //
 // Calls out, and the locks held while they are made:
 //   - Host methods: none, except childOps (a child closed or its mode set while it is
@@ -91,7 +92,7 @@
 // changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
 // that the caller runs after unlocking; Transmit and resend resolve under dmu and post
 // after it, and hand the ICMP errors they made to the host after txMu; the receive
-// loops deliver with no lock but their rxState's (cmRecvLoop answers ARP and ND after dmu too); the
+// loops deliver with no lock but their rxState's (cmDrainRxLocked answers ARP and ND after dmu too); the
 // goroutines of joins, path queries and connections take the locks again to finish,
 // and cmConnect checks that its connection is still current before keeping what it
 // made. Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu

@@ -613,7 +613,7 @@ func (lc *lockChecker) lockOp(c *ast.CallExpr) (class, recv string, take, ok boo
 		return
 	}
 	switch sel.Sel.Name {
-	case "Lock", "RLock", "TryLock", "TryRLock": // a TryLock's failing branch returns
+	case "Lock", "RLock", "TryLock", "TryRLock": // a TryLock's failing branch is assumed to return, not checked
 		take = true
 	case "Unlock", "RUnlock":
 	default:

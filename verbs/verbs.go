@@ -114,18 +114,22 @@ type CQAttr struct {
 	// Handler, if set, may be called where the HCA makes the completions, as the kernel
 	// calls a CQ's completion handler from the device's interrupt: a consumer that
 	// polls there saves the hand-off to a goroutine waiting on Notify (on an idle
-	// machine two thread wakeups per packet). It returns true if it polled the CQ,
-	// false to have Notify signalled instead (another poller is busy, or the consumer
-	// is closing). It runs on the HCA's receive path: it must not block for long nor
-	// call into the HCA's receive (posting receives and sends is fine). A provider may
-	// never call it; the soft HCA calls it at the end of a received batch that left a
-	// few completions (verbs/soft, cqDeferMax), and signals Notify for larger ones;
-	// verbs/rdma on its completion channel's goroutine, in place of the signal.
+	// machine two thread wakeups per packet). It returns true if it polled the CQ until
+	// it was empty, false to have Notify signalled instead (another poller is busy, or
+	// the consumer is closing). It runs on the HCA's receive path: it must not block
+	// for long nor call into the HCA's receive (posting receives and sends is fine).
+	// A provider may never call it. The soft HCA calls it at the end of a received
+	// batch that left at most a few completions (verbs/soft, cqDeferMax; with
+	// moderation, once its count is reached) and signals Notify for more, for a
+	// completion that took a QP's last posted buffer, and for moderation's timer;
+	// verbs/rdma calls it on its completion channel's goroutine, in place of the
+	// signal.
 	Handler func() bool
 }
 
 // CQ is a completion queue. Poll moves completions out in batches; Notify delivers a
-// signal whenever completions are ready, subject to moderation.
+// signal whenever completions are ready, subject to moderation, unless the CQ's
+// handler took them (CQAttr.Handler).
 type CQ interface {
 	// Poll fills wc with up to len(wc) completions and returns how many it wrote.
 	Poll(wc []WC) int

@@ -213,3 +213,87 @@ func udBatch(t *testing.T, src, dst *HCA, qpn verbs.QPN) func(n int) []Datagram 
 		return b
 	}
 }
+
+// A batch holds a packet for X (whose CQ has a handler) and then one for Y, which has
+// no buffer posted: the port waits for Y's consumer, and X's handler must not wait
+// with it. Here Y's consumer posts only once X's handler has run, so Y's packet is
+// received only if the held signal went out before the wait (else the wait times out
+// and the packet is dropped).
+func TestCQHandlerRunsBeforeAnotherQPWaitsForBuffers(t *testing.T) {
+	_, _, nodes := fabric(t, "", "a", "b")
+	pb := nodes[1].SoftPort(1)
+	ran := make(chan struct{}, 1)
+	var rcq verbs.CQ
+	x, rcq := handlerQP(t, nodes[1], func() bool {
+		rcq.Poll(make([]verbs.WC, 8))
+		select {
+		case ran <- struct{}{}:
+		default:
+		}
+		return true
+	}, 4)
+	y, ycq := handlerQP(t, nodes[1], func() bool { return false }, 0)
+	go func() {
+		<-ran
+		postBufs(t, y, 1)
+	}()
+	drops := pb.Counters().RcvDropped
+	batch := append(udBatch(t, nodes[0], nodes[1], x.Num())(1), udBatch(t, nodes[0], nodes[1], y.Num())(1)...)
+	pb.receive(batch, true)
+	if d := pb.Counters().RcvDropped - drops; d != 0 {
+		t.Fatalf("%d packets dropped: X's handler waited with Y's wait for a buffer", d)
+	}
+	if n := ycq.Poll(make([]verbs.WC, 8)); n != 1 {
+		t.Fatalf("Y received %d packets, want 1", n)
+	}
+}
+
+// A CQ's signal is held by one batch at a time: a completion another batch makes
+// meanwhile (a CQ shared by QPs of two ports) signals at once instead of waiting for
+// the first batch's end. And a handler that takes what moderation's timer was armed
+// for stops the timer, which would wake the CQ's goroutine for nothing.
+func TestCQHeldByOneBatch(t *testing.T) {
+	c := newCQ(64)
+	calls := 0
+	c.handler = func() bool {
+		calls++
+		for c.Poll(make([]verbs.WC, 8)) > 0 {
+		}
+		return true
+	}
+	var b1, b2 cqBatch
+	c.pushIn(verbs.WC{WRID: 1}, &b1)
+	select {
+	case <-c.Notify():
+		t.Fatal("a held completion signalled")
+	default:
+	}
+	c.pushIn(verbs.WC{WRID: 2}, &b2)
+	select {
+	case <-c.Notify():
+	default:
+		t.Fatal("a completion of a second batch waited for the first batch's end")
+	}
+	b2.flush()
+	b1.flush()
+	if calls != 0 {
+		t.Fatalf("handler called %d times after the signal went to Notify", calls)
+	}
+
+	if n := c.Poll(make([]verbs.WC, 8)); n != 2 {
+		t.Fatalf("%d completions for the poller, want 2", n)
+	}
+	if err := c.SetModeration(2, 1000); err != nil { // 2 completions or 1 ms
+		t.Fatal(err)
+	}
+	var b3 cqBatch
+	c.pushIn(verbs.WC{WRID: 3}, &b3) // arms the timer
+	c.pushIn(verbs.WC{WRID: 4}, &b3) // the count: held for the batch's end
+	b3.flush()
+	c.mu.Lock()
+	timer := c.timer
+	c.mu.Unlock()
+	if calls != 1 || timer != nil {
+		t.Fatalf("handler calls %d (want 1), moderation timer still armed: %v", calls, timer != nil)
+	}
+}

@@ -187,8 +187,9 @@ func (q *QP) flushLocked() {
 const rqWait = 50 * time.Millisecond
 
 // awaitRecvLocked waits (releasing q.mu) for a receive buffer; reports whether one is
-// there.
-func (q *QP) awaitRecvLocked() bool {
+// there. The signals the received batch cb holds back go out first: the wait may be
+// long, and other QPs' consumers must not wait with it.
+func (q *QP) awaitRecvLocked(cb *cqBatch) bool {
 	if q.starve || q.posted == nil {
 		return false
 	}
@@ -197,6 +198,9 @@ func (q *QP) awaitRecvLocked() bool {
 	for q.recvH == len(q.recvQ) {
 		ch := q.posted
 		q.mu.Unlock()
+		if cb != nil {
+			cb.flush()
+		}
 		timedOut := false
 		select {
 		case <-ch:
@@ -228,17 +232,17 @@ func (q *QP) wakeReceiveLocked() {
 
 // takeRecvLocked takes the next receive buffer: from the shared receive queue when
 // the QP has one, else from its own.
-func (q *QP) takeRecvLocked() (verbs.RecvWR, bool) {
+func (q *QP) takeRecvLocked() (wr verbs.RecvWR, ok, last bool) {
 	if q.srq != nil {
 		return q.srq.take()
 	}
 	if q.recvH == len(q.recvQ) {
-		return verbs.RecvWR{}, false
+		return verbs.RecvWR{}, false, false
 	}
-	wr := q.recvQ[q.recvH]
+	wr = q.recvQ[q.recvH]
 	q.recvQ[q.recvH] = verbs.RecvWR{}
 	q.recvH++
-	return wr, true
+	return wr, true, q.recvH == len(q.recvQ)
 }
 
 // PostRecv queues receive buffers.
@@ -448,7 +452,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 		p.cnt.badQKey.Add(1)
 		return
 	}
-	if q.recvH == len(q.recvQ) && !q.awaitRecvLocked() {
+	if q.recvH == len(q.recvQ) && !q.awaitRecvLocked(cb) {
 		p.cnt.rcvDrop.Add(1)
 		return
 	}
@@ -570,10 +574,10 @@ type CQ struct {
 	timer    *time.Timer
 	overruns atomic.Uint64
 	closed   bool
-	// handler is verbs.CQAttr.Handler. deferred says a signal waits for the end of the
-	// receive batch that made the completions (cqBatch.flush).
-	handler  func() bool
-	deferred bool
+	// handler is verbs.CQAttr.Handler. heldBy is the receive batch whose end the signal
+	// waits for (cqBatch.flush), if any.
+	handler func() bool
+	heldBy  *cqBatch
 }
 
 // cqDeferMax is how many completions a CQ with a handler holds back until the end of
@@ -589,19 +593,31 @@ type cqBatch struct {
 	cqs [8]*CQ
 }
 
-// flush runs the deferred CQs' handlers, or signals their Notify where the handler
-// declines. Called with no lock held.
+// flush runs the handlers of the CQs whose signal the batch holds, or signals their
+// Notify where the handler declines. Called with no lock held.
 func (b *cqBatch) flush() {
 	for _, c := range b.cqs[:b.n] {
 		c.mu.Lock()
-		run := c.deferred && c.n > 0 && !c.closed
-		c.deferred = false
-		c.mu.Unlock()
-		if run && !c.handler() {
-			c.mu.Lock()
-			c.signal()
-			c.mu.Unlock()
+		run := c.heldBy == b && c.n > 0 && !c.closed
+		if c.heldBy == b {
+			c.heldBy = nil
 		}
+		c.mu.Unlock()
+		if !run {
+			continue
+		}
+		handled := c.handler()
+		c.mu.Lock()
+		switch {
+		case !handled:
+			c.signal()
+		case c.n == 0 && c.timer != nil:
+			// Moderation's timer, armed before the count was reached: what it would
+			// signal has been taken.
+			c.timer.Stop()
+			c.timer = nil
+		}
+		c.mu.Unlock()
 	}
 	b.n = 0
 }
@@ -653,7 +669,7 @@ func (c *CQ) pushIn(wc verbs.WC, b *cqBatch) {
 		if c.handler != nil && b != nil && c.n <= cqDeferMax && b.hold(c) {
 			return
 		}
-		c.deferred = false
+		c.heldBy = nil
 		c.signal()
 	case c.timer == nil:
 		c.timer = time.AfterFunc(time.Duration(c.usecs)*time.Microsecond, func() {
@@ -666,17 +682,19 @@ func (c *CQ) pushIn(wc verbs.WC, b *cqBatch) {
 }
 
 // hold defers c's signal to the end of the batch; false if the batch holds as many CQs
-// as it can. Called with c.mu held.
+// as it can, or another batch holds c's (a CQ shared by QPs of two ports, or a batch
+// handed to Port.receive beside the port's own): then c signals now. Called with c.mu
+// held.
 func (b *cqBatch) hold(c *CQ) bool {
-	if c.deferred {
-		return true // this batch's already (a CQ is in one batch at a time: one receive goroutine per port)
-	}
-	if b.n == len(b.cqs) {
+	switch {
+	case c.heldBy == b:
+		return true
+	case c.heldBy != nil, b.n == len(b.cqs):
 		return false
 	}
 	b.cqs[b.n] = c
 	b.n++
-	c.deferred = true
+	c.heldBy = b
 	return true
 }
 

@@ -225,8 +225,9 @@ type rcResp struct {
 	nakBackPSN uint32 // the last such PSN
 	inMsg      bool   // between FIRST and LAST
 	wr         verbs.RecvWR
-	n          int // bytes received into wr
-	unacked    int // packets accepted since the last ACK
+	lastBuf    bool // wr was the last buffer posted (to the QP or its SRQ)
+	n          int  // bytes received into wr
+	unacked    int  // packets accepted since the last ACK
 	ackPending bool
 	ackFirst   bool   // an earlier accepted packet of the batch owed the ACK
 	ackPSN     uint32 // that packet's PSN and the MSN then
@@ -1246,7 +1247,7 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 		return
 	}
 	if first {
-		wr, ok := q.takeRecvLocked()
+		wr, ok, last := q.takeRecvLocked()
 		if !ok {
 			// No receive buffer: RNR NAK; the requester retries after the delay.
 			s.nakSent = true
@@ -1255,7 +1256,7 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 			q.rcNAKLocked(synRNR|rcMinRNRTimer, psn)
 			return
 		}
-		s.wr = wr
+		s.wr, s.lastBuf = wr, last
 		s.inMsg, s.n = true, 0
 	}
 	if s.n+n > len(s.wr.Buf) {
@@ -1272,6 +1273,9 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 	s.nakSent = false
 	s.unacked++
 	if last {
+		if s.lastBuf {
+			cb = nil // the last buffer: its consumer must hear now, to post more before an RNR NAK
+		}
 		q.recvCQ.pushIn(q.rcRecvWC(verbs.WCSuccess, pkt), cb)
 		s.inMsg, s.wr = false, verbs.RecvWR{}
 		s.msn = (s.msn + 1) & wire.MaxMSN

@@ -58,16 +58,16 @@ func (s *SRQ) PostRecv(wrs []verbs.RecvWR) (int, error) {
 }
 
 // take hands the oldest posted buffer to a receiving QP.
-func (s *SRQ) take() (verbs.RecvWR, bool) {
+func (s *SRQ) take() (wr verbs.RecvWR, ok, last bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.h == len(s.q) {
-		return verbs.RecvWR{}, false
+		return verbs.RecvWR{}, false, false
 	}
-	wr := s.q[s.h]
+	wr = s.q[s.h]
 	s.q[s.h] = verbs.RecvWR{}
 	s.h++
-	return wr, true
+	return wr, true, s.h == len(s.q)
 }
 
 // use and release count the QPs drawing from the pool, which may not be destroyed

@@ -44,8 +44,8 @@ func TestSRQBoundsAndErrors(t *testing.T) {
 		t.Errorf("QP error completed SRQ buffers: %+v", wc[0])
 	}
 	for k := 0; k < 4; k++ {
-		if wr, ok := srq.(*SRQ).take(); !ok || wr.ID != uint64(k) {
-			t.Errorf("SRQ buffer %d after the QP failed: %v %v", k, wr.ID, ok)
+		if wr, ok, last := srq.(*SRQ).take(); !ok || wr.ID != uint64(k) || last != (k == 3) {
+			t.Errorf("SRQ buffer %d after the QP failed: %v %v (the last: %v)", k, wr.ID, ok, last)
 		}
 	}
 	if err := srq.Close(); !errors.Is(err, verbs.ErrBusy) {
