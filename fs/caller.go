@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -129,13 +130,31 @@ func errnoName(e syscall.Errno) string {
 	return "errno " + strconv.Itoa(int(e))
 }
 
+// ownUserNS is the daemon's user namespace ("user:[inode]"); if it cannot be read, a
+// name no process's matches (then none counts as holding a capability).
+var ownUserNS = sync.OnceValue(func() string {
+	ns, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return "\x00" // matches no process's
+	}
+	return ns
+})
+
 // capNetAdmin is CAP_NET_ADMIN's bit in /proc/<pid>/status's CapEff.
 const capNetAdmin = 12
 
 // ProcNetAdmin reports whether process pid holds CAP_NET_ADMIN in its effective set
-// (/proc/<pid>/status). An unreadable status (the process exited) is false.
+// (/proc/<pid>/status) over the daemon's user namespace: a process in another user
+// namespace (unshare -U) shows every capability there, which the kernel's capable()
+// does not count, so it holds none here. An unreadable status or namespace (the
+// process exited) is false.
 func ProcNetAdmin(pid uint32) bool {
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/status")
+	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10)
+	ns, err := os.Readlink(dir + "/ns/user")
+	if err != nil || ns != ownUserNS() {
+		return false
+	}
+	b, err := os.ReadFile(dir + "/status")
 	if err != nil {
 		return false
 	}

@@ -1,9 +1,16 @@
 package fs
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"ipoibfs/internal/testenv"
 )
 
 // Access is generic_permission for root-owned nodes plus kernfs's rule, for every mode
@@ -88,5 +95,48 @@ func TestAuditQuotesAtMost64Bytes(t *testing.T) {
 	lines := v.log.take()
 	if len(lines) != 1 || !strings.Contains(lines[0], `; wrote "`+strings.Repeat("x", 64)+`" as uid=0`) {
 		t.Errorf("log line %q", lines)
+	}
+}
+
+// CAP_NET_ADMIN counts only in the daemon's user namespace: a process of a new user
+// namespace shows every capability in its CapEff (capsh --drop=cap_net_admin; unshare
+// -U -r) and holds none over the daemon's, as the kernel's capable() sees it. This
+// process itself (root in the initial namespace) holds it.
+func TestProcNetAdminCountsOnlyTheDaemonsUserNamespace(t *testing.T) {
+	testenv.Root(t)
+	if !ProcNetAdmin(uint32(os.Getpid())) {
+		t.Fatal("the test, run as root, holds no CAP_NET_ADMIN by ProcNetAdmin")
+	}
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("a process in a new user namespace: %v", err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	pid := uint32(cmd.Process.Pid)
+	// Its CapEff has the bit (or the check below would pass for nothing). Just
+	// started, it may still be the test's own until exec: wait for sleep.
+	waitExec := time.Now().Add(5 * time.Second)
+	for {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if strings.TrimSpace(string(comm)) == "sleep" || time.Now().After(waitExec) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	var capEff uint64
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			capEff, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	if err != nil || capEff&(1<<capNetAdmin) == 0 {
+		t.Fatalf("the namespaced process's CapEff %#x (%v): no CAP_NET_ADMIN to ignore", capEff, err)
+	}
+	if ProcNetAdmin(pid) {
+		t.Fatal("a process of another user namespace counted as holding CAP_NET_ADMIN")
 	}
 }
