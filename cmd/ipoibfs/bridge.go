@@ -162,6 +162,9 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 	var bufs [][]byte
 	var sizes []int   // made with bufs: an unused child holds none (4 KiB each,
 	var pkts [][]byte // 4.5 MB per 1000 idle children in a heap profile)
+	// fails counts the reads that failed in a row: a lasting error is logged at 1, 2,
+	// 4, 8, ... failures and waited out with a growing pause, so it cannot spin the loop.
+	var fails int
 	for {
 		// A batch of buffers at the current MTU, not of 64 KiB each (with thousands
 		// of children that was 8 MiB per device): one super-packet's segments, or
@@ -197,9 +200,14 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 				bufs = segmentBuffers(kernel.ReadBufferLen(max(need, mtu())), n)
 				continue
 			}
-			log.Printf("%s: read from the kernel: %v", name(), err)
+			fails++
+			if fails&(fails-1) == 0 {
+				log.Printf("%s: read from the kernel: %v (%d in a row)", name(), err, fails)
+			}
+			time.Sleep(min(time.Duration(fails-1)*time.Millisecond, time.Second))
 			continue
 		}
+		fails = 0
 		groups := false
 		for k := 0; k < c; k++ {
 			pkts[k] = bufs[k][kernel.ReadHeadroom : kernel.ReadHeadroom+sizes[k]]

@@ -279,6 +279,36 @@ func (d *Device) ioErr(op string, err error) error {
 	return d.errorf("%s: %w", op, err)
 }
 
+// readIOErr is ioErr for a read or a wait: once Close or Delete has begun, whatever the
+// descriptor answers is os.ErrClosed, and so it is once the kernel has unregistered
+// the device (ip link del, a deleted namespace, CloseAll's request): the descriptor
+// then polls as an error (EPOLLERR, which the runtime reports as "not pollable") on
+// every read until it is closed, and a reader that took that for a passing error spun
+// on it, thousands of log lines at every daemon's stop.
+func (d *Device) readIOErr(op string, err error) error {
+	select {
+	case <-d.done:
+		return d.errorf("%s: %w", op, os.ErrClosed)
+	default:
+	}
+	if d.unregistered() {
+		return d.errorf("%s: the kernel unregistered the device: %w", op, os.ErrClosed)
+	}
+	return d.ioErr(op, err)
+}
+
+// unregistered reports whether the descriptor polls as an error: a TUN file does once
+// its device is gone (tun_chr_poll), and for good.
+func (d *Device) unregistered() bool {
+	var gone bool
+	_ = d.rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		gone = n > 0 && p[0].Revents&unix.POLLERR != 0
+	})
+	return gone
+}
+
 // Read waits for a packet from the kernel and returns it as IP packets in
 // bufs[i][:sizes[i]]: a super-packet (TSO) is split into MTU-sized packets with fixed-up
 // IP/TCP/UDP headers and checksums, a packet with a partial checksum gets it completed.
@@ -353,13 +383,13 @@ func (d *Device) ReadOffset(bufs [][]byte, sizes []int, offset int) (n int, err 
 	}()
 	n, err = d.tun.Read(bufs, sizes, offset)
 	if err != nil {
-		return n, d.ioErr("read", err)
+		return n, d.readIOErr("read", err)
 	}
 	if tr, ok := d.tun.(tryReader); ok {
 		for n < len(bufs) {
 			m, err := tr.TryRead(bufs[n:], sizes[n:], offset)
 			if err != nil {
-				d.readErr = d.ioErr("read", err) // the packets so far are good
+				d.readErr = d.readIOErr("read", err) // the packets so far are good
 				break
 			}
 			if m == 0 {
@@ -514,13 +544,7 @@ func (d *Device) WaitReadable() error {
 		return n > 0
 	})
 	if err != nil {
-		d.mu.RLock()
-		closed := d.closed
-		d.mu.RUnlock()
-		if closed { // the file's "use of closed file" is not os.ErrClosed
-			err = os.ErrClosed
-		}
-		return d.ioErr("wait", err)
+		return d.readIOErr("wait", err) // the file's "use of closed file" is not os.ErrClosed
 	}
 	return nil
 }

@@ -1173,3 +1173,68 @@ func TestDeviceHoldsOneFileDescriptor(t *testing.T) {
 		t.Errorf("%d devices opened %d file descriptors, want %d (one each)", n, got, n)
 	}
 }
+
+// A reader blocked on a device when it is deleted or closed (CloseAll: together with
+// others, by one netlink request before the descriptors are closed), or when an
+// administrator deletes it, gets os.ErrClosed, once: an unregistered TUN device polls as an error until its
+// descriptor is closed, and a reader that took that for a passing error read it again
+// and again (thousands of log lines at every daemon's stop).
+func TestReadDuringDeleteEndsWithErrClosed(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "r")
+	for _, how := range []string{"Delete", "Close", "CloseAll", "ip link del"} {
+		d := open(t, Config{Name: uniq("r"), MTU: 2044, NetNS: ns})
+		other := open(t, Config{Name: uniq("r"), MTU: 2044, NetNS: ns})
+		if err := d.SetUp(true); err != nil {
+			t.Fatal(err)
+		}
+		type res struct {
+			other int
+			err   error
+		}
+		done := make(chan res, 1)
+		go func() {
+			bufs := [][]byte{make([]byte, ReadBufferLen(2044))}
+			sizes := make([]int, 1)
+			var r res
+			for {
+				_, err := d.ReadOffset(bufs, sizes, ReadHeadroom)
+				if err == nil {
+					continue // a packet the kernel sent (IPv6 router solicitation)
+				}
+				if errors.Is(err, os.ErrClosed) || r.other > 100 {
+					r.err = err
+					done <- r
+					return
+				}
+				r.other++
+			}
+		}()
+		time.Sleep(20 * time.Millisecond) // blocked in the read
+		var err error
+		switch how {
+		case "Delete":
+			err = d.Delete()
+		case "Close":
+			err = d.Close()
+		case "CloseAll":
+			err = CloseAll([]*Device{d, other})
+		case "ip link del": // by an administrator: the descriptor stays open
+			err = nlHandle(t, ns).LinkDel(d.link)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-done:
+			if !errors.Is(r.err, os.ErrClosed) || r.other != 0 {
+				t.Errorf("%s: the reader ended with %v after %d other errors, want os.ErrClosed at once", how, r.err, r.other)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the reader never returned", how)
+		}
+		other.Close()
+		d.Close()
+	}
+	WaitReleased()
+}
