@@ -227,7 +227,7 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 		}
 		return nil, err
 	}
-	h := &Handle{n: n, c: c, rd: rd || n.dir, wr: wr}
+	h := &Handle{n: n, c: c, w: c, rd: rd || n.dir, wr: wr}
 	if n.stream != nil && rd {
 		sub, err := n.stream.open()
 		if err != nil {
@@ -242,7 +242,7 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 // All methods return syscall.Errno errors.
 type Handle struct {
 	n      *Node
-	c      Caller
+	c      Caller // who opened it: the modes were checked for them
 	rd, wr bool
 
 	mu    sync.Mutex
@@ -250,6 +250,7 @@ type Handle struct {
 	have  bool
 	acc   []byte // commit files: bytes written through this handle
 	dirty bool   // acc changed since it was last applied
+	w     Caller // who wrote last (a descriptor may be handed to another process)
 
 	sub streamSub // a stream's subscription
 }
@@ -307,10 +308,16 @@ func (h *Handle) ReadAt(p []byte, off int64) (int, error) {
 	return copy(p, h.snap[off:]), nil
 }
 
-// Write applies one write call: the whole buffer, whatever the offset. On failure it
-// logs "path: reason" and returns the errno. A zero-length write does nothing (as
-// sysfs_kf_write; the kernel's FUSE and 9P clients never send one).
-func (h *Handle) Write(p []byte) (int, error) {
+// Write applies one write call as the opener: the whole buffer, whatever the offset.
+// On failure it logs "path: reason" and returns the errno. A zero-length write does
+// nothing (as sysfs_kf_write; the kernel's FUSE and 9P clients never send one).
+func (h *Handle) Write(p []byte) (int, error) { return h.WriteAs(h.c, p) }
+
+// WriteAs is Write by c, the process that made the write call where the front end
+// knows it (FUSE): the modes were checked at open, for the opener, as the kernel
+// does; CAP_NET_ADMIN is checked for the writer, as the driver's stores check
+// capable() when they run, and the log names the writer.
+func (h *Handle) WriteAs(c Caller, p []byte) (int, error) {
 	if h.n.dir {
 		return 0, syscall.EISDIR
 	}
@@ -322,18 +329,18 @@ func (h *Handle) Write(p []byte) (int, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.n.netAdmin && !c.NetAdmin {
+		return 0, h.n.t.audit(c, h.n.path, p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
+	}
 	if h.n.commit != nil {
 		if len(h.acc)+len(p) > maxCommitBytes {
-			return 0, h.n.t.audit(h.c, h.n.path, p, errorf(syscall.EFBIG, "more than %d bytes written", maxCommitBytes))
+			return 0, h.n.t.audit(c, h.n.path, p, errorf(syscall.EFBIG, "more than %d bytes written", maxCommitBytes))
 		}
 		h.acc = append(h.acc, p...)
-		h.dirty = true
+		h.dirty, h.w = true, c
 		return len(p), nil
 	}
-	if h.n.netAdmin && !h.c.NetAdmin {
-		return 0, h.n.t.audit(h.c, h.n.path, p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
-	}
-	if errno := h.n.t.audit(h.c, h.n.path, p, h.n.write(p)); errno != 0 {
+	if errno := h.n.t.audit(c, h.n.path, p, h.n.write(p)); errno != 0 {
 		return 0, errno
 	}
 	return len(p), nil
@@ -365,7 +372,7 @@ func (h *Handle) applyLocked() error {
 		return nil
 	}
 	h.dirty = false
-	if errno := h.n.t.audit(h.c, h.n.path, h.acc, h.n.commit(h.acc)); errno != 0 {
+	if errno := h.n.t.audit(h.w, h.n.path, h.acc, h.n.commit(h.acc)); errno != 0 {
 		return errno
 	}
 	return nil

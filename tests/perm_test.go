@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -299,5 +300,38 @@ cat class/net/ib0/mode
 		if code != 0 || out != want {
 			t.Errorf("guest with access=user (trust-uname %v): exit %d, transcript (-want +got):\n%s", trust, code, cmp.Diff(want, out))
 		}
+	}
+}
+
+// CAP_NET_ADMIN is the writer's, checked at the write, as the driver's stores check
+// capable() when they run: a descriptor of create_child opened by root and handed to
+// root without the capability (setpriv drops it) creates nothing, and the log names
+// the writer's pid; the same descriptor still works for its opener.
+func TestCapabilityIsTheWritersAtTheWrite(t *testing.T) {
+	testenv.Tool(t, "setpriv")
+	td := treeStart(t, "pcap", "")
+	f, err := os.OpenFile(td.path("class/net/ib0/create_child"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("setpriv", "--bounding-set=-net_admin", "--", "sh", "-c", "printf 0x8005 >&3")
+	cmd.ExtraFiles = []*os.File{f}
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("a write without CAP_NET_ADMIN through root's descriptor succeeded: %s", out)
+	}
+	if got := treeLs(t, td.path("class/net")); len(got) != 1 {
+		t.Fatalf("class/net after the refused write: %v", got)
+	}
+	if _, err := f.Write([]byte("0x8006")); err != nil {
+		t.Fatalf("the opener's own write: %v", err)
+	}
+	if got := treeLs(t, td.path("class/net")); len(got) != 2 {
+		t.Fatalf("class/net after the opener's write: %v", got)
+	}
+	refused := regexp.MustCompile(fmt.Sprintf(`create_child: CAP_NET_ADMIN is needed \(EPERM\); wrote \\?"0x8005\\?" as uid=0 via=fuse peer=\\?"pid %d\\?"`, cmd.Process.Pid))
+	if !refused.MatchString(td.log.String()) {
+		t.Errorf("the refusal is not logged with the writer's pid %d:\n%s", cmd.Process.Pid, td.log.String())
 	}
 }

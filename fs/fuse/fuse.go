@@ -378,7 +378,9 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadR
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	k, err := h.h.Write(data)
+	// The process writing, which may not be the one that opened (a descriptor passed
+	// on, or kept across a dropped capability).
+	k, err := h.h.WriteAs(caller(ctx, h.n.m.NeedsNetAdmin()), data)
 	if err != nil {
 		return 0, errno(err)
 	}
