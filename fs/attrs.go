@@ -166,7 +166,8 @@ func statReader(k int) func(i *ipoib.Interface) (string, error) {
 // ethtoolAttrs is class/net/<if>/ethtool/: what `ethtool -c/-C`, `-k/-K` and `-S` show
 // and change for an IPoIB device (reference/kernel-ipoib.md §8).
 var ethtoolAttrs = []ifAttr{
-	{name: "coalesce", perm: 0644, read: func(i *ipoib.Interface) (string, error) {
+	// Changes need CAP_NET_ADMIN, as the ethtool ioctl's set commands do.
+	{name: "coalesce", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) {
 		c := i.Coalesce()
 		return fmt.Sprintf("rx-usecs: %d\nrx-frames: %d\n", c.RxUsecs, c.RxFrames), nil
 	}, write: func(i *ipoib.Interface, b []byte) error {
@@ -176,7 +177,7 @@ var ethtoolAttrs = []ifAttr{
 		}
 		return i.SetCoalesce(c)
 	}},
-	{name: "features", perm: 0644, read: func(i *ipoib.Interface) (string, error) {
+	{name: "features", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) {
 		eff, req := i.Features(), i.RequestedFeatures()
 		var b strings.Builder
 		for _, f := range featureNames {

@@ -528,12 +528,14 @@ func (t *Tree) listSM(dir string) ([]*Node, error) {
 	sm := t.sm
 	parts := t.file(dir, "partitions", 0644, func() (string, error) { return sm.PartitionsText(), nil }, nil)
 	parts.commit = func(b []byte) error { return sm.SetPartitionsText("sm/partitions", b) }
+	parts.netAdmin = true // the fabric's partitioning: an administrator's, as the SM's own files
 	faults := t.file(dir, "faults", 0644, func() (string, error) { return sm.FaultsText(), nil }, func(b []byte) error {
 		if err := sm.SetFaultsText(string(b)); err != nil {
 			return &Error{Errno: syscall.EINVAL, Detail: err.Error()}
 		}
 		return nil
 	})
+	faults.netAdmin = true
 	return []*Node{
 		// Management messages the SM's port dropped for want of a valid fabric-key MAC.
 		t.file(dir, "auth_failures", 0444, func() (string, error) { return fmt.Sprintf("%d\n", sm.AuthFailures()), nil }, nil),

@@ -167,9 +167,13 @@ func TestPermissionTable(t *testing.T) {
 		{"uid 1000", &syscall.Credential{Uid: 1000, Gid: 1000}, false},
 		{"nobody", &syscall.Credential{Uid: 65534, Gid: 65534}, false},
 	}
-	// net-sysfs's stores and the driver's create_child/delete_child need CAP_NET_ADMIN.
+	// net-sysfs's stores and the driver's create_child/delete_child need CAP_NET_ADMIN,
+	// as do ethtool's changes and the fabric's partitions and faults.
 	netAdminFile := func(f string) bool {
-		if f == "link" { // named children, as rtnetlink's newlink needs CAP_NET_ADMIN
+		switch {
+		case f == "link": // named children, as rtnetlink's newlink needs CAP_NET_ADMIN
+			return true
+		case f == "sm/partitions", f == "sm/faults", strings.HasSuffix(f, "/ethtool/coalesce"), strings.HasSuffix(f, "/ethtool/features"):
 			return true
 		}
 		base := filepath.Base(f)
