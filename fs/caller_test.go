@@ -140,3 +140,58 @@ func TestProcNetAdminCountsOnlyTheDaemonsUserNamespace(t *testing.T) {
 		t.Fatal("a process of another user namespace counted as holding CAP_NET_ADMIN")
 	}
 }
+
+// SetAttr: the tree's modes, owners and times are fixed (EPERM for everyone, logged),
+// truncation and times set to now need write permission (EACCES) and change nothing,
+// and open with O_TRUNC asks for write permission too.
+func TestSetAttr(t *testing.T) {
+	v := newEnv(t)
+	root := Caller{UID: 0, GIDs: []uint32{0}, Via: "9p", Peer: "root's"}
+	user := Caller{UID: 1000, GIDs: []uint32{1000}, Via: "9p", Peer: "user's"}
+	look := func(p string) *Node {
+		n, err := v.tree.Lookup(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	mtu, pkey, dir := look("class/net/ib0/mtu"), look("class/net/ib0/pkey"), look("class/net/ib0")
+	wh, err := mtu.Open(root, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wh.Release()
+	for _, c := range []struct {
+		what string
+		n    *Node
+		who  Caller
+		a    AttrChange
+		want error
+	}{
+		{"root chmod", mtu, root, AttrChange{Mode: true}, syscall.EPERM},
+		{"root chown", pkey, root, AttrChange{Owner: true}, syscall.EPERM},
+		{"root sets a time", mtu, root, AttrChange{Times: true}, syscall.EPERM},
+		{"user chmod", mtu, user, AttrChange{Mode: true}, syscall.EPERM},
+		{"root truncates a writable file", mtu, root, AttrChange{Size: true, TimesNow: true}, nil},
+		{"root truncates a read-only file", pkey, root, AttrChange{Size: true}, syscall.EACCES},
+		{"user truncates root's file", mtu, user, AttrChange{Size: true}, syscall.EACCES},
+		{"user touches root's file", mtu, user, AttrChange{TimesNow: true}, syscall.EACCES},
+		{"ftruncate through a handle open for writing", mtu, user, AttrChange{Size: true, Handle: wh}, nil},
+		{"root truncates a directory", dir, root, AttrChange{Size: true}, syscall.EISDIR},
+		{"root touches a directory", dir, root, AttrChange{TimesNow: true}, nil},
+	} {
+		if err := c.n.SetAttr(c.who, c.a); err != c.want {
+			t.Errorf("%s: %v, want %v", c.what, err, c.want)
+		}
+	}
+	lines := strings.Join(v.log.take(), "\n")
+	if !strings.Contains(lines, `class/net/ib0/mtu: the tree's modes and owners are fixed (EPERM); setattr as uid=0 via=9p peer="root's"`) {
+		t.Errorf("root's chmod is not logged:\n%s", lines)
+	}
+	if _, err := pkey.Open(user, syscall.O_RDONLY|syscall.O_TRUNC); err != syscall.EACCES {
+		t.Errorf("user's open of pkey with O_TRUNC: %v, want EACCES", err)
+	}
+	if _, err := dir.Open(root, syscall.O_RDONLY|syscall.O_TRUNC); err != syscall.EISDIR {
+		t.Errorf("root's open of a directory with O_TRUNC: %v, want EISDIR", err)
+	}
+}

@@ -81,8 +81,20 @@ func describe(err error) (syscall.Errno, string) {
 // same over every front end.
 const (
 	ErrCreate    = syscall.EACCES // creating a file (open O_CREAT of a new name)
-	ErrNamespace = syscall.EPERM  // mkdir, rmdir, unlink, rename, link, symlink, mknod
+	ErrNamespace = syscall.EPERM  // mkdir, rmdir, unlink, rename, link, symlink, mknod, by root
 )
+
+// NamespaceErrno is what c gets for a change of names (ErrNamespace's operations): a
+// user other than root has no write permission on any directory of the tree (all
+// root's, 0755 or 0700), which the kernel checks first (EACCES); root gets
+// ErrNamespace, as kernfs has no such operation. (Over FUSE the kernel answers users
+// itself.)
+func NamespaceErrno(c Caller) syscall.Errno {
+	if c.UID != 0 {
+		return syscall.EACCES
+	}
+	return ErrNamespace
+}
 
 // Node is a directory or an attribute file of the tree. Nodes are immutable and
 // addressed by path; see the package documentation.
@@ -204,21 +216,22 @@ func (n *Node) Lookup(name string) (*Node, error) {
 	return nil, syscall.ENOENT
 }
 
-// Open opens the node for c with open(2) flags (only the access mode matters): c must
-// pass Access for reading and/or writing (EACCES otherwise). Directories open
-// read-only (EISDIR for writing).
+// Open opens the node for c with open(2) flags (the access mode, and O_TRUNC, which
+// asks for write permission as it does of the kernel's open): c must pass Access for
+// reading and/or writing (EACCES otherwise). Directories open read-only (EISDIR for
+// writing).
 func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 	acc := flags & syscall.O_ACCMODE
 	rd := acc == syscall.O_RDONLY || acc == syscall.O_RDWR
 	wr := acc == syscall.O_WRONLY || acc == syscall.O_RDWR
-	if n.dir && wr {
+	if n.dir && (wr || flags&syscall.O_TRUNC != 0) {
 		return nil, syscall.EISDIR
 	}
 	mask := 0
 	if rd {
 		mask |= MayRead
 	}
-	if wr {
+	if wr || flags&syscall.O_TRUNC != 0 {
 		mask |= MayWrite
 	}
 	if err := n.Access(c, mask); err != nil {
@@ -236,6 +249,39 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 		h.sub = sub
 	}
 	return h, nil
+}
+
+// AttrChange is what a SETATTR (FUSE) or Tsetattr (9P) asks to change.
+type AttrChange struct {
+	Mode, Owner bool    // chmod; chown or chgrp
+	Times       bool    // access or modification time set to given values
+	TimesNow    bool    // times set to the current time (touch; the kernel's truncating open)
+	Size        bool    // truncate; the size itself does not matter
+	Handle      *Handle // the open file it came through (ftruncate), if any
+}
+
+// SetAttr decides a change of attributes for c. The tree's modes, owners and times are
+// fixed: changing a mode, an owner or a time to a given value fails with EPERM, for
+// root too (sysfs would store them; the tree refuses rather than report a change it
+// did not make), and the refusal is logged with who asked. Truncating and setting the
+// times to now need write permission (EACCES), as the kernel asks of them, or a
+// handle open for writing; then they do nothing, as truncating a sysfs file does (a
+// file's content is made at each read). A directory cannot be truncated (EISDIR).
+func (n *Node) SetAttr(c Caller, a AttrChange) error {
+	if a.Mode || a.Owner || a.Times {
+		what := map[bool]string{true: "modes and owners", false: "times"}[a.Mode || a.Owner]
+		if n.t.log != nil {
+			n.t.log(fmt.Sprintf("%s: the tree's %s are fixed (EPERM); setattr as %s", n.path, what, c))
+		}
+		return syscall.EPERM
+	}
+	if a.Size && n.dir {
+		return syscall.EISDIR
+	}
+	if (a.Size || a.TimesNow) && (a.Handle == nil || !a.Handle.wr) {
+		return n.Access(c, MayWrite)
+	}
+	return nil
 }
 
 // Handle is one open file: a read snapshot, or the accumulated writes of a commit file.

@@ -225,9 +225,43 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *gofuse.AttrO
 	return 0
 }
 
-// Setattr accepts truncation and times as no-ops, as the local mount does; the server
-// has no stored bytes to change either.
+// Setattr asks the server (Tsetattr), which decides as the local mount does: truncation
+// and times set to now are accepted where the user may write and change nothing;
+// modes, owners and given times are fixed (EPERM). Through an open file (ftruncate)
+// it goes on that file's fid.
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	v := in.Valid
+	m := p9.SetAttrMask{
+		Permissions:        v&gofuse.FATTR_MODE != 0,
+		UID:                v&gofuse.FATTR_UID != 0,
+		GID:                v&gofuse.FATTR_GID != 0,
+		Size:               v&gofuse.FATTR_SIZE != 0,
+		ATime:              v&(gofuse.FATTR_ATIME|gofuse.FATTR_ATIME_NOW) != 0,
+		ATimeNotSystemTime: v&gofuse.FATTR_ATIME != 0 && v&gofuse.FATTR_ATIME_NOW == 0,
+		MTime:              v&(gofuse.FATTR_MTIME|gofuse.FATTR_MTIME_NOW) != 0,
+		MTimeNotSystemTime: v&gofuse.FATTR_MTIME != 0 && v&gofuse.FATTR_MTIME_NOW == 0,
+		CTime:              v&gofuse.FATTR_CTIME != 0,
+	}
+	a := p9.SetAttr{Permissions: p9.FileMode(in.Mode), UID: p9.UID(in.Uid), GID: p9.GID(in.Gid), Size: in.Size,
+		ATimeSeconds: in.Atime, ATimeNanoSeconds: uint64(in.Atimensec), MTimeSeconds: in.Mtime, MTimeNanoSeconds: uint64(in.Mtimensec)}
+	if h, ok := f.(*handle); ok {
+		h.mu.Lock()
+		err := h.f.SetAttr(m, a)
+		h.mu.Unlock()
+		if err != nil {
+			return errnoOf(err)
+		}
+	} else {
+		pf, err := n.walk()
+		if err != nil {
+			return errnoOf(err)
+		}
+		err = pf.SetAttr(m, a)
+		pf.Close()
+		if err != nil {
+			return errnoOf(err)
+		}
+	}
 	return n.Getattr(ctx, f, out)
 }
 

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,14 @@ func TestRemoteMountTranscript(t *testing.T) {
 	}
 	if b, err := os.ReadFile(td.path("class/net/ib0/mode")); err != nil || string(b) != "datagram\n" {
 		t.Errorf("mode on B after nobody's write: %q, %v", b, err)
+	}
+	// Attribute changes are the server's to decide, as on its own mount: root's chmod
+	// is refused, its truncate of a file it may write is not.
+	if err := os.Chmod(filepath.Join(remote, "class/net/ib0/pkey"), 0o666); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("chmod on the remote mount: %v, want EPERM", err)
+	}
+	if err := os.Truncate(filepath.Join(remote, "class/net/ib0/mtu"), 0); err != nil {
+		t.Errorf("truncate mtu on the remote mount: %v", err)
 	}
 
 	// B goes away: the remote mount answers ENOTCONN at once. (Once B has exited: the

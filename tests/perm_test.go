@@ -339,3 +339,26 @@ func TestCapabilityIsTheWritersAtTheWrite(t *testing.T) {
 		t.Errorf("the refusal is not logged with the writer's pid %d:\n%s", cmd.Process.Pid, td.log.String())
 	}
 }
+
+// Over the FUSE mount, root's chmod and chown of a tree file fail with EPERM (the
+// tree's modes are fixed; it does not report a change it did not make) and the mode
+// stays; truncating a file root may write works, as `echo x > file` needs.
+func TestChmodIsRefusedTruncateIsNot(t *testing.T) {
+	td := treeStart(t, "pchm", "")
+	p := td.path("class/net/ib0/pkey")
+	if err := os.Chmod(p, 0o666); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("chmod 0666 pkey: %v, want EPERM", err)
+	}
+	if err := os.Chown(p, 1000, 1000); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("chown 1000 pkey: %v, want EPERM", err)
+	}
+	if st, err := os.Stat(p); err != nil || st.Mode().Perm() != 0o444 {
+		t.Errorf("pkey's mode after the chmod: %v %v", st.Mode(), err)
+	}
+	if err := os.Truncate(td.path("class/net/ib0/mtu"), 0); err != nil {
+		t.Errorf("truncate mtu: %v", err)
+	}
+	if err := os.Truncate(p, 0); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("truncate pkey (0444): %v, want EACCES", err)
+	}
+}

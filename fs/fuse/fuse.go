@@ -306,9 +306,24 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *gofuse.AttrO
 	return 0
 }
 
-// Setattr accepts and ignores every change: truncation (O_TRUNC arrives as a size-0
-// SETATTR), times, modes. The model has no stored bytes to change.
+// Setattr lets the tree decide (fs.Node.SetAttr): truncation (O_TRUNC arrives as a
+// size-0 SETATTR) and times set to now are accepted where the caller may write, and
+// change nothing; modes, owners and given times are fixed (EPERM).
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	v := in.Valid
+	a := fs.AttrChange{
+		Mode:     v&gofuse.FATTR_MODE != 0,
+		Owner:    v&(gofuse.FATTR_UID|gofuse.FATTR_GID) != 0,
+		Times:    v&gofuse.FATTR_ATIME != 0 && v&gofuse.FATTR_ATIME_NOW == 0 || v&gofuse.FATTR_MTIME != 0 && v&gofuse.FATTR_MTIME_NOW == 0,
+		TimesNow: v&(gofuse.FATTR_ATIME_NOW|gofuse.FATTR_MTIME_NOW|gofuse.FATTR_CTIME) != 0,
+		Size:     v&gofuse.FATTR_SIZE != 0,
+	}
+	if h, ok := f.(*handle); ok {
+		a.Handle = h.h
+	}
+	if err := n.m.SetAttr(caller(ctx, false), a); err != nil {
+		return errno(err)
+	}
 	fill(n.m, &out.Attr)
 	return 0
 }

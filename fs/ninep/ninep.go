@@ -378,8 +378,22 @@ func (f *file) GetAttr(p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 	return qidOf(f.n), valid, attr, nil
 }
 
-// SetAttr ignores every change, the size-0 truncate of `echo x > file` included.
-func (f *file) SetAttr(p9.SetAttrMask, p9.SetAttr) error { return nil }
+// SetAttr lets the tree decide (fs.Node.SetAttr): the size-0 truncate of `echo x >
+// file` and times set to now are accepted where the fid's user may write, and change
+// nothing; modes, owners and given times are fixed (EPERM).
+func (f *file) SetAttr(m p9.SetAttrMask, _ p9.SetAttr) error {
+	f.mu.Lock()
+	h := f.h
+	f.mu.Unlock()
+	return toErr(f.n.SetAttr(f.who, fs.AttrChange{
+		Mode:     m.Permissions,
+		Owner:    m.UID || m.GID,
+		Times:    m.ATime && m.ATimeNotSystemTime || m.MTime && m.MTimeNotSystemTime,
+		TimesNow: m.ATime && !m.ATimeNotSystemTime || m.MTime && !m.MTimeNotSystemTime || m.CTime,
+		Size:     m.Size,
+		Handle:   h,
+	}))
+}
 
 // Close releases the open handle. For sm/partitions this applies the written
 // configuration; its error reaches clients that read Rclunk errors (the Go client does,
@@ -409,6 +423,9 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 		flags = syscall.O_RDWR
 	default:
 		return p9.QID{}, 0, linux.EINVAL
+	}
+	if uint32(mode)&syscall.O_TRUNC != 0 { // Tlopen carries Linux's open flags
+		flags |= syscall.O_TRUNC // asks for write permission (fs.Node.Open)
 	}
 	h, err := f.n.Open(f.who, flags)
 	if err != nil {
@@ -523,7 +540,7 @@ func (f *file) namespace() error {
 	if !f.n.IsDir() {
 		return linux.ENOTDIR
 	}
-	return linux.Errno(fs.ErrNamespace)
+	return linux.Errno(fs.NamespaceErrno(f.who))
 }
 
 func (f *file) Mkdir(string, p9.FileMode, p9.UID, p9.GID) (p9.QID, error) {
@@ -536,7 +553,7 @@ func (f *file) Link(p9.File, string) error { return f.namespace() }
 func (f *file) Mknod(string, p9.FileMode, uint32, uint32, p9.UID, p9.GID) (p9.QID, error) {
 	return p9.QID{}, f.namespace()
 }
-func (f *file) Rename(p9.File, string) error           { return linux.Errno(fs.ErrNamespace) }
+func (f *file) Rename(p9.File, string) error           { return linux.Errno(fs.NamespaceErrno(f.who)) }
 func (f *file) RenameAt(string, p9.File, string) error { return f.namespace() }
 func (f *file) UnlinkAt(string, uint32) error          { return f.namespace() }
 func (f *file) Readlink() (string, error)              { return "", linux.EINVAL }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 
 	"ipoibfs/fs"
@@ -455,5 +456,58 @@ func TestXattrWalkLeavesItsFidOpen(t *testing.T) {
 		if string(b[:k]) != "1500\n" {
 			t.Errorf("mtu %q after the writes, want 1500", b[:k])
 		}
+	}
+}
+
+// Tsetattr goes through the tree's rules (fs.Node.SetAttr) instead of succeeding for
+// anyone: a chmod is EPERM (root's too), nobody's truncate of root's file and its
+// Tlopen with O_TRUNC are EACCES; root's truncate of a writable file is accepted.
+// A change of names is EACCES for nobody (no write permission on the directory, which
+// the kernel checks first) and EPERM for root, as on sysfs.
+func TestSetAttrAndTruncate(t *testing.T) {
+	v := newEnv(t)
+	for _, c := range []struct {
+		who             fs.Caller
+		chmod, truncate error
+		lopenTrunc      error
+		mkdir           error
+	}{
+		{fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p"}, linux.EPERM, linux.EACCES, linux.EACCES, linux.EACCES},
+		{fs.Internal, linux.EPERM, nil, nil, linux.EPERM},
+	} {
+		cc, sc := net.Pipe()
+		go ServeConn(sc, v.tree.Root(), Options{Unidentified: &c.who})
+		pc, err := p9.NewClient(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		root, err := pc.Attach("/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, f, err := root.Walk([]string{"class", "net", "ib0", "mtu"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.SetAttr(p9.SetAttrMask{Permissions: true}, p9.SetAttr{Permissions: 0666}); !errors.Is(err, c.chmod) {
+			t.Errorf("uid %d chmod: %v, want %v", c.who.UID, err, c.chmod)
+		}
+		if err := f.SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{Size: 0}); !errors.Is(err, c.truncate) {
+			t.Errorf("uid %d truncate: %v, want %v", c.who.UID, err, c.truncate)
+		}
+		if _, _, err := f.Open(p9.ReadOnly | p9.OpenFlags(syscall.O_TRUNC)); !errors.Is(err, c.lopenTrunc) {
+			t.Errorf("uid %d Tlopen O_RDONLY|O_TRUNC: %v, want %v", c.who.UID, err, c.lopenTrunc)
+		}
+		_, d, err := root.Walk([]string{"class", "net"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Mkdir("x", 0o755, 0, 0); !errors.Is(err, c.mkdir) {
+			t.Errorf("uid %d mkdir: %v, want %v", c.who.UID, err, c.mkdir)
+		}
+		if err := d.UnlinkAt("ib0", 0); !errors.Is(err, c.mkdir) {
+			t.Errorf("uid %d unlink: %v, want %v", c.who.UID, err, c.mkdir)
+		}
+		pc.Close()
 	}
 }
