@@ -12,7 +12,12 @@
 //
 // Access: the mount is allow_other with default_permissions and keeps the server's
 // owners and modes, so the local kernel applies the same rules to local users as the
-// server applies to its own; the server sees this process's identity.
+// server applies to its own; and each local user acts on the server as itself: the
+// connection attaches once per local uid that uses the mount (the server lets a root
+// connection attach as other users, as the Linux client's access=user does), and once
+// more for root without CAP_NET_ADMIN (ninep.NoNetAdminUname), which a root process's
+// writes go through when it lacks the capability. The server's checks and its log
+// lines then name the local user.
 //
 // Locking: none beyond the p9 client's; a handle's fid is used by one FUSE request at a
 // time per operation kind, and the p9 client multiplexes requests by tag.
@@ -24,6 +29,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +39,9 @@ import (
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
+
+	"ipoibfs/fs"
+	"ipoibfs/fs/ninep"
 )
 
 // Options configure Mount.
@@ -49,7 +58,56 @@ type Server struct {
 	srv  *gofuse.Server
 	conn io.Closer
 	c    *p9.Client
-	root p9.File
+	root p9.File // attached as this process
+	self who     // who root is
+
+	mu    sync.Mutex
+	roots map[who]p9.File // the other local users' attaches
+}
+
+// who is a local user as the server should see it.
+type who struct {
+	uid   uint32
+	noCap bool // root without CAP_NET_ADMIN
+}
+
+// whoOf is the user making a FUSE request. Whether root holds CAP_NET_ADMIN is read
+// (from /proc) only where it matters, for opening and writing files.
+func (s *Server) whoOf(ctx context.Context, forWrite bool) who {
+	c, ok := gofuse.FromContext(ctx)
+	if !ok {
+		return s.self
+	}
+	w := who{uid: c.Uid}
+	if w.uid == 0 && forWrite {
+		w.noCap = !fs.ProcNetAdmin(c.Pid)
+	}
+	if w.uid == s.self.uid && !forWrite {
+		w.noCap = s.self.noCap
+	}
+	return w
+}
+
+// rootFor returns the root fid attached as w, attaching the first time.
+func (s *Server) rootFor(w who) (p9.File, error) {
+	if w == s.self {
+		return s.root, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.roots[w]; ok {
+		return r, nil
+	}
+	uname := ""
+	if w.noCap {
+		uname = ninep.NoNetAdminUname
+	}
+	r, err := s.c.AttachAs("/", uname, p9.UID(w.uid))
+	if err != nil {
+		return nil, err
+	}
+	s.roots[w] = r
+	return r, nil
 }
 
 // Mount attaches to the tree served on conn and mounts it at dir. The connection is
@@ -65,7 +123,10 @@ func Mount(dir string, conn io.ReadWriteCloser, o Options) (*Server, error) {
 		c.Close()
 		return nil, fmt.Errorf("9P attach: %w", errnoOf(err))
 	}
-	s := &Server{dir: dir, conn: conn, c: c, root: root}
+	// The attach without a name acts as this process (the server's view of the
+	// connection).
+	self := who{uid: uint32(os.Geteuid()), noCap: !fs.ProcNetAdmin(uint32(os.Getpid()))}
+	s := &Server{dir: dir, conn: conn, c: c, root: root, self: self, roots: map[who]p9.File{}}
 	logf := func(string) {}
 	if o.Log != nil {
 		logf = o.Log
@@ -168,10 +229,15 @@ var (
 	_ gofs.FileFsyncer   = (*handle)(nil)
 )
 
-// walk returns a new fid for the node's path plus extra names; the caller clunks it.
-func (n *node) walk(extra ...string) (p9.File, error) {
+// walk returns a new fid for the node's path plus extra names, walked as the user
+// making the request (forWrite: as that user will write); the caller clunks it.
+func (n *node) walk(ctx context.Context, forWrite bool, extra ...string) (p9.File, error) {
+	root, err := n.s.rootFor(n.s.whoOf(ctx, forWrite))
+	if err != nil {
+		return nil, err
+	}
 	names := append(append([]string(nil), n.path...), extra...)
-	_, f, err := n.s.root.Walk(names)
+	_, f, err := root.Walk(names)
 	return f, err
 }
 
@@ -189,8 +255,8 @@ func fill(a p9.Attr, qid p9.QID, out *gofuse.Attr) {
 
 var attrMask = p9.AttrMask{Mode: true, UID: true, GID: true, NLink: true, Size: true, ATime: true, MTime: true, CTime: true}
 
-func (n *node) getattr(extra ...string) (p9.QID, p9.Attr, syscall.Errno) {
-	f, err := n.walk(extra...)
+func (n *node) getattr(ctx context.Context, extra ...string) (p9.QID, p9.Attr, syscall.Errno) {
+	f, err := n.walk(ctx, false, extra...)
 	if err != nil {
 		return p9.QID{}, p9.Attr{}, errnoOf(err)
 	}
@@ -207,7 +273,7 @@ func kind(m p9.FileMode) uint32 {
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	qid, a, e := n.getattr(name)
+	qid, a, e := n.getattr(ctx, name)
 	if e != 0 {
 		return nil, e
 	}
@@ -217,7 +283,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*
 }
 
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *gofuse.AttrOut) syscall.Errno {
-	qid, a, e := n.getattr()
+	qid, a, e := n.getattr(ctx)
 	if e != 0 {
 		return e
 	}
@@ -252,7 +318,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *gofuse.SetAtt
 			return errnoOf(err)
 		}
 	} else {
-		pf, err := n.walk()
+		pf, err := n.walk(ctx, false)
 		if err != nil {
 			return errnoOf(err)
 		}
@@ -274,7 +340,7 @@ func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno 
 func (n *node) Opendir(ctx context.Context) syscall.Errno { return 0 }
 
 func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	f, err := n.walk()
+	f, err := n.walk(ctx, false)
 	if err != nil {
 		return nil, errnoOf(err)
 	}
@@ -338,10 +404,6 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	f, err := n.walk()
-	if err != nil {
-		return nil, 0, errnoOf(err)
-	}
 	var mode p9.OpenFlags
 	switch flags & syscall.O_ACCMODE {
 	case syscall.O_WRONLY:
@@ -351,21 +413,63 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	default:
 		mode = p9.ReadOnly
 	}
+	wr := mode != p9.ReadOnly
+	w := n.s.whoOf(ctx, wr)
+	f, err := n.walk(ctx, wr)
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
 	if _, _, err := f.Open(mode); err != nil {
 		f.Close()
 		return nil, 0, errnoOf(err)
 	}
-	return &handle{f: f}, gofuse.FOPEN_DIRECT_IO, 0
+	return &handle{n: n, f: f, who: w, mode: mode}, gofuse.FOPEN_DIRECT_IO, 0
 }
 
-// handle is one open remote fid. The server applies what a commit file (sm/partitions)
-// accumulated when the fid is clunked, so the first close(2) after a write clunks it
-// and returns the server's verdict, as close(2) does on the local mount.
+// handle is one open remote fid. Each close(2) after a write sends Tfsync, on which the
+// server applies what a commit file (sm/partitions) accumulated and answers its
+// verdict, as close(2) does on the local mount; the fid stays open for the other
+// holders of the descriptor (a shell's subshell closing its copy) until the release.
 type handle struct {
+	n       *node
 	mu      sync.Mutex
 	f       p9.File
+	who     who // who opened it
+	mode    p9.OpenFlags
+	noCapF  p9.File // the same file opened as root without CAP_NET_ADMIN, for such writers
 	wrote   bool
 	clunked bool
+}
+
+// fileFor returns the fid a write by the request's process goes through: the handle's
+// own, or, when root opened it with CAP_NET_ADMIN and the writer (a process it was
+// handed to, or that dropped the capability) lacks it, one opened as root without
+// it, so the server decides the write as the kernel would (the capability is the
+// writer's; the modes were checked at open). Called with mu held.
+func (h *handle) fileFor(ctx context.Context) (p9.File, error) {
+	if h.who.uid != 0 || h.who.noCap {
+		return h.f, nil
+	}
+	c, ok := gofuse.FromContext(ctx)
+	if !ok || fs.ProcNetAdmin(c.Pid) {
+		return h.f, nil
+	}
+	if h.noCapF == nil {
+		root, err := h.n.s.rootFor(who{uid: 0, noCap: true})
+		if err != nil {
+			return nil, err
+		}
+		_, f, err := root.Walk(h.n.path)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, err := f.Open(h.mode); err != nil {
+			f.Close()
+			return nil, err
+		}
+		h.noCapF = f
+	}
+	return h.noCapF, nil
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
@@ -387,7 +491,11 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if h.clunked {
 		return 0, syscall.EBADF
 	}
-	k, err := h.f.WriteAt(data, off)
+	f, err := h.fileFor(ctx)
+	if err != nil {
+		return 0, errnoOf(err)
+	}
+	k, err := f.WriteAt(data, off)
 	if err != nil {
 		return 0, errnoOf(err)
 	}
@@ -401,8 +509,20 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	if !h.wrote || h.clunked {
 		return 0
 	}
-	h.clunked = true
-	return errnoOf(h.f.Close())
+	h.wrote = false
+	if h.noCapF != nil {
+		if err := h.noCapF.FSync(); err != nil {
+			return errnoOf(err)
+		}
+	}
+	return errnoOf(h.f.FSync())
+}
+
+func (h *handle) closeNoCap() {
+	if h.noCapF != nil {
+		h.noCapF.Close()
+		h.noCapF = nil
+	}
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {
@@ -410,6 +530,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	defer h.mu.Unlock()
 	if !h.clunked {
 		h.clunked = true
+		h.closeNoCap()
 		h.f.Close()
 	}
 	return 0

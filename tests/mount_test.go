@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,6 +77,45 @@ func TestRemoteMountTranscript(t *testing.T) {
 	}
 	if err := os.Truncate(filepath.Join(remote, "class/net/ib0/mtu"), 0); err != nil {
 		t.Errorf("truncate mtu on the remote mount: %v", err)
+	}
+	// Local root without CAP_NET_ADMIN acts on the server without it too, whether it
+	// opens the file itself or is handed root's descriptor; root's own write works.
+	testenv.Tool(t, "setpriv")
+	cc := filepath.Join(remote, "class/net/ib0/create_child")
+	if out, err := exec.Command("setpriv", "--bounding-set=-net_admin", "--", "sh", "-c", "printf 0x8007 > "+cc).CombinedOutput(); err == nil {
+		t.Errorf("root without CAP_NET_ADMIN created a child through the remote mount: %s", out)
+	}
+	f, err := os.OpenFile(cc, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed := exec.Command("setpriv", "--bounding-set=-net_admin", "--", "sh", "-c", "printf 0x8008 >&3")
+	handed.ExtraFiles = []*os.File{f}
+	if out, err := handed.CombinedOutput(); err == nil {
+		t.Errorf("root's descriptor handed to a process without CAP_NET_ADMIN created a child: %s", out)
+	}
+	if _, err := f.Write([]byte("0x8009")); err != nil {
+		t.Errorf("root's own write through the remote mount: %v", err)
+	}
+	f.Close()
+	// sm/partitions' text is applied at the close, and its verdict is the close's.
+	parts := filepath.Join(remote, "sm/partitions")
+	if err := os.WriteFile(parts, []byte("x\n"), 0); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("a bad partitions.conf through the remote mount: %v, want EINVAL at the close", err)
+	}
+	if err := os.WriteFile(parts, []byte("Default=0x7fff, ipoib : ALL=full;\n"), 0); err != nil {
+		t.Errorf("a good partitions.conf through the remote mount: %v", err)
+	}
+	// A descriptor shared with a subshell stays usable after the subshell's close, as
+	// on the local mount.
+	if out, err := exec.Command("sh", "-c", "exec 3>"+cc+"; (printf 0x800a >&3); printf 0x800b >&3").CombinedOutput(); err != nil {
+		t.Errorf("writes through a descriptor a subshell shared: %v %s", err, out)
+	}
+	if got := treeLs(t, td.path("class/net")); !slices.Equal(got, []string{"ib0", "ib0.8009", "ib0.800a", "ib0.800b"}) {
+		t.Errorf("class/net after the writes through the remote mount: %v, want ib0 and ib0.8009, ib0.800a, ib0.800b", got)
+	}
+	if n := strings.Count(td.log.String(), "CAP_NET_ADMIN is needed (EPERM)"); n != 2 {
+		t.Errorf("B logged %d writes refused for want of CAP_NET_ADMIN, want 2:\n%s", n, td.log.String())
 	}
 
 	// B goes away: the remote mount answers ENOTCONN at once. (Once B has exited: the

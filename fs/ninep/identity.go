@@ -198,11 +198,27 @@ func claimedUID(uname string, uid p9.UID) (uint32, bool, error) {
 	return uint32(n), true, nil
 }
 
+// NoNetAdminUname, as the uname of a Tattach that names its user in n_uname, attaches
+// as that user without CAP_NET_ADMIN. It only takes away: 'ipoibfs mount' attaches so
+// for a local root process that lacks the capability, whose writes the server would
+// otherwise take as the mount process's.
+const NoNetAdminUname = "ipoibfs:-cap_net_admin"
+
 // attachAs decides who one Tattach acts as. A kernel-identified root connection may
 // attach as anyone (the Linux client's access=user: one connection, one attach per
 // local user); any other kernel-identified connection only as itself (EPERM for
 // another user); a remote connection as the named user only with trust, else nobody.
+// NoNetAdminUname with n_uname drops CAP_NET_ADMIN from any of these.
 func (id connIdentity) attachAs(uname string, uid p9.UID) (fs.Caller, error) {
+	if uname == NoNetAdminUname && uid != p9.NoUID {
+		c, err := id.attachNamed("", uid)
+		c.NetAdmin = false
+		return c, err
+	}
+	return id.attachNamed(uname, uid)
+}
+
+func (id connIdentity) attachNamed(uname string, uid p9.UID) (fs.Caller, error) {
 	claimed, named, err := claimedUID(uname, uid)
 	switch {
 	case id.fromKernel && id.who.UID == 0:

@@ -53,6 +53,32 @@ func TestAttachAs(t *testing.T) {
 			t.Errorf("%s: uid %d, %v; want uid %d, %v", c.what, got.UID, err, c.want, c.err)
 		}
 	}
+	// NoNetAdminUname keeps the user and takes CAP_NET_ADMIN away, and only that.
+	capRoot := root
+	capRoot.who.NetAdmin = true
+	for _, c := range []struct {
+		what     string
+		id       connIdentity
+		uid      p9.UID
+		want     uint32
+		netAdmin bool
+		err      error
+	}{
+		{"root connection with the capability, plain", capRoot, 0, 0, true, nil},
+		{"root connection with the capability, as root without it", capRoot, 0, 0, false, nil},
+		{"root connection, as 1000 without it", capRoot, 1000, 1000, false, nil},
+		{"user connection claiming root without it", user, 0, 0, false, linux.EPERM},
+		{"remote with trust, root without it", trusted, 0, 0, false, nil},
+	} {
+		uname := NoNetAdminUname
+		if c.netAdmin {
+			uname = ""
+		}
+		got, err := c.id.attachAs(uname, c.uid)
+		if !errors.Is(err, c.err) || err == nil && (got.UID != c.want || got.NetAdmin != c.netAdmin) {
+			t.Errorf("%s: uid %d CAP_NET_ADMIN %v, %v; want uid %d %v, %v", c.what, got.UID, got.NetAdmin, err, c.want, c.netAdmin, c.err)
+		}
+	}
 }
 
 // A unix socket's peer is who the kernel says; a root connection attaching as another

@@ -492,7 +492,18 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 	return k, toErr(err)
 }
 
-func (f *file) FSync() error { return nil }
+// FSync applies what was written to a commit file (sm/partitions) so far, as a close
+// on the local mount does (fs.Handle.Flush), and returns its verdict; the fid stays
+// open. 'ipoibfs mount' sends it for each close(2) after a write.
+func (f *file) FSync() error {
+	f.mu.Lock()
+	h := f.h
+	f.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	return toErr(h.Flush())
+}
 
 // Readdir lists the directory as it was when the listing started (offset 0): a listing
 // takes several requests, and a child created or deleted in between must neither
