@@ -146,8 +146,11 @@ const capNetAdmin = 12
 // ProcNetAdmin reports whether process pid holds CAP_NET_ADMIN in its effective set
 // (/proc/<pid>/status) over the daemon's user namespace: a process in another user
 // namespace (unshare -U) shows every capability there, which the kernel's capable()
-// does not count, so it holds none here. An unreadable status or namespace (the
-// process exited) is false.
+// does not count, so it holds none here. An unreadable status or namespace is false:
+// the process exited, or the daemon may not look into it (reading /proc/<pid>/ns needs
+// ptrace's read access: a daemon whose capabilities are not a superset of the
+// writer's). Comparing uid_map instead would not do: a new namespace can map the
+// whole range as the initial one does.
 func ProcNetAdmin(pid uint32) bool {
 	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10)
 	ns, err := os.Readlink(dir + "/ns/user")

@@ -216,10 +216,9 @@ func (n *Node) Lookup(name string) (*Node, error) {
 	return nil, syscall.ENOENT
 }
 
-// Open opens the node for c with open(2) flags (the access mode, and O_TRUNC, which
-// asks for write permission as it does of the kernel's open): c must pass Access for
-// reading and/or writing (EACCES otherwise). Directories open read-only (EISDIR for
-// writing).
+// Open opens the node for c with open(2) flags: c must pass Access for reading and/or
+// writing (EACCES otherwise), and with O_TRUNC may truncate (MayTruncate), as the
+// kernel's open asks. Directories open read-only (EISDIR for writing or truncating).
 func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 	acc := flags & syscall.O_ACCMODE
 	rd := acc == syscall.O_RDONLY || acc == syscall.O_RDWR
@@ -231,10 +230,14 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 	if rd {
 		mask |= MayRead
 	}
-	if wr || flags&syscall.O_TRUNC != 0 {
+	if wr {
 		mask |= MayWrite
 	}
-	if err := n.Access(c, mask); err != nil {
+	err := n.Access(c, mask)
+	if err == nil && flags&syscall.O_TRUNC != 0 {
+		err = n.MayTruncate(c)
+	}
+	if err != nil {
 		if wr && n.t.log != nil {
 			n.t.log(fmt.Sprintf("%s: permission denied; open for writing as %s", n.path, c))
 		}
@@ -260,13 +263,24 @@ type AttrChange struct {
 	Handle      *Handle // the open file it came through (ftruncate), if any
 }
 
+// MayTruncate reports whether c may truncate n, or set its times to now, without a
+// descriptor open for writing: root may (the owner, and CAP_DAC_OVERRIDE; kernfs's
+// rule about files without a store method is about opening them, so root truncates
+// or touches even a 0444 file on sysfs), anyone else needs write permission (EACCES).
+func (n *Node) MayTruncate(c Caller) error {
+	if c.UID == 0 {
+		return nil
+	}
+	return n.Access(c, MayWrite)
+}
+
 // SetAttr decides a change of attributes for c. The tree's modes, owners and times are
 // fixed: changing a mode, an owner or a time to a given value fails with EPERM, for
 // root too (sysfs would store them; the tree refuses rather than report a change it
 // did not make), and the refusal is logged with who asked. Truncating and setting the
-// times to now need write permission (EACCES), as the kernel asks of them, or a
-// handle open for writing; then they do nothing, as truncating a sysfs file does (a
-// file's content is made at each read). A directory cannot be truncated (EISDIR).
+// times to now need MayTruncate or a handle open for writing, and then do nothing, as
+// truncating a sysfs file does (a file's content is made at each read). A directory
+// cannot be truncated (EISDIR).
 func (n *Node) SetAttr(c Caller, a AttrChange) error {
 	if a.Mode || a.Owner || a.Times {
 		what := map[bool]string{true: "modes and owners", false: "times"}[a.Mode || a.Owner]
@@ -279,7 +293,7 @@ func (n *Node) SetAttr(c Caller, a AttrChange) error {
 		return syscall.EISDIR
 	}
 	if (a.Size || a.TimesNow) && (a.Handle == nil || !a.Handle.wr) {
-		return n.Access(c, MayWrite)
+		return n.MayTruncate(c)
 	}
 	return nil
 }

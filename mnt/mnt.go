@@ -3,8 +3,9 @@
 // mount ADDR DIR`, or `mount -t ipoibfs ADDR DIR` through the mount.ipoibfs helper).
 //
 // Every FUSE operation becomes 9P requests on one connection: nodes hold only their path
-// and walk it from the attached root each time, so there is no fid to leak and an
-// interface deleted on the server is simply gone at the next lookup. Nothing is cached
+// and walk it from an attached root each time (one per local user, held until the
+// unmount), so no fid outlives its request or open file, and an interface deleted on
+// the server is simply gone at the next lookup. Nothing is cached
 // (entry and attribute timeouts 0, direct I/O), as on the local mount. Errors the
 // server sends keep their errno, so scripts see the same "Invalid argument" or "No such
 // device" as on the server's own mount; once the connection is lost every operation
@@ -19,8 +20,9 @@
 // writes go through when it lacks the capability. The server's checks and its log
 // lines then name the local user.
 //
-// Locking: none beyond the p9 client's; a handle's fid is used by one FUSE request at a
-// time per operation kind, and the p9 client multiplexes requests by tag.
+// Locking: Server.mu guards the table of attaches (an attach itself is made outside it,
+// once per user); handle.mu serialises a handle's requests; the p9 client multiplexes
+// requests by tag.
 package mnt
 
 import (
@@ -62,7 +64,14 @@ type Server struct {
 	self who     // who root is
 
 	mu    sync.Mutex
-	roots map[who]p9.File // the other local users' attaches
+	roots map[who]*attach // the other local users' attaches
+}
+
+// attach is one user's root fid, attached once.
+type attach struct {
+	once sync.Once
+	f    p9.File
+	err  error
 }
 
 // who is a local user as the server should see it.
@@ -78,9 +87,14 @@ func (s *Server) whoOf(ctx context.Context, forWrite bool) who {
 	if !ok {
 		return s.self
 	}
-	w := who{uid: c.Uid}
+	return s.whoIs(c.Uid, c.Pid, forWrite)
+}
+
+// whoIs is whoOf for the process pid of user uid.
+func (s *Server) whoIs(uid, pid uint32, forWrite bool) who {
+	w := who{uid: uid}
 	if w.uid == 0 && forWrite {
-		w.noCap = !fs.ProcNetAdmin(c.Pid)
+		w.noCap = !fs.ProcNetAdmin(pid)
 	}
 	if w.uid == s.self.uid && !forWrite {
 		w.noCap = s.self.noCap
@@ -94,20 +108,20 @@ func (s *Server) rootFor(w who) (p9.File, error) {
 		return s.root, nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r, ok := s.roots[w]; ok {
-		return r, nil
+	a := s.roots[w]
+	if a == nil {
+		a = &attach{}
+		s.roots[w] = a
 	}
-	uname := ""
-	if w.noCap {
-		uname = ninep.NoNetAdminUname
-	}
-	r, err := s.c.AttachAs("/", uname, p9.UID(w.uid))
-	if err != nil {
-		return nil, err
-	}
-	s.roots[w] = r
-	return r, nil
+	s.mu.Unlock()
+	a.once.Do(func() { // outside mu: one user's slow attach holds up no other's
+		if w.noCap {
+			a.f, a.err = s.c.AttachAs("/", ninep.NoNetAdminUname(w.uid), p9.NoUID)
+		} else {
+			a.f, a.err = s.c.AttachAs("/", "", p9.UID(w.uid))
+		}
+	})
+	return a.f, a.err
 }
 
 // Mount attaches to the tree served on conn and mounts it at dir. The connection is
@@ -118,7 +132,10 @@ func Mount(dir string, conn io.ReadWriteCloser, o Options) (*Server, error) {
 		conn.Close()
 		return nil, fmt.Errorf("9P version negotiation: %w", errnoOf(err))
 	}
-	root, err := c.Attach("/")
+	// This process attaches naming its uid: a server that trusts attach names from
+	// this host (-9p-trust-uname) takes an unnamed attach as nobody; one that knows
+	// the connection's user treats both alike.
+	root, err := c.AttachAs("/", "", p9.UID(os.Geteuid()))
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("9P attach: %w", errnoOf(err))
@@ -126,7 +143,7 @@ func Mount(dir string, conn io.ReadWriteCloser, o Options) (*Server, error) {
 	// The attach without a name acts as this process (the server's view of the
 	// connection).
 	self := who{uid: uint32(os.Geteuid()), noCap: !fs.ProcNetAdmin(uint32(os.Getpid()))}
-	s := &Server{dir: dir, conn: conn, c: c, root: root, self: self, roots: map[who]p9.File{}}
+	s := &Server{dir: dir, conn: conn, c: c, root: root, self: self, roots: map[who]*attach{}}
 	logf := func(string) {}
 	if o.Log != nil {
 		logf = o.Log
@@ -232,7 +249,12 @@ var (
 // walk returns a new fid for the node's path plus extra names, walked as the user
 // making the request (forWrite: as that user will write); the caller clunks it.
 func (n *node) walk(ctx context.Context, forWrite bool, extra ...string) (p9.File, error) {
-	root, err := n.s.rootFor(n.s.whoOf(ctx, forWrite))
+	return n.walkAs(n.s.whoOf(ctx, forWrite), extra...)
+}
+
+// walkAs is walk as w.
+func (n *node) walkAs(w who, extra ...string) (p9.File, error) {
+	root, err := n.s.rootFor(w)
 	if err != nil {
 		return nil, err
 	}
@@ -413,9 +435,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	default:
 		mode = p9.ReadOnly
 	}
-	wr := mode != p9.ReadOnly
-	w := n.s.whoOf(ctx, wr)
-	f, err := n.walk(ctx, wr)
+	w := n.s.whoOf(ctx, mode != p9.ReadOnly)
+	f, err := n.walkAs(w)
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
@@ -436,30 +457,31 @@ type handle struct {
 	f       p9.File
 	who     who // who opened it
 	mode    p9.OpenFlags
-	noCapF  p9.File // the same file opened as root without CAP_NET_ADMIN, for such writers
+	alt     p9.File // the same file opened as altWho, for writers who differ in CAP_NET_ADMIN
+	altWho  who
 	wrote   bool
 	clunked bool
 }
 
 // fileFor returns the fid a write by the request's process goes through: the handle's
-// own, or, when root opened it with CAP_NET_ADMIN and the writer (a process it was
-// handed to, or that dropped the capability) lacks it, one opened as root without
-// it, so the server decides the write as the kernel would (the capability is the
-// writer's; the modes were checked at open). Called with mu held.
+// own, or, when root opened it and the writer (a process it was handed to, or one
+// that dropped or kept the capability) differs from the opener in CAP_NET_ADMIN, one
+// opened as root with the writer's, so the server decides the write as the kernel
+// would (the capability is the writer's; the modes were checked at open). (A write by
+// another user through root's descriptor still reaches the server as root's: a fid
+// of that user could not be opened for writing.) Called with mu held.
 func (h *handle) fileFor(ctx context.Context) (p9.File, error) {
-	if h.who.uid != 0 || h.who.noCap {
-		return h.f, nil
-	}
 	c, ok := gofuse.FromContext(ctx)
-	if !ok || fs.ProcNetAdmin(c.Pid) {
+	if h.who.uid != 0 || !ok {
 		return h.f, nil
 	}
-	if h.noCapF == nil {
-		root, err := h.n.s.rootFor(who{uid: 0, noCap: true})
-		if err != nil {
-			return nil, err
-		}
-		_, f, err := root.Walk(h.n.path)
+	w := h.n.s.whoIs(0, c.Pid, true)
+	if w == h.who {
+		return h.f, nil
+	}
+	if h.alt == nil || h.altWho != w {
+		h.closeAlt()
+		f, err := h.n.walkAs(w)
 		if err != nil {
 			return nil, err
 		}
@@ -467,9 +489,9 @@ func (h *handle) fileFor(ctx context.Context) (p9.File, error) {
 			f.Close()
 			return nil, err
 		}
-		h.noCapF = f
+		h.alt, h.altWho = f, w
 	}
-	return h.noCapF, nil
+	return h.alt, nil
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (gofuse.ReadResult, syscall.Errno) {
@@ -510,18 +532,20 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 		return 0
 	}
 	h.wrote = false
-	if h.noCapF != nil {
-		if err := h.noCapF.FSync(); err != nil {
-			return errnoOf(err)
-		}
+	var altErr error
+	if h.alt != nil {
+		altErr = h.alt.FSync()
 	}
-	return errnoOf(h.f.FSync())
+	if err := h.f.FSync(); err != nil {
+		return errnoOf(err)
+	}
+	return errnoOf(altErr)
 }
 
-func (h *handle) closeNoCap() {
-	if h.noCapF != nil {
-		h.noCapF.Close()
-		h.noCapF = nil
+func (h *handle) closeAlt() {
+	if h.alt != nil {
+		h.alt.Close()
+		h.alt = nil
 	}
 }
 
@@ -530,7 +554,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	defer h.mu.Unlock()
 	if !h.clunked {
 		h.clunked = true
-		h.closeNoCap()
+		h.closeAlt()
 		h.f.Close()
 	}
 	return 0

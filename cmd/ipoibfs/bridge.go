@@ -191,6 +191,11 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 		}
 		c, err := dev.ReadOffset(bufs, sizes, kernel.ReadHeadroom)
 		if err != nil {
+			if errors.Is(err, kernel.ErrUnregistered) {
+				// Not our close: ip link del, or the namespace went. The engine follows
+				// (the device is deleted or made again); this reader is done.
+				log.Printf("%s: the kernel unregistered the device; its reader stops", name())
+			}
 			if errors.Is(err, os.ErrClosed) {
 				return
 			}

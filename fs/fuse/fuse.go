@@ -230,8 +230,9 @@ var (
 // caller is the process the kernel says made the request. The kernel has already
 // applied the modes (default_permissions); the tree checks them again the same way it
 // does for 9P, and names the caller in its log lines.
-// Whether it holds CAP_NET_ADMIN is read from /proc only when netAdmin says the open
-// needs to know (a write to a file that requires it).
+// Whether it holds CAP_NET_ADMIN is read from /proc only when netAdmin says the request
+// needs to know (an open or a write of a file that requires it: each write is checked
+// for the process making it).
 func caller(ctx context.Context, netAdmin bool) fs.Caller {
 	c, ok := gofuse.FromContext(ctx)
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/user"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/hugelgupf/p9/linux"
@@ -198,20 +199,29 @@ func claimedUID(uname string, uid p9.UID) (uint32, bool, error) {
 	return uint32(n), true, nil
 }
 
-// NoNetAdminUname, as the uname of a Tattach that names its user in n_uname, attaches
-// as that user without CAP_NET_ADMIN. It only takes away: 'ipoibfs mount' attaches so
-// for a local root process that lacks the capability, whose writes the server would
-// otherwise take as the mount process's.
-const NoNetAdminUname = "ipoibfs:-cap_net_admin"
+// NoNetAdminUname returns the Tattach uname (with n_uname unset) that attaches as uid
+// without CAP_NET_ADMIN. It only takes away: 'ipoibfs mount' attaches so for a local
+// root process that lacks the capability, whose writes the server would otherwise
+// take as the mount process's. A server that does not know the form looks the name
+// up as a user, finds none and refuses the attach: it fails closed.
+func NoNetAdminUname(uid uint32) string {
+	return noNetAdminPrefix + strconv.FormatUint(uint64(uid), 10)
+}
+
+const noNetAdminPrefix = "ipoibfs:-cap_net_admin:"
 
 // attachAs decides who one Tattach acts as. A kernel-identified root connection may
 // attach as anyone (the Linux client's access=user: one connection, one attach per
 // local user); any other kernel-identified connection only as itself (EPERM for
 // another user); a remote connection as the named user only with trust, else nobody.
-// NoNetAdminUname with n_uname drops CAP_NET_ADMIN from any of these.
+// NoNetAdminUname drops CAP_NET_ADMIN from any of these.
 func (id connIdentity) attachAs(uname string, uid p9.UID) (fs.Caller, error) {
-	if uname == NoNetAdminUname && uid != p9.NoUID {
-		c, err := id.attachNamed("", uid)
+	if rest, ok := strings.CutPrefix(uname, noNetAdminPrefix); ok && uid == p9.NoUID {
+		n, err := strconv.ParseUint(rest, 10, 32)
+		if err != nil {
+			return fs.Caller{}, linux.EINVAL
+		}
+		c, err := id.attachNamed("", p9.UID(n))
 		c.NetAdmin = false
 		return c, err
 	}

@@ -53,6 +53,11 @@ func TestAttachAs(t *testing.T) {
 			t.Errorf("%s: uid %d, %v; want uid %d, %v", c.what, got.UID, err, c.want, c.err)
 		}
 	}
+	// A server from before NoNetAdminUname (attachNamed alone) takes it for a user
+	// name it does not know and refuses the attach: the form fails closed.
+	if _, err := root.attachNamed(NoNetAdminUname(0), p9.NoUID); !errors.Is(err, linux.EPERM) {
+		t.Errorf("NoNetAdminUname at a server that does not know it: %v, want EPERM", err)
+	}
 	// NoNetAdminUname keeps the user and takes CAP_NET_ADMIN away, and only that.
 	capRoot := root
 	capRoot.who.NetAdmin = true
@@ -70,11 +75,11 @@ func TestAttachAs(t *testing.T) {
 		{"user connection claiming root without it", user, 0, 0, false, linux.EPERM},
 		{"remote with trust, root without it", trusted, 0, 0, false, nil},
 	} {
-		uname := NoNetAdminUname
+		uname, uid := NoNetAdminUname(uint32(c.uid)), p9.NoUID
 		if c.netAdmin {
-			uname = ""
+			uname, uid = "", c.uid
 		}
-		got, err := c.id.attachAs(uname, c.uid)
+		got, err := c.id.attachAs(uname, uid)
 		if !errors.Is(err, c.err) || err == nil && (got.UID != c.want || got.NetAdmin != c.netAdmin) {
 			t.Errorf("%s: uid %d CAP_NET_ADMIN %v, %v; want uid %d %v, %v", c.what, got.UID, got.NetAdmin, err, c.want, c.netAdmin, c.err)
 		}

@@ -292,7 +292,7 @@ func (d *Device) readIOErr(op string, err error) error {
 	default:
 	}
 	if d.unregistered() {
-		return d.errorf("%s: the kernel unregistered the device: %w", op, os.ErrClosed)
+		return d.errorf("%s: %w: %w", op, ErrUnregistered, os.ErrClosed)
 	}
 	return d.ioErr(op, err)
 }

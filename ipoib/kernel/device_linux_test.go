@@ -1230,6 +1230,9 @@ func TestReadDuringDeleteEndsWithErrClosed(t *testing.T) {
 			if !errors.Is(r.err, os.ErrClosed) || r.other != 0 {
 				t.Errorf("%s: the reader ended with %v after %d other errors, want os.ErrClosed at once", how, r.err, r.other)
 			}
+			if unreg := errors.Is(r.err, ErrUnregistered); unreg != (how == "ip link del") {
+				t.Errorf("%s: the reader's error %v says the kernel unregistered the device: %v", how, r.err, unreg)
+			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s: the reader never returned", how)
 		}

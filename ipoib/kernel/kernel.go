@@ -184,3 +184,8 @@ type Events struct {
 	Groups func([]netip.Addr)   // the multicast list changed
 	Gone   func()               // the device was deleted by someone else; the last call
 }
+
+// ErrUnregistered is the reason of a read or wait that failed because the kernel
+// unregistered the device while its descriptor was open (and not Close or Delete);
+// such an error is os.ErrClosed too.
+var ErrUnregistered = errors.New("the kernel unregistered the device")
