@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -413,5 +414,49 @@ func TestFollowIfIndex(t *testing.T) {
 		if got := read(p); got != want {
 			t.Errorf("%s = %q, want %q", p, got, want)
 		}
+	}
+}
+
+// Changes made on the device in quick succession end as the last one says, on both
+// sides: the engine adopts each as it sees it and never pushes a value it adopted
+// back to the device (a newer change may have replaced it there: ip link set down
+// then up left the interface down, the engine's "down" arriving after the "up").
+func TestFollowQuickSuccession(t *testing.T) {
+	td := treeStart(t, "fq", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	read := func(p string) string {
+		b, _ := os.ReadFile(td.path(p))
+		return strings.TrimSpace(string(b))
+	}
+	settled := func(what string, ok func() bool) {
+		t.Helper()
+		// Settled: true for 200 ms running (a late push back would show in that time).
+		since := time.Time{}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			switch {
+			case !ok():
+				since = time.Time{}
+			case since.IsZero():
+				since = time.Now()
+			case time.Since(since) > 200*time.Millisecond:
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never settled\nip link: %s\nlog:\n%s", what, ipOut(t, ns, "link", "show", "ib0"), td.log)
+			}
+		}
+	}
+	for round := 0; round < 10; round++ {
+		batch := exec.Command("ip", "-n", ns, "-batch", "-")
+		batch.Stdin = strings.NewReader("link set ib0 down\nlink set ib0 up\nlink set ib0 mtu 1500\nlink set ib0 mtu 1800\n")
+		if out, err := batch.CombinedOutput(); err != nil {
+			t.Fatalf("ip -batch: %v %s", err, out)
+		}
+		settled(fmt.Sprintf("round %d: ib0 up with MTU 1800 on the device and in the tree", round), func() bool {
+			link := ipOut(t, ns, "link", "show", "ib0")
+			return strings.Contains(link, ",UP") && strings.Contains(link, " mtu 1800 ") &&
+				read("class/net/ib0/operstate") == "up" && read("class/net/ib0/mtu") == "1800"
+		})
 	}
 }

@@ -25,6 +25,7 @@ type bondBridge struct {
 	dev  *kernel.Device
 	bb   *bondBridges
 	done chan struct{}
+	adopter
 }
 
 // bondBridges keeps one bondBridge per bond, made and removed with the bond.
@@ -122,7 +123,9 @@ func (br *bondBridge) onLink(l kernel.Link) {
 		br.logErr(br.dev.SetName(name))
 	}
 	if l.MTUChanged {
-		if err := br.b.SetMTU(l.MTU); err != nil {
+		var err error
+		br.adopt(adoption{mtu: &l.MTU}, func() { err = br.b.SetMTU(l.MTU) })
+		if err != nil {
 			log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, br.b.MTU(), err)
 			br.SetMTU(br.b.MTU())
 		}
@@ -180,7 +183,11 @@ func (br *bondBridge) Deliver(pkts [][]byte) {
 	}
 }
 
-func (br *bondBridge) SetMTU(mtu int)               { br.logErr(br.dev.SetMTU(mtu)) }
+func (br *bondBridge) SetMTU(mtu int) {
+	if !br.adoptedMTU(mtu) {
+		br.logErr(br.dev.SetMTU(mtu))
+	}
+}
 func (br *bondBridge) SetCarrier(on bool)           { br.logErr(br.dev.SetCarrier(on)) }
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }
 

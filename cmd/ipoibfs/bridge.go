@@ -28,6 +28,51 @@ type bridge struct {
 	// sends nothing, and most children are never brought up), or, in stopReader,
 	// marks it as never to start.
 	txOnce sync.Once
+
+	adopter
+}
+
+// adopter records what a device's onLink is making the engine take from the device.
+// The Host calls that change causes must not push that value back: the device may
+// hold a newer one by then (ip link set down; up: the engine's "down" reached the
+// device after the user's "up" and left it down). A different value (an MTU the
+// engine refused or lowered) still goes to the device.
+type adopter struct {
+	adoptMu  sync.Mutex
+	adopting adoption
+}
+
+// adoption is a device's state the engine is being made to follow; nil: none.
+type adoption struct {
+	up  *bool
+	mtu *int
+	txq *uint32
+}
+
+// adopt runs f with a as what is being adopted (onLink's calls into the engine).
+func (d *adopter) adopt(a adoption, f func()) {
+	d.adoptMu.Lock()
+	d.adopting = a
+	d.adoptMu.Unlock()
+	defer func() {
+		d.adoptMu.Lock()
+		d.adopting = adoption{}
+		d.adoptMu.Unlock()
+	}()
+	f()
+}
+
+// adopted reports whether the Host call about to push a value is one of onLink's
+// adoptions: the device had it already.
+func (d *adopter) adopted(match func(a adoption) bool) bool {
+	d.adoptMu.Lock()
+	defer d.adoptMu.Unlock()
+	return match(d.adopting)
+}
+
+// adoptedMTU reports whether mtu is the MTU being adopted.
+func (d *adopter) adoptedMTU(mtu int) bool {
+	return d.adopted(func(a adoption) bool { return a.mtu != nil && *a.mtu == mtu })
 }
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
@@ -84,15 +129,18 @@ func (b *bridge) onLink(l kernel.Link) {
 		name = b.i.Name()
 	}
 	if l.MTUChanged {
-		if err := b.i.SetMTU(l.MTU); err != nil {
-			log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, b.i.MTU(), err)
-		}
+		b.adopt(adoption{mtu: &l.MTU}, func() {
+			if err := b.i.SetMTU(l.MTU); err != nil {
+				log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, b.i.MTU(), err)
+			}
+		})
 		if mtu := b.i.MTU(); mtu != l.MTU {
 			b.SetMTU(mtu) // the effective MTU (datagram: at most the group's)
 		}
 	}
 	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
-		b.i.SetTxQueueLen(uint32(l.TxQLen)) // ip link set txqueuelen: adopted as is
+		q := uint32(l.TxQLen)
+		b.adopt(adoption{txq: &q}, func() { b.i.SetTxQueueLen(q) }) // ip link set txqueuelen: adopted as is
 	}
 	if l.FeaturesChanged {
 		// ethtool -K on the device: the request the engine keeps; the mode's
@@ -106,9 +154,11 @@ func (b *bridge) onLink(l kernel.Link) {
 		b.startReader()
 	}
 	if l.UpChanged {
-		if err := b.i.SetUp(l.Up); err != nil {
-			log.Printf("%s: set %s: %v", name, map[bool]string{true: "up", false: "down"}[l.Up], err)
-		}
+		b.adopt(adoption{up: &l.Up}, func() {
+			if err := b.i.SetUp(l.Up); err != nil {
+				log.Printf("%s: set %s: %v", name, map[bool]string{true: "up", false: "down"}[l.Up], err)
+			}
+		})
 	}
 	if l.Up && (l.MTUChanged || l.UpChanged) {
 		b.ensureLinkLocal()
@@ -300,6 +350,9 @@ func (b *bridge) DeliverFrames(frames [][]byte, offset int) {
 }
 
 func (b *bridge) SetMTU(mtu int) {
+	if b.adoptedMTU(mtu) {
+		return
+	}
 	b.logErr(b.dev.SetMTU(mtu))
 }
 
@@ -309,6 +362,9 @@ func (b *bridge) SetCarrier(on bool) {
 
 // SetTxQueueLen follows a tx_queue_len write.
 func (b *bridge) SetTxQueueLen(n uint32) {
+	if b.adopted(func(a adoption) bool { return a.txq != nil && *a.txq == n }) {
+		return
+	}
 	b.logErr(b.dev.SetTxQueueLen(int(n)))
 }
 
@@ -316,6 +372,9 @@ func (b *bridge) SetTxQueueLen(n uint32) {
 func (b *bridge) SetAdminUp(up bool) {
 	if up {
 		b.startReader()
+	}
+	if b.adopted(func(a adoption) bool { return a.up != nil && *a.up == up }) {
+		return
 	}
 	b.logErr(b.dev.SetUp(up))
 }
