@@ -139,7 +139,10 @@ func (d *Device) report(w *watcher, bits uint32) bool {
 			return false
 		}
 	}
-	if bits&dirtyGone != 0 {
+	// Gone: the monitor saw it go, or its descriptor says the kernel unregistered it
+	// (a deletion whose message the monitor lost to an overrun, after which it marks
+	// every device's link: the index may already name another device by then).
+	if bits&dirtyGone != 0 || d.unregistered() {
 		if !closing() && w.ev.Gone != nil {
 			w.ev.Gone()
 		}

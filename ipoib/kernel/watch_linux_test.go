@@ -331,3 +331,26 @@ func TestWatchRunsNoGoroutineAtRest(t *testing.T) {
 		t.Errorf("ip link set mtu 3000 not reported as an outside change: %+v", l)
 	}
 }
+
+// A device deleted while the monitor's message about it was lost (an overrun: the
+// monitor then marks every device's link) is reported gone at the next look at its
+// link, not as a link change: the kernel unregistered it, whatever its index names
+// now.
+func TestReportSeesALostDeletion(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "g")
+	d := open(t, Config{Name: uniq("g"), MTU: 2044, NetNS: ns})
+	var gone, links int
+	w := &watcher{ev: Events{Gone: func() { gone++ }, Link: func(Link) { links++ }}}
+	if !d.report(w, dirtyLink) || links != 1 {
+		t.Fatalf("the first report of a live device: links %d", links)
+	}
+	if err := nlHandle(t, ns).LinkDel(d.link); err != nil {
+		t.Fatal(err)
+	}
+	if d.report(w, dirtyLink) || gone != 1 || links != 1 {
+		t.Fatalf("after the deletion, a link report: gone %d, links %d; want gone 1 and no link event", gone, links)
+	}
+	d.Close()
+	WaitReleased()
+}
