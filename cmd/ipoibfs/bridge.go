@@ -425,6 +425,11 @@ func (bs *bridges) Create(i *ipoib.Interface) error {
 		return nil
 	case errors.Is(err, kernel.ErrExists):
 		return fmt.Errorf("%w: %v", syscall.EEXIST, err)
+	case errors.Is(err, kernel.ErrNamespaceGone):
+		// ip netns del: the devices made so far live on where nothing leads to them;
+		// new ones are not made in a namespace of the same name made since.
+		log.Printf("%s: %v", i.Name(), err)
+		return fmt.Errorf("%w: %v", syscall.ENODEV, err)
 	case err != nil:
 		return err
 	}

@@ -1241,3 +1241,29 @@ func TestReadDuringDeleteEndsWithErrClosed(t *testing.T) {
 	}
 	WaitReleased()
 }
+
+// A namespace deleted (ip netns del) while this process has devices in it is not
+// quietly made again for the next device, nor replaced by one of the same name made
+// since: the next Open says the namespace is gone.
+func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "n")
+	d := open(t, Config{Name: uniq("n"), MTU: 2044, NetNS: ns}) // creates ns
+	if err := netns.DeleteNamed(ns); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{Name: uniq("n"), MTU: 2044, NetNS: ns}); !errors.Is(err, ErrNamespaceGone) {
+		t.Fatalf("Open in the deleted namespace: %v, want ErrNamespaceGone", err)
+	}
+	if _, err := os.Stat("/run/netns/" + ns); err == nil {
+		t.Fatalf("Open made a new namespace %s", ns)
+	}
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v %s", err, out)
+	}
+	if _, err := Open(Config{Name: uniq("n"), MTU: 2044, NetNS: ns}); !errors.Is(err, ErrNamespaceGone) {
+		t.Fatalf("Open in a namespace of the same name made since: %v, want ErrNamespaceGone", err)
+	}
+	d.Close()
+	WaitReleased()
+}

@@ -15,11 +15,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nsMu serialises get-or-create of named namespaces within this process.
+// nsMu serialises get-or-create of named namespaces within this process, and guards
+// nsSeen.
 var nsMu sync.Mutex
 
-// openNetNS returns a handle of the named network namespace, creating it when missing.
-// "" returns netns.None(): the namespace of the process.
+// nsSeen is the namespace each name stood for when this process first used it.
+var nsSeen = map[string]unix.Stat_t{}
+
+// ErrNamespaceGone: the named namespace was deleted (ip netns del), or deleted and
+// made again, since this process first used it. Its devices are not made in whatever
+// the name stands for now: the devices already made live on in the old namespace
+// (this process holds it), where the name no longer leads.
+var ErrNamespaceGone = errors.New("the network namespace was deleted since this process first used it")
+
+// openNetNS returns a handle of the named network namespace, creating it when missing
+// the first time this process uses the name (ErrNamespaceGone after that). ""
+// returns netns.None(): the namespace of the process.
 func openNetNS(name string) (netns.NsHandle, error) {
 	if name == "" {
 		return netns.None(), nil
@@ -27,6 +38,22 @@ func openNetNS(name string) (netns.NsHandle, error) {
 	nsMu.Lock()
 	defer nsMu.Unlock()
 	h, err := getNetNS(name)
+	if seen, ok := nsSeen[name]; ok {
+		var st unix.Stat_t
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return netns.None(), fmt.Errorf("network namespace %q: %w", name, ErrNamespaceGone)
+		case err != nil:
+			return h, err
+		case unix.Fstat(int(h), &st) != nil || st.Dev != seen.Dev || st.Ino != seen.Ino:
+			h.Close()
+			return netns.None(), fmt.Errorf("network namespace %q: %w (and made again)", name, ErrNamespaceGone)
+		}
+		return h, nil
+	}
+	if err == nil {
+		remember(name, h)
+	}
 	if err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return h, err
 	}
@@ -46,11 +73,24 @@ func openNetNS(name string) (netns.NsHandle, error) {
 	r := <-ch
 	if r.err != nil {
 		if errors.Is(r.err, fs.ErrExist) { // created by someone else meanwhile
-			return getNetNS(name)
+			h, err := getNetNS(name)
+			if err == nil {
+				remember(name, h)
+			}
+			return h, err
 		}
 		return netns.None(), fmt.Errorf("create network namespace %q: %w", name, r.err)
 	}
+	remember(name, r.h)
 	return r.h, nil
+}
+
+// remember records what name stands for now. Called with nsMu held.
+func remember(name string, h netns.NsHandle) {
+	var st unix.Stat_t
+	if unix.Fstat(int(h), &st) == nil {
+		nsSeen[name] = st
+	}
 }
 
 // getNetNS opens /run/netns/NAME and checks that it is a namespace file.
