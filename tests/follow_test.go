@@ -460,3 +460,39 @@ func TestFollowQuickSuccession(t *testing.T) {
 		})
 	}
 }
+
+// The carrier is the engine's: `ip link set ib0 carrier off` (which an IPoIB netdev
+// refuses and a TUN takes) is put back at once, and a device made again after `ip
+// link del ib0` reports operstate up as the first one did (its carrier goes from off
+// to on, which the kernel needs to leave "unknown").
+func TestFollowCarrierIsTheEngines(t *testing.T) {
+	td := treeStart(t, "fc", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	operstate := func() string {
+		out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, "cat", "/sys/class/net/ib0/operstate")
+		return strings.TrimSpace(out)
+	}
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s\nip link: %s\nlog:\n%s", what, ipOut(t, ns, "link", "show", "ib0"), td.log)
+			}
+		}
+	}
+	until("operstate up on a fresh device", func() bool { return operstate() == "up" })
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "carrier", "off")
+	until("the carrier put back", func() bool {
+		return strings.Contains(ipOut(t, ns, "link", "show", "ib0"), "LOWER_UP") && operstate() == "up"
+	})
+	if !strings.Contains(td.log.String(), "ib0: carrier changed outside ipoibfs, put back to true") {
+		t.Errorf("the put-back is not logged:\n%s", td.log)
+	}
+	old := ipOut(t, ns, "link", "show", "ib0")
+	mustRun(t, "ip", "-n", ns, "link", "del", "ib0")
+	until("ib0 made again, up, with operstate up", func() bool {
+		l := ipOut(t, ns, "link", "show", "ib0")
+		return l != old && strings.Contains(l, "LOWER_UP") && operstate() == "up"
+	})
+}

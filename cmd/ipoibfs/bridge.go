@@ -128,6 +128,9 @@ func (b *bridge) onLink(l kernel.Link) {
 		}
 		name = b.i.Name()
 	}
+	if l.CarrierPutBack {
+		log.Printf("%s: carrier changed outside ipoibfs, put back to %v (the port's and the broadcast group's)", name, b.i.Carrier())
+	}
 	if l.MTUChanged {
 		b.adopt(adoption{mtu: &l.MTU}, func() {
 			if err := b.i.SetMTU(l.MTU); err != nil {

@@ -59,6 +59,7 @@ type Device struct {
 	up        bool        // IFF_UP as last set or reported (under setMu)
 	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
 	featKnown bool
+	carrier   bool // as last set (under setMu): a device starts without one
 
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
@@ -170,6 +171,12 @@ func Open(cfg Config) (_ *Device, err error) {
 			return nil, fail("set MTU %d: %w", cfg.MTU, err)
 		}
 		d.mtu.Store(int64(cfg.MTU))
+	}
+	// No carrier until the engine says so (a TUN starts with one): its first
+	// SetCarrier(true) is then a transition, which makes the kernel's operstate "up"
+	// (it stays "unknown" on a carrier never switched).
+	if err := d.ioctl(func(fd int) error { return unix.IoctlSetPointerInt(fd, unix.TUNSETCARRIER, 0) }); err != nil {
+		return nil, fail("clear carrier: %w", err)
 	}
 	// Probe UDP segmentation offload (Linux >= 6.2) once.
 	d.uso = d.ioctlOffload(tunCsum|tunTSO|tunUSO) == nil
@@ -711,16 +718,26 @@ func (d *Device) SetUp(up bool) error {
 // route through it.
 func (d *Device) SetCarrier(on bool) error {
 	return d.control(func() error {
-		v := 0
-		if on {
-			v = 1
-		}
-		err := d.ioctl(func(fd int) error { return unix.IoctlSetPointerInt(fd, unix.TUNSETCARRIER, v) })
-		if err != nil {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
+		if err := d.setCarrierLocked(on); err != nil {
 			return d.errorf("set carrier %v: %w", on, err)
 		}
 		return nil
 	})
+}
+
+// setCarrierLocked sets the carrier and records it. Called with setMu held.
+func (d *Device) setCarrierLocked(on bool) error {
+	v := 0
+	if on {
+		v = 1
+	}
+	if err := d.ioctl(func(fd int) error { return unix.IoctlSetPointerInt(fd, unix.TUNSETCARRIER, v) }); err != nil {
+		return err
+	}
+	d.carrier = on
+	return nil
 }
 
 // Addrs returns the addresses the kernel has on the device (in its namespace), IPv4

@@ -97,11 +97,16 @@ func testNS(t *testing.T, letter string) string {
 	return name
 }
 
+// open opens a device with its carrier on, as the engine sets it once its port is
+// active (a device comes out of Open without one).
 func open(t *testing.T, cfg Config) *Device {
 	t.Helper()
 	d, err := Open(cfg)
 	if err != nil {
 		t.Fatalf("Open(%+v): %v", cfg, err)
+	}
+	if err := d.SetCarrier(true); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := d.Close(); err != nil {
@@ -586,6 +591,19 @@ func TestTransferConfigurations(t *testing.T) {
 func TestControl(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "c")
+	// A device comes out of Open without a carrier (the engine's to give: its first
+	// carrier is then a transition, which takes the kernel's operstate to "up").
+	fresh, err := Open(Config{Name: uniq("c"), MTU: 2044, NetNS: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, fresh.Name()); !strings.Contains(out, "NO-CARRIER") {
+		t.Errorf("a device fresh from Open, up: %s, want NO-CARRIER", out)
+	}
+	fresh.Close()
 	d := open(t, Config{Name: uniq("c"), MTU: 2044, NetNS: ns})
 	name := d.Name()
 

@@ -175,6 +175,9 @@ type Link struct {
 	// this package last set or reported: someone else (ip link, ifconfig, ethtool -K)
 	// changed it.
 	MTUChanged, UpChanged, FeaturesChanged bool
+	// CarrierPutBack says someone changed the carrier (ip link set carrier) and it was
+	// put back to what the engine set.
+	CarrierPutBack bool
 }
 
 // Events are the functions Device.Watch calls; nil ones are not called.

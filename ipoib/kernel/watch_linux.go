@@ -191,6 +191,15 @@ func (d *Device) linkState() (Link, error) {
 		}
 		a := nl.Attrs()
 		l = Link{Name: a.Name, MTU: a.MTU, Up: a.RawFlags&unix.IFF_UP != 0, Flags: a.RawFlags, TxQLen: a.TxQLen}
+		// The carrier is the engine's (an IPoIB netdev has no ndo_change_carrier, so
+		// ip link set carrier is refused there; a TUN takes it): one someone changed
+		// on an up device is put back at once.
+		if lowerUp := a.RawFlags&unix.IFF_LOWER_UP != 0; l.Up && lowerUp != d.carrier {
+			if err := d.setCarrierLocked(d.carrier); err == nil {
+				l.CarrierPutBack = true
+				l.Flags ^= unix.IFF_LOWER_UP
+			}
+		}
 		l.MTUChanged = int64(a.MTU) != d.mtu.Load()
 		l.UpChanged = l.Up != d.up
 		d.mtu.Store(int64(a.MTU))
