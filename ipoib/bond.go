@@ -322,10 +322,20 @@ func (bs *Bonds) Create(name string) (*Bond, error) {
 // Delete removes a bond (its slaves are released first, as unregistering a bond
 // does): ENODEV when there is no such bond.
 func (bs *Bonds) Delete(name string) error {
+	return bs.deleteWhere(name, func(x *Bond) bool { return x.name == name })
+}
+
+// DeleteBond deletes b if it is still a bond (its device was deleted with ip link): by
+// the bond itself, not its name, which a bond made since may have taken.
+func (bs *Bonds) DeleteBond(b *Bond) error {
+	return bs.deleteWhere(b.Name(), func(x *Bond) bool { return x == b })
+}
+
+func (bs *Bonds) deleteWhere(name string, match func(*Bond) bool) error {
 	bs.mu.Lock()
 	var b *Bond
 	for k, x := range bs.list {
-		if x.name == name {
+		if match(x) {
 			b = x
 			bs.list = slices.Delete(bs.list, k, k+1)
 			break

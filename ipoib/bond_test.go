@@ -506,3 +506,32 @@ func FuzzBondOptions(f *testing.F) {
 		}
 	})
 }
+
+// DeleteBond deletes the bond it is given, not one that took its name since: a device
+// deleted with ip link (whose handler runs after the delete) must not take a bond0
+// made again in the meantime with it.
+func TestDeleteBondIsByBond(t *testing.T) {
+	r := newRig(t)
+	bonds := NewBonds(r.engine("a", 1, Options{}))
+	t.Cleanup(bonds.Close)
+	old, err := bonds.Create("bond0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bonds.Delete("bond0"); err != nil {
+		t.Fatal(err)
+	}
+	made, err := bonds.Create("bond0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bonds.DeleteBond(old); !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("DeleteBond of a deleted bond: %v, want ENODEV", err)
+	}
+	if got := bonds.List(); len(got) != 1 || got[0] != made {
+		t.Fatalf("bonds after deleting the old bond0 again: %v, want the new bond0", got)
+	}
+	if err := bonds.DeleteBond(made); err != nil || len(bonds.List()) != 0 {
+		t.Fatalf("DeleteBond of the new bond0: %v, %d bonds left", err, len(bonds.List()))
+	}
+}

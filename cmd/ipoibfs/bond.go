@@ -157,7 +157,7 @@ func (br *bondBridge) ensureLinkLocal() {
 func (br *bondBridge) onGone() {
 	go func() {
 		log.Printf("%s: device deleted with ip link; deleting the bond", br.b.Name())
-		if err := br.bb.bonds.Delete(br.b.Name()); err != nil {
+		if err := br.bb.bonds.DeleteBond(br.b); err != nil {
 			log.Printf("%s: %v", br.b.Name(), err)
 		}
 	}()
