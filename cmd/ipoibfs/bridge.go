@@ -235,8 +235,11 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 				log.Printf("%s: wait for the kernel: %v", name(), err)
 			}
 		}
-		// At the headroom a 64 KiB packet of connected mode is read in place.
-		if size := kernel.ReadBufferLen(mtu()); len(bufs) != n || len(bufs[0]) < size {
+		// At the headroom a 64 KiB packet of connected mode is read in place. Sized
+		// for the larger of the two MTUs: while the device's is above the engine's
+		// (an ip link set mtu the engine has not followed yet, or is putting back)
+		// a read with smaller buffers fails, and the engine drops what is too long.
+		if size := kernel.ReadBufferLen(max(mtu(), dev.MTU())); len(bufs) != n || len(bufs[0]) < size {
 			bufs = segmentBuffers(size, n)
 		}
 		if len(sizes) != n {

@@ -268,6 +268,9 @@ func (d *Device) release() {
 // Index returns the kernel's interface index of the device.
 func (d *Device) Index() int { return d.index }
 
+// MTU is the device's MTU as this package last set or saw it (ip link set mtu).
+func (d *Device) MTU() int { return int(d.mtu.Load()) }
+
 // Name returns the interface name.
 func (d *Device) Name() string { return d.name }
 

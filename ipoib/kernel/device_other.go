@@ -126,6 +126,9 @@ func (d *Device) SetSpeed(mbps int) error { return d.unsupported() }
 // Index returns 0.
 func (d *Device) Index() int { return 0 }
 
+// MTU is the device's MTU.
+func (d *Device) MTU() int { return 0 }
+
 // AddAddr is not supported.
 func (d *Device) AddAddr(p netip.Prefix, broadcast netip.Addr) error { return d.unsupported() }
 
