@@ -98,7 +98,7 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	// The device follows the interface: a child is created down, as the driver
 	// registers it, and comes up with `ip link set up` or with its parent.
 	if err := dev.SetUp(i.IsUp()); err != nil {
-		dev.Close()
+		b.close() // the interface forgets the device it was just given
 		return nil, err
 	}
 	// From here the interface follows the device: what ip link, ifconfig and the
