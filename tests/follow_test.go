@@ -21,22 +21,7 @@ func TestFollowLinkChanges(t *testing.T) {
 	td := treeStart(t, "fl", "")
 	ns := td.ns
 	waitLink(t, ns, "ib0")
-	// read is "" for a file that does not exist (yet, or any more): the waits below
-	// poll until the tree has followed the device.
-	read := func(p string) string {
-		b, _ := os.ReadFile(td.path(p))
-		return strings.TrimSpace(string(b))
-	}
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s\nip link: %s\nlog:\n%s", what, ipOut(t, ns, "link", "show"), td.log)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	read, until := followHelpers(t, td)
 	devMTU := func(dev string) string {
 		_, rest, _ := strings.Cut(ipOut(t, ns, "link", "show", dev), " mtu ")
 		mtu, _, _ := strings.Cut(rest, " ")
@@ -425,10 +410,7 @@ func TestFollowQuickSuccession(t *testing.T) {
 	td := treeStart(t, "fq", "")
 	ns := td.ns
 	waitLink(t, ns, "ib0")
-	read := func(p string) string {
-		b, _ := os.ReadFile(td.path(p))
-		return strings.TrimSpace(string(b))
-	}
+	read, _ := followHelpers(t, td)
 	settled := func(what string, ok func() bool) {
 		t.Helper()
 		// Settled: true for 200 ms running (a late push back would show in that time).
@@ -473,14 +455,7 @@ func TestFollowCarrierIsTheEngines(t *testing.T) {
 		out, _ := run(t, 10*time.Second, "ip", "netns", "exec", ns, "cat", "/sys/class/net/ib0/operstate")
 		return strings.TrimSpace(out)
 	}
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s\nip link: %s\nlog:\n%s", what, ipOut(t, ns, "link", "show", "ib0"), td.log)
-			}
-		}
-	}
+	_, until := followHelpers(t, td)
 	until("operstate up on a fresh device", func() bool { return operstate() == "up" })
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "carrier", "off")
 	until("the carrier put back", func() bool {
@@ -495,4 +470,23 @@ func TestFollowCarrierIsTheEngines(t *testing.T) {
 		l := ipOut(t, ns, "link", "show", "ib0")
 		return l != old && strings.Contains(l, "LOWER_UP") && operstate() == "up"
 	})
+}
+
+// followHelpers returns read, a tree file's content ("" for a file that does not
+// exist, yet or any more), and until, which polls ok for up to 10 s and fails showing
+// ip link and the log: the waits poll until the tree has followed the device.
+func followHelpers(t *testing.T, td *treeDaemon) (read func(p string) string, until func(what string, ok func() bool)) {
+	read = func(p string) string {
+		b, _ := os.ReadFile(td.path(p))
+		return strings.TrimSpace(string(b))
+	}
+	until = func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s\nip link: %s\nlog:\n%s", what, ipOut(t, td.ns, "link", "show"), td.log)
+			}
+		}
+	}
+	return read, until
 }
