@@ -59,6 +59,9 @@ func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 		return nil
 	case errors.Is(err, kernel.ErrExists):
 		return fmt.Errorf("%w: %v", syscall.EEXIST, err)
+	case errors.Is(err, kernel.ErrNamespaceGone):
+		log.Printf("%s: %v", b.Name(), err)
+		return fmt.Errorf("%w: %v", syscall.ENODEV, err)
 	case err != nil:
 		return err
 	}
@@ -184,9 +187,11 @@ func (br *bondBridge) Deliver(pkts [][]byte) {
 }
 
 func (br *bondBridge) SetMTU(mtu int) {
-	if !br.adoptedMTU(mtu) {
-		br.logErr(br.dev.SetMTU(mtu))
+	if br.adoptedMTU(mtu) {
+		br.logErr(br.dev.SetMTUIfChanged(mtu))
+		return
 	}
+	br.logErr(br.dev.SetMTU(mtu))
 }
 func (br *bondBridge) SetCarrier(on bool)           { br.logErr(br.dev.SetCarrier(on)) }
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }

@@ -33,10 +33,12 @@ type bridge struct {
 }
 
 // adopter records what a device's onLink is making the engine take from the device.
-// The Host calls that change causes must not push that value back: the device may
-// hold a newer one by then (ip link set down; up: the engine's "down" reached the
-// device after the user's "up" and left it down). A different value (an MTU the
-// engine refused or lowered) still goes to the device.
+// The Host calls that change causes push that value only if the device does not hold
+// it as far as the kernel package knows (kernel.Device's ...IfChanged): the device
+// may hold a newer one by then (ip link set down; up: the engine's "down" reached the
+// device after the user's "up" and left it down), but if the engine changed the
+// device meanwhile, the adopted value must still reach it. A different value (an MTU
+// the engine refused or lowered) goes to the device as always.
 type adopter struct {
 	adoptMu  sync.Mutex
 	adopting adoption
@@ -63,7 +65,7 @@ func (d *adopter) adopt(a adoption, f func()) {
 }
 
 // adopted reports whether the Host call about to push a value is one of onLink's
-// adoptions: the device had it already.
+// adoptions.
 func (d *adopter) adopted(match func(a adoption) bool) bool {
 	d.adoptMu.Lock()
 	defer d.adoptMu.Unlock()
@@ -218,6 +220,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 	// fails counts the reads that failed in a row: a lasting error is logged at 1, 2,
 	// 4, 8, ... failures and waited out with a growing pause, so it cannot spin the loop.
 	var fails int
+	var floor int // the buffer size a kept packet needs, until it is read
 	for {
 		// A batch of buffers at the current MTU, not of 64 KiB each (with thousands
 		// of children that was 8 MiB per device): one super-packet's segments, or
@@ -239,7 +242,9 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 		// for the larger of the two MTUs: while the device's is above the engine's
 		// (an ip link set mtu the engine has not followed yet, or is putting back)
 		// a read with smaller buffers fails, and the engine drops what is too long.
-		if size := kernel.ReadBufferLen(max(mtu(), dev.MTU())); len(bufs) != n || len(bufs[0]) < size {
+		// (Made again when the size changes either way: a moment of a large MTU the
+		// engine refused must not leave a child's reader with 8 MiB for good.)
+		if size := max(kernel.ReadBufferLen(max(mtu(), dev.MTU())), floor); len(bufs) != n || len(bufs[0]) != size {
 			bufs = segmentBuffers(size, n)
 		}
 		if len(sizes) != n {
@@ -258,7 +263,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 			if need, ok := kernel.ShortBuffer(err); ok {
 				// The MTU grew while this read waited (a switch to connected mode):
 				// the packet is kept for a read with buffers that hold it.
-				bufs = segmentBuffers(kernel.ReadBufferLen(max(need, mtu())), n)
+				floor = kernel.ReadBufferLen(max(need, mtu()))
 				continue
 			}
 			fails++
@@ -268,7 +273,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 			time.Sleep(min(time.Duration(fails-1)*time.Millisecond, time.Second))
 			continue
 		}
-		fails = 0
+		fails, floor = 0, 0
 		groups := false
 		for k := 0; k < c; k++ {
 			pkts[k] = bufs[k][kernel.ReadHeadroom : kernel.ReadHeadroom+sizes[k]]
@@ -357,6 +362,7 @@ func (b *bridge) DeliverFrames(frames [][]byte, offset int) {
 
 func (b *bridge) SetMTU(mtu int) {
 	if b.adoptedMTU(mtu) {
+		b.logErr(b.dev.SetMTUIfChanged(mtu))
 		return
 	}
 	b.logErr(b.dev.SetMTU(mtu))
@@ -369,6 +375,7 @@ func (b *bridge) SetCarrier(on bool) {
 // SetTxQueueLen follows a tx_queue_len write.
 func (b *bridge) SetTxQueueLen(n uint32) {
 	if b.adopted(func(a adoption) bool { return a.txq != nil && *a.txq == n }) {
+		b.logErr(b.dev.SetTxQueueLenIfChanged(int(n)))
 		return
 	}
 	b.logErr(b.dev.SetTxQueueLen(int(n)))
@@ -380,6 +387,7 @@ func (b *bridge) SetAdminUp(up bool) {
 		b.startReader()
 	}
 	if b.adopted(func(a adoption) bool { return a.up != nil && *a.up == up }) {
+		b.logErr(b.dev.SetUpIfChanged(up))
 		return
 	}
 	b.logErr(b.dev.SetUp(up))

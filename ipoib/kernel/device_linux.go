@@ -60,6 +60,8 @@ type Device struct {
 	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
 	featKnown bool
 	carrier   bool // as last set (under setMu): a device starts without one
+	txq       int  // txqueuelen as last set or seen (under setMu), once txqKnown
+	txqKnown  bool
 
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
@@ -80,10 +82,12 @@ type Device struct {
 }
 
 // Open creates the TUN device cfg.Name in cfg.NetNS (creating the namespace when
-// missing), sets its MTU and offloads, and returns it administratively down with
-// carrier on. Errors name the device and the reason; errors.Is(err, ErrUnavailable)
-// reports that the kernel bridge cannot work here (no /dev/net/tun, no privilege), and
-// errors.Is(err, ErrExists) that the name is taken in that namespace.
+// missing), sets its MTU and offloads, and returns it administratively down without a
+// carrier (SetCarrier gives it one). Errors name the device and the reason;
+// errors.Is(err, ErrUnavailable) reports that the kernel bridge cannot work here (no
+// /dev/net/tun, no privilege), errors.Is(err, ErrExists) that the name is taken in
+// that namespace, and errors.Is(err, ErrNamespaceGone) that the namespace was deleted
+// while this process had devices in it.
 func Open(cfg Config) (_ *Device, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -587,10 +591,22 @@ func (d *Device) ioctlOffload(flags int) error {
 }
 
 // SetMTU changes the MTU of the kernel device (in its namespace).
-func (d *Device) SetMTU(mtu int) error {
+func (d *Device) SetMTU(mtu int) error { return d.setMTU(mtu, false) }
+
+// SetMTUIfChanged, SetUpIfChanged and SetTxQueueLenIfChanged set the value unless the
+// device holds it as this package last set or saw it. They are for a value the engine
+// took from the device (ip link set): pushing it back would undo a newer one someone
+// set since, which the device holds then as far as this package knows, whereas a
+// device this package changed meanwhile (the engine's own change) must get it.
+func (d *Device) SetMTUIfChanged(mtu int) error { return d.setMTU(mtu, true) }
+
+func (d *Device) setMTU(mtu int, ifChanged bool) error {
 	return d.control(func() error {
 		d.setMu.Lock()
 		defer d.setMu.Unlock()
+		if ifChanged && d.mtu.Load() == int64(mtu) {
+			return nil
+		}
 		if err := d.h.LinkSetMTU(d.link, mtu); err != nil {
 			return d.errorf("set MTU %d: %w", mtu, err)
 		}
@@ -688,20 +704,39 @@ func (d *Device) SetName(name string) error {
 }
 
 // SetTxQueueLen sets the device's transmit queue length.
-func (d *Device) SetTxQueueLen(n int) error {
+func (d *Device) SetTxQueueLen(n int) error { return d.setTxQueueLen(n, false) }
+
+// SetTxQueueLenIfChanged: see SetMTUIfChanged.
+func (d *Device) SetTxQueueLenIfChanged(n int) error { return d.setTxQueueLen(n, true) }
+
+func (d *Device) setTxQueueLen(n int, ifChanged bool) error {
 	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
+		if ifChanged && d.txqKnown && d.txq == n {
+			return nil
+		}
 		if err := d.h.LinkSetTxQLen(d.link, n); err != nil {
 			return d.errorf("set txqueuelen %d: %w", n, err)
 		}
+		d.txq, d.txqKnown = n, true
 		return nil
 	})
 }
 
 // SetUp sets or clears IFF_UP on the kernel device.
-func (d *Device) SetUp(up bool) error {
+func (d *Device) SetUp(up bool) error { return d.setUp(up, false) }
+
+// SetUpIfChanged: see SetMTUIfChanged.
+func (d *Device) SetUpIfChanged(up bool) error { return d.setUp(up, true) }
+
+func (d *Device) setUp(up, ifChanged bool) error {
 	return d.control(func() error {
 		d.setMu.Lock()
 		defer d.setMu.Unlock()
+		if ifChanged && d.up == up {
+			return nil
+		}
 		var err error
 		if up {
 			err = d.h.LinkSetUp(d.link)

@@ -1262,7 +1262,8 @@ func TestReadDuringDeleteEndsWithErrClosed(t *testing.T) {
 
 // A namespace deleted (ip netns del) while this process has devices in it is not
 // quietly made again for the next device, nor replaced by one of the same name made
-// since: the next Open says the namespace is gone.
+// since: the next Open says the namespace is gone, until the old namespace's devices
+// are gone too.
 func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "n")
@@ -1282,6 +1283,62 @@ func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
 	if _, err := Open(Config{Name: uniq("n"), MTU: 2044, NetNS: ns}); !errors.Is(err, ErrNamespaceGone) {
 		t.Fatalf("Open in a namespace of the same name made since: %v, want ErrNamespaceGone", err)
 	}
+	// Once this process has no device left in the old namespace, the name is free to
+	// mean the new one (a daemon run again in the same process, a test's -count=2).
 	d.Close()
 	WaitReleased()
+	again, err := Open(Config{Name: uniq("n"), MTU: 2044, NetNS: ns})
+	if err != nil {
+		t.Fatalf("Open once the old namespace's devices are gone: %v", err)
+	}
+	again.Close()
+	WaitReleased()
+}
+
+// The ...IfChanged setters push a value unless the device holds it as far as this
+// package knows: a value someone set since (not yet seen) stays; a device this package
+// changed meanwhile gets the value.
+func TestSetIfChanged(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "i")
+	d := open(t, Config{Name: uniq("i"), MTU: 2044, NetNS: ns})
+	name := d.Name()
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"-n", ns, "link", "set", name}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip link set %v: %v %s", args, err, out)
+		}
+	}
+	ip("mtu", "2000") // someone's, not seen by the package (no watch)
+	if err := d.SetMTUIfChanged(2044); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); !strings.Contains(out, "mtu 2000") {
+		t.Errorf("SetMTUIfChanged(2044) over someone's 2000: %s, want 2000 kept", out)
+	}
+	if err := d.SetMTU(1800); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetMTUIfChanged(2000); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); !strings.Contains(out, "mtu 2000") {
+		t.Errorf("SetMTUIfChanged(2000) after the package's own 1800: %s, want 2000", out)
+	}
+	ip("up")
+	if err := d.SetUpIfChanged(false); err != nil { // the package last saw it down
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); !strings.Contains(out, ",UP") && !strings.Contains(out, "<UP") {
+		t.Errorf("SetUpIfChanged(false) over someone's up: %s, want up kept", out)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetUpIfChanged(false); err != nil {
+		t.Fatal(err)
+	}
+	if out := linkShow(t, ns, name); strings.Contains(out, ",UP") || strings.Contains(out, "<UP") {
+		t.Errorf("SetUpIfChanged(false) after the package's own up: %s, want down", out)
+	}
 }

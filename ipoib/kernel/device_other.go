@@ -64,6 +64,9 @@ func (d *Device) Write(pkts [][]byte) (int, error) { return 0, d.unsupported() }
 // SetMTU is not supported.
 func (d *Device) SetMTU(mtu int) error { return d.unsupported() }
 
+// SetMTUIfChanged sets the MTU unless the device holds it.
+func (d *Device) SetMTUIfChanged(mtu int) error { return d.unsupported() }
+
 // SetOffloads is not supported.
 func (d *Device) SetOffloads(o Offloads) error { return d.unsupported() }
 
@@ -72,6 +75,9 @@ func (d *Device) Offloads() Offloads { return Offloads{} }
 
 // SetUp is not supported.
 func (d *Device) SetUp(up bool) error { return d.unsupported() }
+
+// SetUpIfChanged sets IFF_UP unless the device holds it.
+func (d *Device) SetUpIfChanged(up bool) error { return d.unsupported() }
 
 // SetCarrier is not supported.
 func (d *Device) SetCarrier(on bool) error { return d.unsupported() }
@@ -108,6 +114,9 @@ func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported()
 
 // SetTxQueueLen is not supported.
 func (d *Device) SetTxQueueLen(n int) error { return d.unsupported() }
+
+// SetTxQueueLenIfChanged sets txqueuelen unless the device holds it.
+func (d *Device) SetTxQueueLenIfChanged(n int) error { return d.unsupported() }
 
 // SetName is not supported.
 func (d *Device) SetName(name string) error { return d.unsupported() }

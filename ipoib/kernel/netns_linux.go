@@ -19,18 +19,19 @@ import (
 // nsSeen.
 var nsMu sync.Mutex
 
-// nsSeen is the namespace each name stood for when this process first used it.
-var nsSeen = map[string]unix.Stat_t{}
+// nsSeen is the namespace (nsKey) each name stood for when this process last opened
+// it.
+var nsSeen = map[string]string{}
 
 // ErrNamespaceGone: the named namespace was deleted (ip netns del), or deleted and
-// made again, since this process first used it. Its devices are not made in whatever
-// the name stands for now: the devices already made live on in the old namespace
-// (this process holds it), where the name no longer leads.
-var ErrNamespaceGone = errors.New("the network namespace was deleted since this process first used it")
+// made again, while this process had devices in it. New devices are not made in
+// whatever the name stands for now: the devices already made live on in the old
+// namespace (this process holds it), where the name no longer leads.
+var ErrNamespaceGone = errors.New("the network namespace was deleted while this process had devices in it")
 
-// openNetNS returns a handle of the named network namespace, creating it when missing
-// the first time this process uses the name (ErrNamespaceGone after that). ""
-// returns netns.None(): the namespace of the process.
+// openNetNS returns a handle of the named network namespace, creating it when missing,
+// unless the name stood for another namespace in which this process still has devices
+// (ErrNamespaceGone). "" returns netns.None(): the namespace of the process.
 func openNetNS(name string) (netns.NsHandle, error) {
 	if name == "" {
 		return netns.None(), nil
@@ -38,14 +39,13 @@ func openNetNS(name string) (netns.NsHandle, error) {
 	nsMu.Lock()
 	defer nsMu.Unlock()
 	h, err := getNetNS(name)
-	if seen, ok := nsSeen[name]; ok {
-		var st unix.Stat_t
+	if seen, ok := nsSeen[name]; ok && held(seen) {
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			return netns.None(), fmt.Errorf("network namespace %q: %w", name, ErrNamespaceGone)
 		case err != nil:
 			return h, err
-		case unix.Fstat(int(h), &st) != nil || st.Dev != seen.Dev || st.Ino != seen.Ino:
+		case nsKey(h) != seen:
 			h.Close()
 			return netns.None(), fmt.Errorf("network namespace %q: %w (and made again)", name, ErrNamespaceGone)
 		}
@@ -86,11 +86,13 @@ func openNetNS(name string) (netns.NsHandle, error) {
 }
 
 // remember records what name stands for now. Called with nsMu held.
-func remember(name string, h netns.NsHandle) {
-	var st unix.Stat_t
-	if unix.Fstat(int(h), &st) == nil {
-		nsSeen[name] = st
-	}
+func remember(name string, h netns.NsHandle) { nsSeen[name] = nsKey(h) }
+
+// held reports whether devices of this process hold the namespace (its worker runs).
+func held(key string) bool {
+	workersMu.Lock()
+	defer workersMu.Unlock()
+	return workers[key] != nil
 }
 
 // getNetNS opens /run/netns/NAME and checks that it is a namespace file.

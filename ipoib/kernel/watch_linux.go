@@ -204,6 +204,7 @@ func (d *Device) linkState() (Link, error) {
 		l.UpChanged = l.Up != d.up
 		d.mtu.Store(int64(a.MTU))
 		d.up = l.Up
+		d.txq, d.txqKnown = a.TxQLen, true
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
 			l.FeaturesChanged = d.featKnown && f != d.feat
