@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -249,4 +250,29 @@ func TestOutstandingBound(t *testing.T) {
 	if n := <-got; n != 5 {
 		t.Fatalf("after one reply, request %d read", n)
 	}
+}
+
+// Whatever a Tattach names (uname from the wire, n_uname), a connection the kernel
+// identified as a user other than root acts as that user or not at all, nobody's
+// remote connection stays nobody, and the NoNetAdminUname form never grants
+// CAP_NET_ADMIN.
+func FuzzAttachAs(f *testing.F) {
+	for _, s := range []string{"", "root", "1000", NoNetAdminUname(0), NoNetAdminUname(1000), "ipoibfs:-cap_net_admin:", "ipoibfs:-cap_net_admin:x"} {
+		f.Add(s, uint32(p9.NoUID))
+		f.Add(s, uint32(0))
+	}
+	f.Fuzz(func(t *testing.T, uname string, uid uint32) {
+		user := connIdentity{who: fs.Caller{UID: 1000, Via: "9p", NetAdmin: true}, fromKernel: true}
+		if c, err := user.attachAs(uname, p9.UID(uid)); err == nil && c.UID != 1000 {
+			t.Fatalf("uid 1000's connection attached as %d with %q/%d", c.UID, uname, uid)
+		}
+		remote := connIdentity{who: fs.Caller{UID: fs.Nobody, Via: "9p"}}
+		if c, err := remote.attachAs(uname, p9.UID(uid)); err == nil && (c.UID != fs.Nobody || c.NetAdmin) {
+			t.Fatalf("an untrusted remote attached as %d (CAP_NET_ADMIN %v) with %q/%d", c.UID, c.NetAdmin, uname, uid)
+		}
+		root := connIdentity{who: fs.Caller{UID: 0, Via: "9p", NetAdmin: true}, fromKernel: true}
+		if c, err := root.attachAs(uname, p9.UID(uid)); err == nil && strings.HasPrefix(uname, noNetAdminPrefix) && p9.UID(uid) == p9.NoUID && c.NetAdmin {
+			t.Fatalf("%q attached with CAP_NET_ADMIN", uname)
+		}
+	})
 }
