@@ -1142,14 +1142,20 @@ func TestDeleteLeavesNoThreads(t *testing.T) {
 	}
 }
 
-// threads is the number of threads of this process (prometheus/procfs).
-func threads(t *testing.T) int {
+// self is this process in prometheus/procfs.
+func self(t *testing.T) procfs.Proc {
 	t.Helper()
 	p, err := procfs.Self()
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := p.Stat()
+	return p
+}
+
+// threads is the number of threads of this process.
+func threads(t *testing.T) int {
+	t.Helper()
+	st, err := self(t).Stat()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1162,11 +1168,7 @@ func TestDeviceHoldsOneFileDescriptor(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "f")
 	fds := func() int {
-		p, err := procfs.Self()
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := p.FileDescriptorsLen()
+		n, err := self(t).FileDescriptorsLen()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -178,14 +178,8 @@ func handlerQP(t *testing.T, h *HCA, handler func() bool, bufs int) (verbs.QP, v
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []verbs.QPModify{
-		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, QKey: 0x0b1b},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
-	} {
-		if err := qp.Modify(m); err != nil {
-			t.Fatal(err)
-		}
+	if err := udToRTS(qp, 0, 0x0b1b); err != nil {
+		t.Fatal(err)
 	}
 	postBufs(t, qp, bufs)
 	return qp, rcq
