@@ -571,7 +571,7 @@ func (i *Interface) cmDrainRxLocked() {
 		r.wcs = make([]verbs.WC, recvBatch) // at the first completion, as the UD drain's
 	}
 	for n := i.cmRcq.Poll(r.wcs); n > 0; n = i.cmRcq.Poll(r.wcs) {
-		deliver, frames, re, local := r.deliver[:0], r.frames[:0], r.cmRe[:0], r.local[:0]
+		frames, re, local := r.frames[:0], r.cmRe[:0], r.local[:0]
 		now := i.e.clk.Now()
 		i.dmu.Lock()
 		host := i.upperHost() // its own, or its bond's (bond.go)
@@ -614,25 +614,33 @@ func (i *Interface) cmDrainRxLocked() {
 			}
 			i.stats.rxPackets.Add(1)
 			i.stats.rxBytes.Add(uint64(len(pkt)))
-			deliver = append(deliver, pkt)
 			frames = append(frames, buf[:cmRxHeadroom+wc.ByteLen])
 		}
 		i.dmu.Unlock()
 		i.handleLocal(local) // before the buffers are posted again below
-		if len(deliver) > 0 {
+		if len(frames) > 0 {
 			const off = cmRxHeadroom + encapLen // where each frame's packet starts
 			if fh, ok := host.(FrameHost); ok && fh.FrameHeadroom() <= off {
 				fh.DeliverFrames(frames, off) // in place: a 64 KiB copy less each
 			} else if host != nil {
-				host.Deliver(deliver)
+				for k := range frames {
+					frames[k] = frames[k][off:] // the packets
+				}
+				host.Deliver(frames)
 			} else {
-				i.stats.rxDropped.Add(uint64(len(deliver)))
+				i.stats.rxDropped.Add(uint64(len(frames)))
 			}
 		}
-		for _, x := range re {
-			_, _ = x.to.PostRecv([]verbs.RecvWR{x.wr})
+		// Each run of buffers for one queue (all of them with the SRQ) in one post.
+		for rest := re; len(rest) > 0; {
+			to, wrs := rest[0].to, r.repost[:0]
+			for len(rest) > 0 && rest[0].to == to {
+				wrs, rest = append(wrs, rest[0].wr), rest[1:]
+			}
+			_, _ = to.PostRecv(wrs)
+			r.repost = wrs
 		}
-		r.deliver, r.frames, r.cmRe, r.local = deliver, frames, re, local
+		r.frames, r.cmRe, r.local = frames, re, local
 	}
 }
 

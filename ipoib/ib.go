@@ -328,13 +328,13 @@ type rxState struct {
 	// The arrays are made at the first completion: most children never get one
 	// (about 4.6 MB per 1000 idle children, heap profile).
 	wcs    []verbs.WC
-	repost []verbs.RecvWR // UD
+	repost []verbs.RecvWR // the buffers to post again
 	b      rxBatch        // UD; grows to what batches hold: most interfaces are idle
 	local  []rxLocal
-	// Connected mode's: the packets for the host, their frames with headroom, and
-	// their buffers to post again after the host took them.
-	deliver, frames [][]byte
-	cmRe            []cmRepost
+	// Connected mode's: the packets for the host, as frames with headroom, and their
+	// buffers to post again after the host took them.
+	frames [][]byte
+	cmRe   []cmRepost
 }
 
 // drainRxLocked is the receive completion handler (ipoib_ib_handle_rx_wc): it polls

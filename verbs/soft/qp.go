@@ -445,7 +445,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 		p.cnt.noQP.Add(1) // RC QPs take no datagrams
 		return
 	}
-	if _, ok := q.pkeyAdmitsLocked(pkt.BTH.PKey); !ok {
+	if !q.pkeyAdmitsLocked(pkt.BTH.PKey) {
 		return
 	}
 	if pkt.DETH.QKey != q.qkey {
@@ -456,10 +456,8 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 		p.cnt.rcvDrop.Add(1)
 		return
 	}
-	wr := q.recvQ[q.recvH]
-	q.recvQ[q.recvH] = verbs.RecvWR{}
-	q.recvH++
-	if q.recvH == len(q.recvQ) {
+	wr, _, last := q.takeRecvLocked() // there is one (UD QPs have no SRQ)
+	if last {
 		cb = nil // the last buffer: the consumer must hear now, to post more before the next packet waits for one
 	}
 	wc := verbs.WC{WRID: wr.ID, Opcode: verbs.WCRecv, QPN: q.num, SrcQP: verbs.QPN(pkt.DETH.SrcQP),
@@ -598,10 +596,11 @@ type cqBatch struct {
 func (b *cqBatch) flush() {
 	for _, c := range b.cqs[:b.n] {
 		c.mu.Lock()
-		run := c.heldBy == b && c.n > 0 && !c.closed
-		if c.heldBy == b {
+		held := c.heldBy == b
+		if held {
 			c.heldBy = nil
 		}
+		run := held && c.n > 0 && !c.closed
 		c.mu.Unlock()
 		if !run {
 			continue
@@ -611,11 +610,10 @@ func (b *cqBatch) flush() {
 		switch {
 		case !handled:
 			c.signal()
-		case c.n == 0 && c.timer != nil:
+		case c.n == 0:
 			// Moderation's timer, armed before the count was reached: what it would
 			// signal has been taken.
-			c.timer.Stop()
-			c.timer = nil
+			c.stopTimerLocked()
 		}
 		c.mu.Unlock()
 	}
@@ -699,13 +697,18 @@ func (b *cqBatch) hold(c *CQ) bool {
 }
 
 func (c *CQ) signal() {
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
+	c.stopTimerLocked()
 	select {
 	case c.notify <- struct{}{}:
 	default:
+	}
+}
+
+// stopTimerLocked stops moderation's timer, if armed.
+func (c *CQ) stopTimerLocked() {
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
 	}
 }
 
@@ -750,7 +753,7 @@ func (c *CQ) Close() error {
 
 // pkeyAdmitsLocked checks a received packet's P_Key against the QP's table entry
 // (same partition, at least one full member) and counts a violation.
-func (q *QP) pkeyAdmitsLocked(pk uint16) (verbs.PKey, bool) {
+func (q *QP) pkeyAdmitsLocked(pk uint16) bool {
 	p := q.port
 	p.mu.RLock()
 	var mine verbs.PKey
@@ -760,7 +763,7 @@ func (q *QP) pkeyAdmitsLocked(pk uint16) (verbs.PKey, bool) {
 	p.mu.RUnlock()
 	if !mine.CanTalk(verbs.PKey(pk)) {
 		p.cnt.badPKey.Add(1)
-		return mine, false
+		return false
 	}
-	return mine, true
+	return true
 }

@@ -652,7 +652,6 @@ func getPktBuf(size int) ([]byte, *[]byte) {
 // any more.
 func putPktBuf(h *[]byte) {
 	if h != nil {
-		*h = (*h)[:0]
 		pktBufPool.Put(h)
 	}
 }
@@ -1089,14 +1088,14 @@ func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched, ic *w
 		p.cnt.badICRC.Add(1)
 		return
 	}
-	if q.rcReceive(pkt, src, dgid, cb) {
+	if q.rcReceive(pkt, src, cb) {
 		touched.add(q)
 	}
 }
 
 // rcReceive processes one checked packet of the received batch cb; it reports whether
 // the QP has something to do at the end of the batch.
-func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID, cb *cqBatch) bool {
+func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, cb *cqBatch) bool {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -1111,8 +1110,7 @@ func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, mygid verbs.GID, cb *cqBa
 		p.cnt.noQP.Add(1)
 		return false
 	}
-	_, ok := q.pkeyAdmitsLocked(pkt.BTH.PKey)
-	if !ok {
+	if !q.pkeyAdmitsLocked(pkt.BTH.PKey) {
 		return false
 	}
 	if isAck {
