@@ -243,7 +243,7 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 		}
 		return nil, err
 	}
-	h := &Handle{n: n, c: c, w: c, rd: rd || n.dir, wr: wr}
+	h := &Handle{n: n, c: c, rd: rd || n.dir, wr: wr}
 	if n.stream != nil && rd {
 		sub, err := n.stream.open()
 		if err != nil {
@@ -310,7 +310,7 @@ type Handle struct {
 	have  bool
 	acc   []byte // commit files: bytes written through this handle
 	dirty bool   // acc changed since it was last applied
-	w     Caller // who wrote last (a descriptor may be handed to another process)
+	w     Caller // who wrote acc last (a descriptor may be handed to another process)
 
 	sub streamSub // a stream's subscription
 }

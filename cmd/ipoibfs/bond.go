@@ -52,17 +52,8 @@ func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 		return nil
 	}
 	dev, err := kernel.Open(kernel.Config{Name: b.Name(), MTU: b.MTU(), NetNS: bb.netns, Offloads: offloads(b.Features())})
-	switch {
-	case errors.Is(err, kernel.ErrUnavailable):
-		log.Printf("kernel bridge off, the bond runs without a TUN device: %v", err)
-		bb.off = true
-		return nil
-	case errors.Is(err, kernel.ErrExists):
-		return fmt.Errorf("%w: %v", syscall.EEXIST, err)
-	case errors.Is(err, kernel.ErrNamespaceGone):
-		log.Printf("%s: %v", b.Name(), err)
-		return fmt.Errorf("%w: %v", syscall.ENODEV, err)
-	case err != nil:
+	if err != nil {
+		bb.off, err = openErr(b.Name(), "the bond runs without a TUN device", err)
 		return err
 	}
 	br := &bondBridge{b: b, dev: dev, bb: bb, done: make(chan struct{})}

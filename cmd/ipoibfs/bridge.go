@@ -432,23 +432,31 @@ func (bs *bridges) Create(i *ipoib.Interface) error {
 		return nil
 	}
 	b, err := openBridge(bs, i, bs.netns)
-	switch {
-	case errors.Is(err, kernel.ErrUnavailable):
-		log.Printf("kernel bridge off, the engine runs without TUN devices: %v", err)
-		bs.off = true
-		return nil
-	case errors.Is(err, kernel.ErrExists):
-		return fmt.Errorf("%w: %v", syscall.EEXIST, err)
-	case errors.Is(err, kernel.ErrNamespaceGone):
-		// ip netns del: the devices made so far live on where nothing leads to them;
-		// new ones are not made in a namespace of the same name made since.
-		log.Printf("%s: %v", i.Name(), err)
-		return fmt.Errorf("%w: %v", syscall.ENODEV, err)
-	case err != nil:
+	if err != nil {
+		bs.off, err = openErr(i.Name(), "the engine runs without TUN devices", err)
 		return err
 	}
 	bs.m[i] = b
 	return nil
+}
+
+// openErr sorts a failed kernel.Open of name's device: without the kernel bridge
+// (off, said once, no error: the engine runs on without devices, as says), a name
+// taken (EEXIST), a deleted namespace (ENODEV: ip netns del; the devices made so far
+// live on where nothing leads to them, and new ones are not made in a namespace of
+// the same name made since), or anything else as it is.
+func openErr(name, without string, err error) (off bool, _ error) {
+	switch {
+	case errors.Is(err, kernel.ErrUnavailable):
+		log.Printf("kernel bridge off, %s: %v", without, err)
+		return true, nil
+	case errors.Is(err, kernel.ErrExists):
+		return false, fmt.Errorf("%w: %v", syscall.EEXIST, err)
+	case errors.Is(err, kernel.ErrNamespaceGone):
+		log.Printf("%s: %v", name, err)
+		return false, fmt.Errorf("%w: %v", syscall.ENODEV, err)
+	}
+	return false, err
 }
 
 // Delete removes the interface's device.

@@ -231,8 +231,8 @@ var (
 // applied the modes (default_permissions); the tree checks them again the same way it
 // does for 9P, and names the caller in its log lines.
 // Whether it holds CAP_NET_ADMIN is read from /proc only when netAdmin says the request
-// needs to know (an open or a write of a file that requires it: each write is checked
-// for the process making it).
+// needs to know (a write of a file that requires it, checked for the process making
+// each write).
 func caller(ctx context.Context, netAdmin bool) fs.Caller {
 	c, ok := gofuse.FromContext(ctx)
 	if !ok {
@@ -368,7 +368,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	h, err := n.m.Open(caller(ctx, n.m.NeedsNetAdmin() && flags&syscall.O_ACCMODE != syscall.O_RDONLY), int(flags))
+	// The capability is not the opener's business: each write checks its writer's.
+	h, err := n.m.Open(caller(ctx, false), int(flags))
 	if err != nil {
 		return nil, 0, errno(err)
 	}

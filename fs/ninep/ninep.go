@@ -382,9 +382,7 @@ func (f *file) GetAttr(p9.AttrMask) (p9.QID, p9.AttrMask, p9.Attr, error) {
 // file` and times set to now are accepted where the fid's user may write, and change
 // nothing; modes, owners and given times are fixed (EPERM).
 func (f *file) SetAttr(m p9.SetAttrMask, _ p9.SetAttr) error {
-	f.mu.Lock()
-	h := f.h
-	f.mu.Unlock()
+	h, _ := f.handle() // nil when the fid is not open
 	return toErr(f.n.SetAttr(f.who, fs.AttrChange{
 		Mode:     m.Permissions,
 		Owner:    m.UID || m.GID,
@@ -496,11 +494,9 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 // on the local mount does (fs.Handle.Flush), and returns its verdict; the fid stays
 // open. 'ipoibfs mount' sends it for each close(2) after a write.
 func (f *file) FSync() error {
-	f.mu.Lock()
-	h := f.h
-	f.mu.Unlock()
-	if h == nil {
-		return nil
+	h, err := f.handle()
+	if err != nil {
+		return nil // not open: nothing written to apply
 	}
 	return toErr(h.Flush())
 }
