@@ -313,10 +313,16 @@ func ifIndex(name string) (int, error) {
 
 func waitUntil(t *testing.T, what string, ok func() bool) {
 	t.Helper()
+	waitShowing(t, what, ok, func() string { return "" })
+}
+
+// waitShowing is waitUntil with what detail says added to a failure.
+func waitShowing(t *testing.T, what string, ok func() bool, detail func() string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !ok() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s%s", what, detail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -482,11 +488,9 @@ func followHelpers(t *testing.T, td *treeDaemon) (read func(p string) string, un
 	}
 	until = func(what string, ok func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s\nip link: %s\nlog:\n%s", what, ipOut(t, td.ns, "link", "show"), td.log)
-			}
-		}
+		waitShowing(t, what, ok, func() string {
+			return fmt.Sprintf("\nip link: %s\nlog:\n%s", ipOut(t, td.ns, "link", "show"), td.log)
+		})
 	}
 	return read, until
 }

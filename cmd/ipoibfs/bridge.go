@@ -72,9 +72,18 @@ func (d *adopter) adopted(match func(a adoption) bool) bool {
 	return match(d.adopting)
 }
 
-// adoptedMTU reports whether mtu is the MTU being adopted.
+// adoptedMTU, adoptedUp and adoptedTxq report whether the value is the one being
+// adopted.
 func (d *adopter) adoptedMTU(mtu int) bool {
 	return d.adopted(func(a adoption) bool { return a.mtu != nil && *a.mtu == mtu })
+}
+
+func (d *adopter) adoptedUp(up bool) bool {
+	return d.adopted(func(a adoption) bool { return a.up != nil && *a.up == up })
+}
+
+func (d *adopter) adoptedTxq(n uint32) bool {
+	return d.adopted(func(a adoption) bool { return a.txq != nil && *a.txq == n })
 }
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
@@ -374,7 +383,7 @@ func (b *bridge) SetCarrier(on bool) {
 
 // SetTxQueueLen follows a tx_queue_len write.
 func (b *bridge) SetTxQueueLen(n uint32) {
-	if b.adopted(func(a adoption) bool { return a.txq != nil && *a.txq == n }) {
+	if b.adoptedTxq(n) {
 		b.logErr(b.dev.SetTxQueueLenIfChanged(int(n)))
 		return
 	}
@@ -386,7 +395,7 @@ func (b *bridge) SetAdminUp(up bool) {
 	if up {
 		b.startReader()
 	}
-	if b.adopted(func(a adoption) bool { return a.up != nil && *a.up == up }) {
+	if b.adoptedUp(up) {
 		b.logErr(b.dev.SetUpIfChanged(up))
 		return
 	}

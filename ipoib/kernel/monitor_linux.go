@@ -57,19 +57,6 @@ type monitor struct {
 // limit, used only while messages wait. Forced past net.core.rmem_max, which root may.
 const monitorBuffer = 64 << 20
 
-// withBuffer subscribes with monitorBuffer, or with the default size where the kernel
-// refuses it (netlink leaves that socket open, so it is not tried again).
-func (m *monitor) withBuffer(subscribe func(size int) error) error {
-	if !m.bufferRefused.Load() {
-		err := subscribe(monitorBuffer)
-		if err == nil || !errors.Is(err, unix.EPERM) {
-			return err
-		}
-		m.bufferRefused.Store(true)
-	}
-	return subscribe(0)
-}
-
 var (
 	monMu    sync.Mutex
 	monitors = map[string]*monitor{}
@@ -192,14 +179,16 @@ func (m *monitor) follow() bool {
 			unix.Close(fd)
 			return err
 		}
-		if err := m.withBuffer(func(size int) error {
-			if size == 0 {
-				return nil
+		// monitorBuffer, or the default size where the kernel refuses it (no
+		// CAP_NET_ADMIN over the namespace): then it is not tried again.
+		if !m.bufferRefused.Load() {
+			err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, monitorBuffer)
+			if errors.Is(err, unix.EPERM) {
+				m.bufferRefused.Store(true)
+			} else if err != nil {
+				unix.Close(fd)
+				return err
 			}
-			return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size)
-		}); err != nil {
-			unix.Close(fd)
-			return err
 		}
 		sock = os.NewFile(uintptr(fd), "netlink monitor")
 		return nil
@@ -216,9 +205,9 @@ func (m *monitor) follow() bool {
 	go func() { // closing the socket ends a read waiting on it
 		select {
 		case <-m.stop:
+			sock.Close()
 		case <-stopped:
 		}
-		sock.Close()
 	}()
 	defer close(stopped)
 	defer sock.Close() // closed when follow returns (the namespace may go right after)

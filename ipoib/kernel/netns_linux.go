@@ -89,11 +89,7 @@ func openNetNS(name string) (netns.NsHandle, error) {
 func remember(name string, h netns.NsHandle) { nsSeen[name] = nsKey(h) }
 
 // held reports whether devices of this process hold the namespace (its worker runs).
-func held(key string) bool {
-	workersMu.Lock()
-	defer workersMu.Unlock()
-	return workers[key] != nil
-}
+func held(key string) bool { return workerByKey(key) != nil }
 
 // getNetNS opens /run/netns/NAME and checks that it is a namespace file.
 func getNetNS(name string) (netns.NsHandle, error) {
@@ -292,8 +288,10 @@ func acquireWorker(ns netns.NsHandle) (*nsWorker, error) {
 }
 
 // lookupWorker returns the worker of ns if one runs.
-func lookupWorker(ns netns.NsHandle) *nsWorker {
-	key := nsKey(ns)
+func lookupWorker(ns netns.NsHandle) *nsWorker { return workerByKey(nsKey(ns)) }
+
+// workerByKey returns the worker of the namespace nsKey names, if one runs.
+func workerByKey(key string) *nsWorker {
 	workersMu.Lock()
 	defer workersMu.Unlock()
 	return workers[key]
