@@ -41,7 +41,15 @@ func TestRejoinWaitsForTheLeaveOfASupersededJoin(t *testing.T) {
 	_ = a.SetUp(true)
 	<-joinStarted // the broadcast join is at the SA
 	_ = a.SetUp(false)
+	// The leave is on its way by the time joinDone lets go of mu: a round of the task in
+	// between saw none and joined again, and the leave then undid that join.
+	hooked := make(chan bool, 1)
+	testHookSuperseded = func(i *Interface, mgid verbs.GID) { hooked <- i.leavePending(mgid) }
+	t.Cleanup(func() { testHookSuperseded = nil })
 	close(releaseJoin) // answered after the interface went down: superseded, left
+	if !<-hooked {
+		t.Fatal("joinDone let go of a superseded join before its leave was pending")
+	}
 	<-leaveStarted
 	_ = a.SetUp(true)
 	waitFor(t, "the QP ready again", func() bool { return a.data().qpReady })

@@ -211,10 +211,14 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		// Superseded by a flush. Leave only if nobody wants the group any more: the SA
 		// keeps one membership per port, and a leave arriving after the new join for
 		// the same group would delete the membership that join just made.
-		wanted := cur != nil && up
-		i.mu.Unlock()
-		if err == nil && !wanted {
+		// The leave is registered before mu is released: a round that runs in between
+		// would otherwise see no leave pending and send a join the leave then undoes.
+		if err == nil && !(cur != nil && up) {
 			i.leaveGroup(g.mgid, rec.JoinState)
+		}
+		i.mu.Unlock()
+		if testHookSuperseded != nil {
+			testHookSuperseded(i, g.mgid)
 		}
 		return
 	}
@@ -281,6 +285,9 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	i.sendFrames(flushQ, ah, verbs.MulticastQPN)
 	i.wake() // the other groups can be joined now
 }
+
+// testHookSuperseded, when set by a test, runs as joinDone lets go of a superseded join.
+var testHookSuperseded func(i *Interface, mgid verbs.GID)
 
 // leaveAll leaves and detaches every group (ipoib_mcast_dev_flush).
 func (i *Interface) leaveAll() {
