@@ -171,14 +171,15 @@ func TestMountTypeIpoibfs(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	errFile := filepath.Join(t.TempDir(), "err") // not in the package's directory
 	script := `set -e
 mount -t overlay overlay -o lowerdir=` + extra + `:` + sbin + ` ` + sbin + `
 mount -t ipoibfs ` + td.addr + ` ` + dir + `
 grep " ` + dir + ` " /proc/mounts | cut -d' ' -f1,3
 cat ` + dir + `/class/net/ib0/pkey
 umount ` + dir + `
-if mount -t ipoibfs 127.0.0.1:1 ` + dir + ` 2>err; then echo "mounted a dead address"; fi
-echo "status of the failed mount: $(cat err)"
+if mount -t ipoibfs 127.0.0.1:1 ` + dir + ` 2>` + errFile + `; then echo "mounted a dead address"; fi
+echo "status of the failed mount: $(cat ` + errFile + `)"
 `
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
