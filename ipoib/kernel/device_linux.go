@@ -43,9 +43,9 @@ type Device struct {
 	nsTag  string         // for error messages: "" or " (netns NAME)"
 	h      *netlink.Handle
 	index  int
-	link   netlink.Link // index-only stub for netlink calls
-	tun    tun.Device
-	rc     syscall.RawConn
+	link   netlink.Link    // index-only stub for netlink calls
+	q      []*Queue        // the TUN's queues; q[0] made the device
+	rc     syscall.RawConn // q[0]'s, for the device's ioctls and its poll for an error
 	batch  int
 	uso    bool // kernel accepts TUN_F_USO4|USO6
 
@@ -72,13 +72,6 @@ type Device struct {
 	wmuW     sync.Mutex
 	watches  []*watcher // replaced, never modified in place
 	watchOff bool       // Close has begun: no watch goroutine starts (under wmuW)
-
-	wmu   sync.Mutex
-	wbufs [][]byte // write slots, cap vnetHdrLen+maxPacket each (GRO grows packets in place)
-	wvec  [][]byte
-
-	rmu     sync.Mutex // serialises Read
-	readErr error      // met by a Read after its first packet; the next Read returns it
 }
 
 // Open creates the TUN device cfg.Name in cfg.NetNS (creating the namespace when
@@ -136,25 +129,29 @@ func Open(cfg Config) (_ *Device, err error) {
 	}
 
 	var fd int
-	if err = d.inNS(func() (e error) { fd, e = createTUN(cfg.Name); return e }); err != nil {
+	if err = d.inNS(func() (e error) { fd, e = createTUN(cfg.Name, cfg.Queues > 1); return e }); err != nil {
 		var ue unavailableError
 		if errors.As(err, &ue) {
 			return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, ue.err)
 		}
 		return nil, fail("%w", err)
 	}
-	dev, _, err := tun.CreateUnmonitoredTUNFromFD(fd)
+	q, err := newQueue(d, fd)
 	if err != nil {
-		// createTUN ran the same ioctls successfully, so this does not happen in
-		// practice; the fd may be owned by an unreachable *os.File now, but closing
-		// it is the only way to remove the device.
-		unix.Close(fd)
 		return nil, fail("TUN setup: %w", err)
 	}
-	d.tun = dev
-	d.batch = dev.BatchSize()
-	if d.rc, err = dev.File().SyscallConn(); err != nil {
-		return nil, fail("%w", err)
+	d.q = append(d.q, q)
+	d.batch, d.rc = q.tun.BatchSize(), q.rc
+	// The other queues attach before the offloads are set: each queue's setup sets
+	// the device's TUNSETOFFLOAD flags to wireguard's.
+	for k := 1; k < cfg.Queues; k++ {
+		if err = d.inNS(func() (e error) { fd, e = attachQueue(cfg.Name); return e }); err != nil {
+			return nil, fail("queue %d: %w", k, err)
+		}
+		if q, err = newQueue(d, fd); err != nil {
+			return nil, fail("queue %d: TUN setup: %w", k, err)
+		}
+		d.q = append(d.q, q)
 	}
 
 	l, err := d.h.LinkByName(cfg.Name)
@@ -196,7 +193,7 @@ func Open(cfg Config) (_ *Device, err error) {
 // createTUN opens the clone device and creates the TUN in the namespace of the calling
 // thread. IFF_TUN_EXCL makes the kernel refuse an existing name instead of attaching
 // to a persistent TUN of that name.
-func createTUN(name string) (int, error) {
+func createTUN(name string, multiQueue bool) (int, error) {
 	fd, err := unix.Open(tunPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		err = &os.PathError{Op: "open", Path: tunPath, Err: err}
@@ -211,7 +208,7 @@ func createTUN(name string) (int, error) {
 		unix.Close(fd)
 		return -1, err
 	}
-	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR | unix.IFF_TUN_EXCL)
+	ifr.SetUint16(tunFlags(multiQueue) | unix.IFF_TUN_EXCL)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
 		switch {
@@ -239,6 +236,47 @@ func createTUN(name string) (int, error) {
 	return fd, nil
 }
 
+// tunFlags are the TUNSETIFF flags of the device's queues.
+func tunFlags(multiQueue bool) uint16 {
+	f := uint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if multiQueue {
+		f |= unix.IFF_MULTI_QUEUE
+	}
+	return f
+}
+
+// attachQueue opens another queue of the multi-queue TUN name in the namespace of the
+// calling thread (TUNSETIFF of an existing device with the same flags attaches).
+func attachQueue(name string) (int, error) {
+	fd, err := unix.Open(tunPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: tunPath, Err: err}
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ifr.SetUint16(tunFlags(true))
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("attach TUN queue: %w", err)
+	}
+	return fd, nil
+}
+
+// closeQueues closes the device's queues, the first last: the kernel unregisters the
+// device when its last queue closes.
+func (d *Device) closeQueues() error {
+	var errs []error
+	for k := len(d.q) - 1; k >= 0; k-- {
+		if err := d.q[k].tun.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // denied reports a privilege error (the process may not enter or create namespaces).
 func denied(err error) bool {
 	return errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)
@@ -251,9 +289,7 @@ func (e unavailableError) Error() string { return e.err.Error() }
 
 // release frees what Open acquired (after a failed Open or at the end of Close).
 func (d *Device) release() {
-	if d.tun != nil {
-		d.tun.Close()
-	}
+	_ = d.closeQueues()
 	if d.worker != nil { // the namespace file and handle are the worker's
 		d.worker.release()
 		// Nothing of the device may use them now: a closed handle would open a socket
@@ -323,98 +359,6 @@ func (d *Device) unregistered() bool {
 	return gone
 }
 
-// Read waits for a packet from the kernel and returns it as IP packets in
-// bufs[i][:sizes[i]]: a super-packet (TSO) is split into MTU-sized packets with fixed-up
-// IP/TCP/UDP headers and checksums, a packet with a partial checksum gets it completed.
-// Then, without waiting, it takes what else the kernel has queued while buffers are
-// left, so a burst (of plain packets, with large send off) makes one batch: n counts
-// the packets of all of them. A queued super-packet that needs more of the remaining
-// buffers than there are stays for the next Read. Every packet returned fits the MTU.
-//
-// Buffers need no headroom (offset 0; ReadOffset takes one). Each element of bufs must
-// hold at least the MTU (Read refuses smaller ones), and len(bufs) should be
-// BatchSize(): the device's
-// gso_max_segs is set to BatchSize so a super-packet never splits into more; with fewer
-// buffers a larger super-packet is truncated to len(bufs) packets and an error wrapping
-// tun.ErrTooManySegments is returned with them. len(sizes) must be >= len(bufs).
-// A packet larger than the buffers (the MTU raised while the Read waited, or behind the
-// package's back) fails the Read with an error ShortBuffer reports, and is kept for the
-// next Read. After Close, errors.Is(err, os.ErrClosed).
-// An error met after the first packet is returned by the next call, with no packets.
-func (d *Device) Read(bufs [][]byte, sizes []int) (n int, err error) {
-	return d.ReadOffset(bufs, sizes, 0)
-}
-
-// ReadHeadroom is the offset at which ReadOffset can read a packet straight into a
-// buffer of ReadBufferLen bytes instead of copying it there (the virtio-net header
-// lands before it).
-const ReadHeadroom = 10
-
-// ReadBufferLen is the length of a read buffer for packets of up to mtu bytes at
-// offset ReadHeadroom: with an MTU of 48 KiB or more (connected mode's 65520), room for
-// the largest read the kernel makes, so that ReadOffset reads straight into it
-// (copying 64 KiB packets out of an intermediate buffer was 5-6% of the sending
-// daemon's CPU) for at most a third more memory; below that, the MTU (a super-packet
-// is split into such buffers anyway).
-func ReadBufferLen(mtu int) int {
-	if mtu >= 48<<10 {
-		return ReadHeadroom + max(mtu, 65535)
-	}
-	return ReadHeadroom + mtu
-}
-
-// ReadOffset is Read with packets returned in bufs[i][offset:offset+sizes[i]]; each
-// buffer must hold the MTU after offset. The bytes before offset may be overwritten
-// (a read in place puts the virtio-net header there).
-func (d *Device) ReadOffset(bufs [][]byte, sizes []int, offset int) (n int, err error) {
-	if len(bufs) == 0 {
-		return 0, nil
-	}
-	if len(sizes) < len(bufs) {
-		return 0, d.errorf("read: %d sizes for %d buffers", len(sizes), len(bufs))
-	}
-	if offset < 0 {
-		return 0, d.errorf("read: offset %d", offset)
-	}
-	mtu := int(d.mtu.Load())
-	for i, b := range bufs {
-		if len(b)-offset < mtu {
-			return 0, d.errorf("read: buffer %d holds %d bytes after offset %d, the MTU is %d", i, len(b)-offset, offset, mtu)
-		}
-	}
-	d.rmu.Lock()
-	defer d.rmu.Unlock()
-	if err := d.readErr; err != nil {
-		d.readErr = nil
-		return 0, err
-	}
-	defer func() {
-		// The patched split checks the buffers' length (ShortBuffer); this stays so
-		// that a slip in the copied code cannot crash the engine.
-		if r := recover(); r != nil {
-			n, err = 0, d.errorf("read: packet larger than the buffers (MTU changed outside ipoibfs?): %v", r)
-		}
-	}()
-	n, err = d.tun.Read(bufs, sizes, offset)
-	if err != nil {
-		return n, d.readIOErr("read", err)
-	}
-	if tr, ok := d.tun.(tryReader); ok {
-		for n < len(bufs) {
-			m, err := tr.TryRead(bufs[n:], sizes[n:], offset)
-			if err != nil {
-				d.readErr = d.readIOErr("read", err) // the packets so far are good
-				break
-			}
-			if m == 0 {
-				break
-			}
-			n += m
-		}
-	}
-	return n, nil
-}
-
 // ShortBuffer reports that a Read failed because a packet, or a segment of a
 // super-packet, needs buffers of need bytes: the device's MTU was raised while the
 // Read was waiting with buffers of the old one. The packet is kept; the next Read with
@@ -425,142 +369,6 @@ func ShortBuffer(err error) (need int, ok bool) {
 		return small.Need, true
 	}
 	return 0, false
-}
-
-// tryReader is the patched wireguard TUN's read without waiting (third_party/wireguard).
-type tryReader interface {
-	TryRead(bufs [][]byte, sizes []int, offset int) (int, error)
-	ReadKept() bool
-}
-
-// Write injects IP packets into the kernel as if received on the device. With GRO on,
-// TCP/UDP segments of one flow are coalesced into super-packets first. The packets are
-// copied (the caller keeps ownership of pkts and needs no headroom).
-//
-// Packets the kernel refuses (malformed, device down: EIO) are dropped and their errors
-// joined into err; n still counts them as consumed, so n == len(pkts) unless the device
-// was closed (errors.Is(err, os.ErrClosed)) or a packet is empty or longer than 65535
-// bytes (nothing is written then).
-func (d *Device) Write(pkts [][]byte) (n int, err error) {
-	for i, p := range pkts {
-		if len(p) == 0 || len(p) > maxPacket {
-			return 0, d.errorf("write: packet %d has %d bytes (1..%d)", i, len(p), maxPacket)
-		}
-	}
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	return d.writeLocked(pkts, vnetHdrLen, d.toSlotsLocked)
-}
-
-// toSlotsLocked copies a chunk of packets into the write slots, after room for the
-// virtio-net header, and returns the slots.
-func (d *Device) toSlotsLocked(chunk [][]byte) [][]byte {
-	vec := d.wvec[:0]
-	for i, p := range chunk {
-		if i == len(d.wbufs) {
-			d.wbufs = append(d.wbufs, make([]byte, vnetHdrLen+maxPacket))
-		}
-		b := d.wbufs[i][:vnetHdrLen+len(p)]
-		copy(b[vnetHdrLen:], p)
-		vec = append(vec, b)
-	}
-	d.wvec = vec
-	return vec
-}
-
-// WriteHeadroom is what WriteOffset needs before each packet to write it in place.
-const WriteHeadroom = vnetHdrLen
-
-// WriteOffset is Write for packets in frames[i][offset:]: with offset >= WriteHeadroom
-// they are written in place, the virtio-net header put before each (the bytes before
-// offset are overwritten, and with GRO a packet may grow into the capacity after it),
-// sparing Write's copy of every packet (7% of a connected-mode receiver's CPU, for 64
-// KiB packets); with less headroom it is Write.
-func (d *Device) WriteOffset(frames [][]byte, offset int) (n int, err error) {
-	if offset < WriteHeadroom {
-		pkts := make([][]byte, len(frames))
-		for i, f := range frames {
-			pkts[i] = f[offset:]
-		}
-		return d.Write(pkts)
-	}
-	for i, f := range frames {
-		if l := len(f) - offset; l <= 0 || l > maxPacket {
-			return 0, d.errorf("write: packet %d has %d bytes (1..%d)", i, l, maxPacket)
-		}
-	}
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	return d.writeLocked(frames, offset, nil)
-}
-
-// writeLocked writes frames in chunks of the batch size, each chunk turned by prep
-// (if set) into frames with their packets at offset.
-func (d *Device) writeLocked(frames [][]byte, offset int, prep func([][]byte) [][]byte) (n int, err error) {
-	gro := d.gro.Load()
-	var errs []error
-	for len(frames) > 0 {
-		chunk := frames[:min(len(frames), d.batch)]
-		frames = frames[len(chunk):]
-		vec := chunk
-		if prep != nil {
-			vec = prep(chunk)
-		}
-		if errs, err = d.writeVecLocked(vec, offset, gro, errs); err != nil {
-			return n, err
-		}
-		n += len(chunk)
-	}
-	if len(errs) > 0 {
-		return n, d.errorf("write: %w", errors.Join(errs...))
-	}
-	return n, nil
-}
-
-// writeVecLocked writes the packets vec[i][offset:] (offset >= vnetHdrLen), with GRO
-// or one at a time; a packet's error is added to errs, a closed device is err.
-func (d *Device) writeVecLocked(vec [][]byte, offset int, gro bool, errs []error) ([]error, error) {
-	if gro {
-		if _, err := d.tun.Write(vec, offset); err != nil {
-			if isClosed(err) {
-				return errs, d.ioErr("write", err)
-			}
-			errs = append(errs, err)
-		}
-		return errs, nil
-	}
-	f := d.tun.File()
-	for _, b := range vec {
-		b = b[offset-vnetHdrLen:]
-		clear(b[:vnetHdrLen]) // no GSO, no checksum offload
-		if _, err := f.Write(b); err != nil {
-			if isClosed(err) {
-				return errs, d.ioErr("write", err)
-			}
-			errs = append(errs, err)
-		}
-	}
-	return errs, nil
-}
-
-// WaitReadable returns when the kernel has a packet for Read, or with an error wrapping
-// os.ErrClosed once the device is closed: a reader can hold no buffers while its device
-// is idle (a child created and never used).
-func (d *Device) WaitReadable() error {
-	if tr, ok := d.tun.(tryReader); ok && tr.ReadKept() {
-		return nil // a packet is waiting in the device already
-	}
-	err := d.rc.Read(func(fd uintptr) bool {
-		// Readable now? (The poller waits for the next edge otherwise; a packet left
-		// queued by an earlier Read makes no new one.)
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(p, 0)
-		return n > 0
-	})
-	if err != nil {
-		return d.readIOErr("wait", err) // the file's "use of closed file" is not os.ErrClosed
-	}
-	return nil
 }
 
 func isClosed(err error) bool {
@@ -844,7 +652,7 @@ func (d *Device) Delete() error {
 		// burst of deletes left dozens of them (48 KiB of stacks each).
 		runtime.LockOSThread()
 		defer func() { <-releasing }()
-		err := d.tun.Close()
+		err := d.closeQueues()
 		close(tunClosed)
 		<-polled
 		err = d.finishRelease(err)
@@ -921,7 +729,7 @@ func (d *Device) beginClose() bool {
 
 // finishClose closes the TUN, which deletes the device unless CloseAll has, and
 // releases what the device holds.
-func (d *Device) finishClose() error { return d.finishRelease(d.tun.Close()) }
+func (d *Device) finishClose() error { return d.finishRelease(d.closeQueues()) }
 
 // finishRelease is finishClose once the TUN is closed (with err).
 func (d *Device) finishRelease(err error) error {

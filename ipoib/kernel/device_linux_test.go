@@ -797,7 +797,7 @@ func TestOpenErrors(t *testing.T) {
 	}
 	defer nsh.Close()
 	err = inNetNS(nsh, func() error {
-		fd, err := createTUN(d.Name())
+		fd, err := createTUN(d.Name(), false)
 		if err == nil {
 			unix.Close(fd)
 		}

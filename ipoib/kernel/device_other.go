@@ -151,3 +151,28 @@ func LinkAddrs(netnsName, name string) ([]netip.Prefix, error) {
 
 // LinkExists reports false.
 func LinkExists(netnsName, name string) bool { return false }
+
+// Queue is one of a device's TUN queues; none exist here.
+type Queue struct{ d *Device }
+
+// Queues is 1.
+func (d *Device) Queues() int { return 1 }
+
+// Queue returns the device's only queue.
+func (d *Device) Queue(k int) *Queue { return &Queue{d} }
+
+// ReadOffset is not supported.
+func (q *Queue) ReadOffset(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return 0, q.d.unsupported()
+}
+
+// WaitReadable is not supported.
+func (q *Queue) WaitReadable() error { return q.d.unsupported() }
+
+// Write is not supported.
+func (q *Queue) Write(pkts [][]byte) (int, error) { return 0, q.d.unsupported() }
+
+// WriteOffset is not supported.
+func (q *Queue) WriteOffset(frames [][]byte, offset int) (int, error) {
+	return 0, q.d.unsupported()
+}

@@ -52,7 +52,13 @@ type Config struct {
 	// Offloads to start with; the zero value is none (one kernel packet per Read and
 	// per write, as with a plain TUN).
 	Offloads Offloads
+	// Queues is the number of TUN queues, 1..MaxQueues (0 is 1): above 1 the device is a
+	// multi-queue TUN (see Queue).
+	Queues int
 }
+
+// MaxQueues is the most queues a TUN device can have (the kernel's MAX_TAP_QUEUES).
+const MaxQueues = 256
 
 // Offloads are the offloads of a Device.
 type Offloads struct {
@@ -137,6 +143,9 @@ func (c Config) validate() error {
 	}
 	if err := validNetNS(c.NetNS); err != nil {
 		return fmt.Errorf("kernel bridge: %s: %w", c.Name, err)
+	}
+	if c.Queues < 0 || c.Queues > MaxQueues {
+		return fmt.Errorf("kernel bridge: %s: %d queues out of range (0 = 1, else 1..%d)", c.Name, c.Queues, MaxQueues)
 	}
 	if c.MTU < 0 || c.MTU > maxPacket {
 		return fmt.Errorf("kernel bridge: %s: MTU %d out of range (0 = default, else 68..65535)", c.Name, c.MTU)

@@ -1,0 +1,125 @@
+//go:build linux
+
+package kernel
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A device with queues is a multi-queue TUN with that many queues in the kernel, and
+// the kernel sends each flow's replies out of the queue the flow came in on (the TUN
+// driver's flow steering): a reader per queue gets the flows written to its queue.
+func TestMultiQueue(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "q")
+	const queues = 3
+	d := open(t, Config{Name: uniq("q"), MTU: 1500, NetNS: ns, Queues: queues})
+	if d.Queues() != queues {
+		t.Fatalf("Queues() = %d, want %d", d.Queues(), queues)
+	}
+	out, err := exec.Command("ip", "netns", "exec", ns, "ls", "/sys/class/net/"+d.Name()+"/queues").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ls queues: %v %s", err, out)
+	}
+	var want []string
+	for _, dir := range []string{"rx", "tx"} {
+		for k := range queues {
+			want = append(want, fmt.Sprintf("%s-%d", dir, k))
+		}
+	}
+	if got := strings.Fields(string(out)); !slices.Equal(got, want) {
+		t.Fatalf("the kernel's queues of %s: %v, want %v", d.Name(), got, want)
+	}
+	addAddr(t, ns, d.Name(), "10.56.0.1/24")
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	type reply struct {
+		queue int
+		peer  [4]byte
+	}
+	replies := make(chan reply, 16)
+	for k := range queues {
+		go func() {
+			bufs, sizes := [][]byte{make([]byte, 1500)}, make([]int, 1)
+			for {
+				n, err := d.Queue(k).Read(bufs, sizes)
+				if err != nil {
+					return // closed
+				}
+				if p := bufs[0][:sizes[0]]; n == 1 && len(p) >= 28 && p[9] == 1 && p[20] == 0 {
+					replies <- reply{k, [4]byte(p[16:20])}
+				}
+			}
+		}()
+	}
+	ping := func(k int, peer [4]byte) int {
+		t.Helper()
+		if _, err := d.Queue(k).Write([][]byte{echoRequest4(peer, [4]byte{10, 56, 0, 1}, uint16(k))}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-replies:
+			if r.peer != peer {
+				t.Fatalf("a reply to %v, want one to %v", r.peer, peer)
+			}
+			return r.queue
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no reply to %v", peer)
+		}
+		return -1
+	}
+	// A peer's echo requests go in through queue k; its replies must come out of
+	// queue k. The kernel learns a flow's queue after handing its packet up, so the
+	// reply to a flow's first packet goes by hash alone: each peer's first is not
+	// counted.
+	for k := range queues {
+		for n := range 3 {
+			peer := [4]byte{10, 56, 0, byte(10 + 10*n + k)}
+			ping(k, peer)
+			for range 2 {
+				if got := ping(k, peer); got != k {
+					t.Fatalf("the reply to %v came out of queue %d, its flow came in on %d", peer, got, k)
+				}
+			}
+		}
+	}
+}
+
+// echoRequest4 is an ICMP echo request from src to dst.
+func echoRequest4(src, dst [4]byte, id uint16) []byte {
+	p := make([]byte, 20+8+16)
+	p[0], p[8], p[9] = 0x45, 64, 1
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	copy(p[12:], src[:])
+	copy(p[16:], dst[:])
+	binary.BigEndian.PutUint16(p[10:], inetChecksum(p[:20]))
+	icmp := p[20:]
+	icmp[0] = 8
+	binary.BigEndian.PutUint16(icmp[4:], id)
+	binary.BigEndian.PutUint16(icmp[2:], inetChecksum(icmp))
+	return p
+}
+
+func inetChecksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
+}
