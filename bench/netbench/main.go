@@ -41,6 +41,7 @@ var (
 	streams  = flag.Int("P", 1, "parallel iperf3 streams (iperf3 -P); the veth reference runs as many")
 	loss     = flag.Float64("loss", 0, "percent of fabric packets lost (sm/faults) during the ipoib measurements; RC recovers them in connected mode (the veth reference has none: no netem here)")
 	profDir  = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
+	queues   = flag.Int("queues", 0, "the daemons' -queues (TUN queues per interface); 0: their default, one per CPU")
 	prebuilt = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
 	binPath  string
 )
@@ -97,6 +98,9 @@ func main() {
 	what := "single-stream TCP"
 	if *streams > 1 {
 		what = fmt.Sprintf("TCP, %d parallel streams,", *streams)
+	}
+	if *queues > 0 {
+		what += fmt.Sprintf(" with %d TUN queues per interface,", *queues)
 	}
 	fmt.Printf("%s (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", what, *dur)
 	fmt.Printf("relay RTT: the same ping over a minimal Go TUN<->UDP relay in each namespace (relay.go), same run\n")
@@ -192,6 +196,11 @@ func measureIPoIB(dir string, mtu int, offloads bool, prof *profiling) (result, 
 	mA, mB := filepath.Join(dir, "mnt-a"), filepath.Join(dir, "mnt-b")
 	a := exec.Command(binPath, "-name", "bench-a", "-sm", "127.0.3.1:4791", "-netns", nsA, "-partitions", conf, "-mount", mA, "-9p", "")
 	b := exec.Command(binPath, "-name", "bench-b", "-fabric", "127.0.3.1:4791", "-listen", "127.0.3.2:4791", "-netns", nsB, "-mount", mB, "-9p", "")
+	if *queues > 0 {
+		for _, c := range []*exec.Cmd{a, b} {
+			c.Args = append(c.Args, "-queues", strconv.Itoa(*queues))
+		}
+	}
 	for k, c := range []*exec.Cmd{a, b} {
 		if prof != nil {
 			side := string(rune('a' + k))

@@ -159,7 +159,7 @@ func (br *bondBridge) onGone() {
 
 func (br *bondBridge) txLoop() {
 	defer close(br.done)
-	readLoop(br.dev, br.b.Name, br.b.MTU, br.b.Transmit)
+	readLoop(br.dev, br.dev.Queue(0), br.b.Name, br.b.MTU, br.b.Transmit)
 }
 
 func (br *bondBridge) close() {

@@ -18,15 +18,19 @@ import (
 
 // bridge connects one engine interface to its TUN device: the device is the
 // interface's Host (received packets, MTU, carrier, offloads) and a reader goroutine
-// feeds what the kernel sends out of the device into Interface.Transmit.
+// per TUN queue feeds what the kernel sends out of the device into
+// Interface.Transmit. Received packets are spread over the queues by flow (flowQueue),
+// and the kernel sends each flow's packets out of the queue it last wrote one of the
+// flow's packets to, so a flow stays on one queue both ways and flows spread over the
+// readers.
 type bridge struct {
 	i    *ipoib.Interface
 	dev  *kernel.Device
 	bs   *bridges
-	done chan struct{} // closed by the reader when it ends, or by close if it never ran
-	// txOnce starts the reader when the device first comes up (a device that is down
+	done chan struct{} // closed when the readers end, or by close if they never ran
+	// txOnce starts the readers when the device first comes up (a device that is down
 	// sends nothing, and most children are never brought up), or, in stopReader,
-	// marks it as never to start.
+	// marks them as never to start.
 	txOnce sync.Once
 
 	adopter
@@ -89,7 +93,7 @@ func (d *adopter) adoptedTxq(n uint32) bool {
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
 	f := i.Features()
 	dev, err := kernel.Open(kernel.Config{Name: i.Name(), MTU: i.MTU(), NetNS: netns,
-		Offloads: offloads(f)})
+		Offloads: offloads(f), Queues: bs.queues})
 	if err != nil {
 		return nil, err
 	}
@@ -202,27 +206,32 @@ func (b *bridge) onGone() {
 	go b.bs.gone(b) // not on the watch goroutine: closing the device waits for it
 }
 
-// startReader starts the goroutine that reads what the kernel sends out of the
-// device, once.
+// startReader starts the goroutines that read what the kernel sends out of the
+// device, one per queue, once.
 func (b *bridge) startReader() {
 	b.txOnce.Do(func() {
-		go func() {
-			defer close(b.done)
-			readLoop(b.dev, b.i.Name, b.i.MTU, b.i.Transmit)
-		}()
+		var wg sync.WaitGroup
+		for k := range b.dev.Queues() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				readLoop(b.dev, b.dev.Queue(k), b.i.Name, b.i.MTU, b.i.Transmit)
+			}()
+		}
+		go func() { wg.Wait(); close(b.done) }()
 	})
 }
 
-// stopReader waits for the reader to end (the device is closed), or keeps it from
+// stopReader waits for the readers to end (the device is closed), or keeps them from
 // ever starting.
 func (b *bridge) stopReader() {
 	b.txOnce.Do(func() { close(b.done) })
 	<-b.done
 }
 
-// readLoop feeds what the kernel sends out of dev to transmit until dev is closed
-// (an interface's or a bond's device).
-func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit func([][]byte)) {
+// readLoop feeds what the kernel sends out of dev's queue q to transmit until dev is
+// closed (an interface's or a bond's device).
+func readLoop(dev *kernel.Device, q *kernel.Queue, name func() string, mtu func() int, transmit func([][]byte)) {
 	var bufs [][]byte
 	var sizes []int   // made with bufs: an unused child holds none (4 KiB each,
 	var pkts [][]byte // 4.5 MB per 1000 idle children in a heap profile)
@@ -240,7 +249,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 		if bufs == nil {
 			// No buffers until the device first has something to send: a child
 			// that is never used costs none (n x MTU each, 256 KiB at 2044).
-			if err := dev.WaitReadable(); err != nil {
+			if err := q.WaitReadable(); err != nil {
 				if errors.Is(err, os.ErrClosed) {
 					return
 				}
@@ -259,7 +268,7 @@ func readLoop(dev *kernel.Device, name func() string, mtu func() int, transmit f
 		if len(sizes) != n {
 			sizes, pkts = make([]int, n), make([][]byte, n)
 		}
-		c, err := dev.ReadOffset(bufs, sizes, kernel.ReadHeadroom)
+		c, err := q.ReadOffset(bufs, sizes, kernel.ReadHeadroom)
 		if err != nil {
 			if errors.Is(err, kernel.ErrUnregistered) {
 				// Not our close: ip link del, or the namespace went. The engine follows
@@ -354,9 +363,11 @@ func (b *bridge) logErr(err error) {
 }
 
 func (b *bridge) Deliver(pkts [][]byte) {
-	if _, err := b.dev.Write(pkts); err != nil && !errors.Is(err, os.ErrClosed) {
-		log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
-	}
+	spread(b.dev, pkts, 0, func(q *kernel.Queue, pkts [][]byte) {
+		if _, err := q.Write(pkts); err != nil && !errors.Is(err, os.ErrClosed) {
+			log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
+		}
+	})
 }
 
 // FrameHeadroom and DeliverFrames make the bridge an ipoib.FrameHost: connected mode's
@@ -364,9 +375,11 @@ func (b *bridge) Deliver(pkts [][]byte) {
 func (b *bridge) FrameHeadroom() int { return kernel.WriteHeadroom }
 
 func (b *bridge) DeliverFrames(frames [][]byte, offset int) {
-	if _, err := b.dev.WriteOffset(frames, offset); err != nil && !errors.Is(err, os.ErrClosed) {
-		log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
-	}
+	spread(b.dev, frames, offset, func(q *kernel.Queue, frames [][]byte) {
+		if _, err := q.WriteOffset(frames, offset); err != nil && !errors.Is(err, os.ErrClosed) {
+			log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
+		}
+	})
 }
 
 func (b *bridge) SetMTU(mtu int) {
@@ -415,17 +428,18 @@ func offloads(f ipoib.Features) kernel.Offloads {
 // returns and is gone when delete_child returns. When the kernel bridge is unavailable
 // it says why once and the engine runs without it.
 type bridges struct {
-	e     *ipoib.Engine
-	netns string
-	mu    sync.Mutex
-	m     map[*ipoib.Interface]*bridge
-	off   bool
+	e      *ipoib.Engine
+	netns  string
+	queues int // TUN queues per interface
+	mu     sync.Mutex
+	m      map[*ipoib.Interface]*bridge
+	off    bool
 
 	release *time.Timer // debug.FreeOSMemory after a burst of deletions
 }
 
-func startBridges(e *ipoib.Engine, netns string) *bridges {
-	bs := &bridges{e: e, netns: netns, m: map[*ipoib.Interface]*bridge{}}
+func startBridges(e *ipoib.Engine, netns string, queues int) *bridges {
+	bs := &bridges{e: e, netns: netns, queues: queues, m: map[*ipoib.Interface]*bridge{}}
 	if err := e.SetDevices(bs); err != nil {
 		log.Print(err)
 	}

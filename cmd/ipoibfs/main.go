@@ -162,6 +162,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
 	loadBonding := fl.Bool("bonding", false, "load the bonding driver: class/net/bonding_masters in the tree (implied by bonding files in -config)")
 	hcaName := fl.String("hca", "", "run on this rdma-core `device` instead of the soft HCA (\"list\" prints the devices libibverbs sees; needs a build with -tags rdma)")
+	queues := fl.Int("queues", defaultQueues(), "TUN `queues` per interface (IFF_MULTI_QUEUE): flows spread over them both ways, a reader each; 1..256")
 	var ifnames ifnameFlags
 	fl.Var(&ifnames, "ifname", "rename a port's interface: `ibN=NAME` (repeatable or comma-separated), e.g. ib0=uib0 where the kernel's ib_ipoib has ib0")
 	var params paramFlags
@@ -192,6 +193,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *smAddr != "" && *fabric != "" {
 		return bad("-sm and -fabric exclude each other: a node either hosts the subnet manager or joins one")
+	}
+	if *queues < 1 || *queues > kernel.MaxQueues {
+		return bad("-queues %d: a TUN device has 1..%d queues", *queues, kernel.MaxQueues)
 	}
 	if *ports < 1 || *ports > 254 {
 		return bad("-ports %d: an HCA has 1..254 ports", *ports)
@@ -279,7 +283,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer eng.Close()
-	brs := startBridges(eng, *netns)
+	brs := startBridges(eng, *netns, *queues)
 	defer brs.close()
 	bonds := startBonds(eng, *netns) // bond.go
 	defer bonds.close()              // slaves released before their devices go

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+)
+
+// ip4 is an IPv4 packet of protocol proto from src:sport to dst:dport (ports written
+// for any protocol), with the fragment field frag.
+func ip4(src, dst string, proto byte, sport, dport uint16, frag uint16) []byte {
+	p := make([]byte, 40)
+	p[0], p[9] = 0x45, proto
+	binary.BigEndian.PutUint16(p[6:], frag)
+	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
+	copy(p[12:], s[:])
+	copy(p[16:], d[:])
+	binary.BigEndian.PutUint16(p[20:], sport)
+	binary.BigEndian.PutUint16(p[22:], dport)
+	return p
+}
+
+func ip6(src, dst string, next byte, sport, dport uint16) []byte {
+	p := make([]byte, 60)
+	p[0], p[6] = 0x60, next
+	s, d := netip.MustParseAddr(src).As16(), netip.MustParseAddr(dst).As16()
+	copy(p[8:], s[:])
+	copy(p[24:], d[:])
+	binary.BigEndian.PutUint16(p[40:], sport)
+	binary.BigEndian.PutUint16(p[42:], dport)
+	return p
+}
+
+// A flow's packets go to one queue, flows spread over all of them, and what
+// distinguishes flows is the addresses, the protocol and (TCP, UDP) the ports; a
+// datagram's fragments go one way whatever their offset.
+func TestFlowQueue(t *testing.T) {
+	const n = 4
+	seen := map[int]int{}
+	for port := uint16(1000); port < 1064; port++ {
+		q := flowQueue(ip4("10.0.0.1", "10.0.0.2", 6, port, 5201, 0), 0, n)
+		if q < 0 || q >= n {
+			t.Fatalf("queue %d of %d", q, n)
+		}
+		if again := flowQueue(ip4("10.0.0.1", "10.0.0.2", 6, port, 5201, 0), 0, n); again != q {
+			t.Fatalf("one TCP flow went to queues %d and %d", q, again)
+		}
+		seen[q]++
+		seen[flowQueue(ip6("fd00::1", "fd00::2", 17, port, 53), 0, n)+n]++
+	}
+	for q := range 2 * n {
+		if seen[q] < 4 { // 64 flows over 4 queues, IPv4 TCP and IPv6 UDP
+			t.Errorf("64 flows put %d on queue %d: %v", seen[q], q%n, seen)
+		}
+	}
+	// Ports count for TCP and UDP only; fragments hash by addresses.
+	diff := func(a, b []byte) bool {
+		for k := 0; k < 16; k++ { // queues out of 1<<16: a collision is 1 in 65536
+			if flowQueue(a, 0, 1<<16) != flowQueue(b, 0, 1<<16) {
+				return true
+			}
+		}
+		return false
+	}
+	if !diff(ip4("10.0.0.1", "10.0.0.2", 17, 1, 2, 0), ip4("10.0.0.1", "10.0.0.2", 17, 1, 3, 0)) {
+		t.Error("two UDP flows differing in a port hash alike")
+	}
+	if diff(ip4("10.0.0.1", "10.0.0.2", 1, 1, 2, 0), ip4("10.0.0.1", "10.0.0.2", 1, 7, 9, 0)) {
+		t.Error("ICMP packets hash by the bytes where ports would be")
+	}
+	first := ip4("10.0.0.1", "10.0.0.2", 17, 1, 2, 0x2000) // more fragments, offset 0
+	rest := ip4("10.0.0.1", "10.0.0.2", 17, 0xabcd, 0x1234, 0x00b9)
+	if diff(first, rest) {
+		t.Error("a datagram's fragments hash by their payload")
+	}
+	// The offset is where the packet starts; junk before it does not count.
+	framed := append([]byte{9, 9, 9, 9}, first...)
+	if flowQueue(framed, 4, 1<<16) != flowQueue(first, 0, 1<<16) {
+		t.Error("the bytes before the offset changed the queue")
+	}
+	if flowQueue(first, 0, 1) != 0 || flowQueue([]byte{0x45}, 0, n) != 0 || flowQueue(first, 99, n) != 0 {
+		t.Error("one queue, a short packet or an offset past the end is not queue 0")
+	}
+}
+
+func FuzzFlowQueue(f *testing.F) {
+	f.Add(ip4("10.0.0.1", "10.0.0.2", 6, 1, 2, 0), 0, 4)
+	f.Add(ip6("fd00::1", "fd00::2", 17, 1, 2), 0, 3)
+	f.Add([]byte{0x4f, 0, 0, 0, 0, 0, 0, 0, 0, 6}, 0, 2)
+	f.Fuzz(func(t *testing.T, p []byte, offset, n int) {
+		if offset < 0 || n < 1 || n > 256 {
+			return
+		}
+		if q := flowQueue(p, offset, n); q < 0 || q >= n {
+			t.Fatalf("queue %d of %d", q, n)
+		}
+	})
+}

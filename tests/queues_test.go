@@ -1,0 +1,72 @@
+package tests
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"ipoibfs/internal/testenv"
+)
+
+// With -queues 4 ib0 is a multi-queue TUN device with four queues, and eight parallel
+// TCP streams all move data: the kernel sends them out of several of its queues (its
+// flow steering follows the queue the daemon wrote each flow's packets to), so a
+// queue nobody read would stall the streams on it.
+func TestParallelStreamsOverQueues(t *testing.T) {
+	requireE2E(t)
+	iperf := testenv.Tool(t, "iperf3")
+	tc := testenv.Tool(t, "tc")
+	nsA, nsB := twoNodes(t, "127.0.1.101:4791", "127.0.1.102:4791", "10.65.0", "-queues", "4")
+	if out := mustRun(t, "ip", "-n", nsA, "-d", "link", "show", "ib0"); !strings.Contains(out, "multi_queue numqueues 4 ") {
+		t.Fatalf("ib0 is not a TUN with 4 queues:\n%s", out)
+	}
+	srv := exec.Command("ip", "netns", "exec", nsB, iperf, "-s", "-1", "-p", "5298")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
+	waitListening(t, nsB, 5298)
+	out, err := run(t, 60*time.Second, "ip", "netns", "exec", nsA, iperf, "-c", "10.65.0.2", "-p", "5298", "-t", "2", "-P", "8", "-J")
+	if err != nil {
+		t.Fatalf("iperf3: %v\n%s", err, out)
+	}
+	var res struct {
+		End struct {
+			Streams []struct {
+				Receiver struct {
+					Bytes int64 `json:"bytes"`
+				} `json:"receiver"`
+			} `json:"streams"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Error != "" || len(res.End.Streams) != 8 {
+		t.Fatalf("iperf3 -P 8 did not complete (%v):\n%s", err, out)
+	}
+	for k, s := range res.End.Streams {
+		if s.Receiver.Bytes == 0 {
+			t.Errorf("stream %d moved nothing", k+1)
+		}
+	}
+	// The per-queue qdiscs under mq count what the kernel sent out of each queue.
+	var qdiscs []struct {
+		Kind    string `json:"kind"`
+		Parent  string `json:"parent"`
+		Packets int64  `json:"packets"`
+	}
+	js := mustRun(t, tc, "-n", nsA, "-s", "-j", "qdisc", "show", "dev", "ib0")
+	if err := json.Unmarshal([]byte(js), &qdiscs); err != nil {
+		t.Fatalf("tc -j: %v\n%s", err, js)
+	}
+	used := 0
+	for _, q := range qdiscs {
+		if q.Parent != "" && q.Packets > 100 {
+			used++
+		}
+	}
+	if used < 2 {
+		t.Errorf("8 streams left through %d of ib0's 4 queues:\n%s", used, js)
+	}
+}
