@@ -698,12 +698,9 @@ func (i *Interface) SetMode(m Mode) error {
 		i.adminMTU = min(d.mcastMTU, d.mtu)
 		mtuAct = i.setMTULocked(min(d.mcastMTU, i.adminMTU))
 	}
-	feat, h := i.effectiveFeaturesLocked(), d.host
 	i.mu.Unlock()
 	mtuAct()
-	if h != nil {
-		h.SetOffloads(feat)
-	}
+	i.pushOffloads()
 	for _, t := range txs {
 		i.cmTxDestroy(t)
 	}

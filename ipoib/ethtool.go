@@ -58,12 +58,8 @@ func (i *Interface) RequestedFeatures() Features {
 func (i *Interface) SetFeatures(f Features) {
 	i.mu.Lock()
 	i.features = f
-	eff := i.effectiveFeaturesLocked()
-	h := i.data().host
 	i.mu.Unlock()
-	if h != nil {
-		h.SetOffloads(eff)
-	}
+	i.pushOffloads()
 }
 
 // SpeedMbps is the port's rate, lane speed times width, as the driver's

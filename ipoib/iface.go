@@ -83,6 +83,7 @@ type Interface struct {
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
 	childOps      sync.Mutex    // serialises CreateChild and DeleteChild of a parent
+	hostMu        sync.Mutex    // one push to the host at a time (host.go)
 	ifIndex       atomic.Int32  // the kernel device's index (SetIfIndex); 0: none
 	leaveMu       sync.Mutex    // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
@@ -397,15 +398,19 @@ func (i *Interface) SetTxQueueLen(n uint32) {
 	i.mu.Lock()
 	changed := i.txQueueLen != n
 	i.txQueueLen = n
-	h := i.data().host
 	i.mu.Unlock()
-	if th, ok := h.(TxQueueHost); ok && changed {
-		th.SetTxQueueLen(n)
+	if changed {
+		i.pushTxQueueLen()
 	}
 }
 
 // AttachHost connects the kernel side and pushes the current MTU, carrier and features.
+// (It holds hostMu throughout: no push of a change made meanwhile reaches the host
+// before these, and none reaches a host detached with AttachHost(nil) after it
+// returns.)
 func (i *Interface) AttachHost(h Host) {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
 	i.mu.Lock()
 	i.setLocked(func(d *dataState) { d.host = h })
 	d := i.data()
@@ -472,7 +477,6 @@ func (i *Interface) SetUp(up bool) error {
 	changed := i.data().up != up
 	i.setLocked(func(d *dataState) { d.up = up })
 	kids := slices.Clone(i.children)
-	h := i.data().host
 	parentUp := i.parent == nil || i.parent.IsUp()
 	i.mu.Unlock()
 	if up && !parentUp {
@@ -480,9 +484,7 @@ func (i *Interface) SetUp(up bool) error {
 	}
 	if changed {
 		i.e.event("%s: %s", i.Name(), map[bool]string{true: "up", false: "down"}[up])
-		if ah, ok := h.(AdminHost); ok {
-			ah.SetAdminUp(up)
-		}
+		i.pushUp()
 		if up {
 			i.open()
 		} else {
@@ -595,15 +597,12 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 	if on && d.mode == Datagram {
 		mtuAct = i.setMTULocked(min(d.mcastMTU, i.adminMTU))
 	}
-	h := d.host
 	i.e.tracef(1, "%s: carrier %v", i.Name(), on)
 	return func() {
 		if mtuAct != nil {
 			mtuAct()
 		}
-		if h != nil {
-			h.SetCarrier(on)
-		}
+		i.pushCarrier()
 	}
 }
 
@@ -615,12 +614,7 @@ func (i *Interface) setMTULocked(mtu int) func() {
 	}
 	i.setLocked(func(d *dataState) { d.mtu = mtu })
 	i.e.event("%s: mtu %d", i.Name(), mtu)
-	h := d.host
-	return func() {
-		if h != nil {
-			h.SetMTU(mtu)
-		}
-	}
+	return i.pushMTU
 }
 
 // SetMTU applies an MTU write with the kernel's rules (ipoib_change_mtu).

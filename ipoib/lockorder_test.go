@@ -64,6 +64,7 @@ var lockOrder = []string{
 	"Bonds.mu",
 	"Bond.mu",
 	"Engine.mu",
+	"Interface.hostMu",
 	"rxState.mu",
 	"Interface.txMu",
 	"Interface.mu",
@@ -75,7 +76,7 @@ var lockOrder = []string{
 
 // calloutAllowed lists, per kind of callout, the locks it may be made under.
 var calloutAllowed = map[string][]string{
-	"Host":        {"Interface.childOps", "rxState.mu"}, // rxState.mu: Deliver, in order
+	"Host":        {"Interface.childOps", "Interface.hostMu", "rxState.mu"}, // rxState.mu: Deliver, in order
 	"Devices":     {"Interface.childOps"},
 	"BondDevices": {"Bonds.mu"},
 	"SA":          nil,

@@ -1,0 +1,61 @@
+package ipoib
+
+// Pushes to the host. The engine changes its state under its locks and tells the
+// host (the kernel device) after releasing them, so two changes of one attribute, say a
+// tree write of mtu and the adoption of an `ip link set mtu` the device reported,
+// could reach the device in the other order than the engine made them, and leave it
+// holding the older value for good (its own change is not reported back). A push
+// therefore sends the value current when its turn comes, one push at a time
+// (hostMu): the last push carries the latest value, whatever order they run in.
+
+// pushMTU tells the host the current MTU.
+func (i *Interface) pushMTU() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	if d := i.data(); d.host != nil {
+		d.host.SetMTU(d.mtu)
+	}
+}
+
+// pushCarrier tells the host the current carrier.
+func (i *Interface) pushCarrier() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	if d := i.data(); d.host != nil {
+		d.host.SetCarrier(d.carrier)
+	}
+}
+
+// pushUp tells a host that follows it the current administrative state.
+func (i *Interface) pushUp() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	d := i.data()
+	if ah, ok := d.host.(AdminHost); ok {
+		ah.SetAdminUp(d.up)
+	}
+}
+
+// pushTxQueueLen tells a host that follows it the current transmit queue length.
+func (i *Interface) pushTxQueueLen() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	i.mu.Lock()
+	n, h := i.txQueueLen, i.data().host
+	i.mu.Unlock()
+	if th, ok := h.(TxQueueHost); ok {
+		th.SetTxQueueLen(n)
+	}
+}
+
+// pushOffloads tells the host the current effective features.
+func (i *Interface) pushOffloads() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	i.mu.Lock()
+	f, h := i.effectiveFeaturesLocked(), i.data().host
+	i.mu.Unlock()
+	if h != nil {
+		h.SetOffloads(f)
+	}
+}

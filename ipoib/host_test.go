@@ -1,0 +1,72 @@
+package ipoib
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// stallHost is a host whose first SetMTU stalls before it takes effect, until another
+// SetMTU comes or a while has passed: what the device sees when the push of one
+// change is slow and the push of a later change overtakes it.
+type stallHost struct {
+	fakeHost
+	once    sync.Once
+	another chan struct{}
+	calls   int
+	cmu     sync.Mutex
+}
+
+func (h *stallHost) SetMTU(m int) {
+	h.cmu.Lock()
+	h.calls++
+	first := h.calls == 1
+	if h.calls == 2 {
+		close(h.another)
+	}
+	h.cmu.Unlock()
+	if first {
+		select {
+		case <-h.another:
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	h.fakeHost.SetMTU(m)
+}
+
+// Two MTU changes pushed to the host at once: whatever order the pushes run in, the
+// host ends with the engine's MTU. (When each push carried the value of its own
+// change, the later change's push could overtake the earlier one and the device kept
+// the older MTU for good: a tree write racing an adopted `ip link set mtu`.)
+func TestHostEndsWithTheEnginesValue(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	waitFor(t, "carrier", i.Carrier)
+	h := &stallHost{another: make(chan struct{})}
+	i.AttachHost(h)
+	h.cmu.Lock()
+	h.calls = 0 // AttachHost's own push does not count
+	h.cmu.Unlock()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = i.SetMTU(1500) }() // its push stalls in the host
+	for {
+		h.cmu.Lock()
+		n := h.calls
+		h.cmu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := i.SetMTU(1400); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	h.mu.Lock()
+	got := h.mtu
+	h.mu.Unlock()
+	if want := i.MTU(); got != want {
+		t.Fatalf("the host holds MTU %d, the engine %d", got, want)
+	}
+}
