@@ -216,10 +216,10 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		if err == nil && !(cur != nil && up) {
 			i.leaveGroup(g.mgid, rec.JoinState)
 		}
-		i.mu.Unlock()
 		if testHookSuperseded != nil {
 			testHookSuperseded(i, g.mgid)
 		}
+		i.mu.Unlock()
 		return
 	}
 	if err == nil {
@@ -286,7 +286,8 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	i.wake() // the other groups can be joined now
 }
 
-// testHookSuperseded, when set by a test, runs as joinDone lets go of a superseded join.
+// testHookSuperseded, when set by a test, runs just before joinDone releases mu for a
+// superseded join (it may take leaveMu, which comes after mu).
 var testHookSuperseded func(i *Interface, mgid verbs.GID)
 
 // leaveAll leaves and detaches every group (ipoib_mcast_dev_flush).
