@@ -158,6 +158,11 @@ func Open(cfg Config) (_ *Device, err error) {
 	if err != nil {
 		return nil, fail("look up new device: %w", err)
 	}
+	// The queues are the device's: a device renamed or deleted while they attached
+	// would leave some of them on a new device of the name, with fewer queues.
+	if tt, ok := l.(*netlink.Tuntap); ok && cfg.Queues > 1 && tt.Queues != cfg.Queues {
+		return nil, fail("%d of %d queues attached to the device (renamed or deleted meanwhile?)", tt.Queues, cfg.Queues)
+	}
 	d.index = l.Attrs().Index
 	d.link = &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: d.index, Name: d.name}}
 	d.mtu.Store(int64(l.Attrs().MTU))
@@ -261,6 +266,21 @@ func attachQueue(name string) (int, error) {
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("attach TUN queue: %w", err)
+	}
+	// As createTUN, what wireguard's setup needs is checked here, where failing still
+	// lets us close the fd cleanly. (Without IFF_TUN_EXCL the attach makes a new
+	// device should the name have gone meanwhile: Open counts the queues after.)
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TUNGETIFF: %w", err)
+	}
+	if got := ifr.Name(); got != name {
+		unix.Close(fd)
+		return -1, fmt.Errorf("kernel named the TUN %q", got)
+	}
+	if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunCsum|tunTSO); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TUNSETOFFLOAD: %w", err)
 	}
 	return fd, nil
 }

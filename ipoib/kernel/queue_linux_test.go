@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 // A device with queues is a multi-queue TUN with that many queues in the kernel, and
@@ -35,6 +37,13 @@ func TestMultiQueue(t *testing.T) {
 	}
 	if got := strings.Fields(string(out)); !slices.Equal(got, want) {
 		t.Fatalf("the kernel's queues of %s: %v, want %v", d.Name(), got, want)
+	}
+	// What Open checks its queues against (a device renamed or deleted meanwhile would
+	// have fewer).
+	if l, err := nlHandle(t, ns).LinkByName(d.Name()); err != nil {
+		t.Fatal(err)
+	} else if tt, ok := l.(*netlink.Tuntap); !ok || tt.Queues != queues {
+		t.Fatalf("netlink shows %s as %T %+v, want a tuntap with %d queues", d.Name(), l, l, queues)
 	}
 	addAddr(t, ns, d.Name(), "10.56.0.1/24")
 	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
