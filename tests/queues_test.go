@@ -2,7 +2,9 @@ package tests
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +12,8 @@ import (
 	"ipoibfs/internal/testenv"
 )
 
-// With -queues 4 ib0 is a multi-queue TUN device with four queues, and eight parallel
+// With -queues 4 ib0 is a multi-queue TUN device with four queues (its children have
+// one), and eight parallel
 // TCP streams all move data: the kernel sends them out of several of its queues (its
 // flow steering follows the queue the daemon wrote each flow's packets to), so a
 // queue nobody read would stall the streams on it.
@@ -18,9 +21,18 @@ func TestParallelStreamsOverQueues(t *testing.T) {
 	requireE2E(t)
 	iperf := testenv.Tool(t, "iperf3")
 	tc := testenv.Tool(t, "tc")
-	nsA, nsB := twoNodes(t, "127.0.1.101:4791", "127.0.1.102:4791", "10.65.0", "-queues", "4")
+	mnt := t.TempDir()
+	nsA, nsB := twoNodes(t, "127.0.1.101:4791", "127.0.1.102:4791", "10.65.0", "-queues", "4", "-mount", mnt)
 	if out := mustRun(t, "ip", "-n", nsA, "-d", "link", "show", "ib0"); !strings.Contains(out, "multi_queue numqueues 4 ") {
 		t.Fatalf("ib0 is not a TUN with 4 queues:\n%s", out)
+	}
+	// A P_Key child's device has one queue (a multi-queue TUN costs megabytes of
+	// kernel memory once up).
+	if err := os.WriteFile(filepath.Join(mnt, "class/net/ib0/create_child"), []byte("0x8001\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, "ip", "-n", nsA, "-d", "link", "show", "ib0.8001"); strings.Contains(out, "multi_queue") {
+		t.Fatalf("ib0.8001 is a multi-queue TUN:\n%s", out)
 	}
 	srv := exec.Command("ip", "netns", "exec", nsB, iperf, "-s", "-1", "-p", "5298")
 	if err := srv.Start(); err != nil {

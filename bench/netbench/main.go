@@ -41,7 +41,7 @@ var (
 	streams  = flag.Int("P", 1, "parallel iperf3 streams (iperf3 -P); the veth reference runs as many")
 	loss     = flag.Float64("loss", 0, "percent of fabric packets lost (sm/faults) during the ipoib measurements; RC recovers them in connected mode (the veth reference has none: no netem here)")
 	profDir  = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
-	queues   = flag.Int("queues", 0, "the daemons' -queues (TUN queues per interface); 0: their default, one per CPU")
+	queues   = flag.Int("queues", 0, "the daemons' -queues (TUN queues of ib0); 0: their default, one per CPU up to 8")
 	prebuilt = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
 	binPath  string
 )
@@ -100,7 +100,7 @@ func main() {
 		what = fmt.Sprintf("TCP, %d parallel streams,", *streams)
 	}
 	if *queues > 0 {
-		what += fmt.Sprintf(" with %d TUN queues per interface,", *queues)
+		what += fmt.Sprintf(" with %d TUN queues on ib0,", *queues)
 	}
 	fmt.Printf("%s (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", what, *dur)
 	fmt.Printf("relay RTT: the same ping over a minimal Go TUN<->UDP relay in each namespace (relay.go), same run\n")

@@ -92,8 +92,16 @@ func (d *adopter) adoptedTxq(n uint32) bool {
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
 	f := i.Features()
+	// A port's interface gets the -queues; a P_Key child one: a multi-queue TUN holds
+	// about 6.6 MB of kernel memory once up (the kernel gives it 256 transmit queues,
+	// each with a qdisc sized for txqueuelen), against 60 KiB, and a daemon has
+	// thousands of children.
+	queues := bs.queues
+	if i.Parent() != nil {
+		queues = 1
+	}
 	dev, err := kernel.Open(kernel.Config{Name: i.Name(), MTU: i.MTU(), NetNS: netns,
-		Offloads: offloads(f), Queues: bs.queues})
+		Offloads: offloads(f), Queues: queues})
 	if err != nil {
 		return nil, err
 	}
@@ -270,10 +278,10 @@ func readLoop(dev *kernel.Device, q *kernel.Queue, name func() string, mtu func(
 		}
 		c, err := q.ReadOffset(bufs, sizes, kernel.ReadHeadroom)
 		if err != nil {
-			if errors.Is(err, kernel.ErrUnregistered) {
+			if errors.Is(err, kernel.ErrUnregistered) && q == dev.Queue(0) { // said once, not per queue
 				// Not our close: ip link del, or the namespace went. The engine follows
 				// (the device is deleted or made again); this reader is done.
-				log.Printf("%s: the kernel unregistered the device; its reader stops", name())
+				log.Printf("%s: the kernel unregistered the device; its readers stop", name())
 			}
 			if errors.Is(err, os.ErrClosed) {
 				return
@@ -363,8 +371,8 @@ func (b *bridge) logErr(err error) {
 }
 
 func (b *bridge) Deliver(pkts [][]byte) {
-	spread(b.dev, pkts, 0, func(q *kernel.Queue, pkts [][]byte) {
-		if _, err := q.Write(pkts); err != nil && !errors.Is(err, os.ErrClosed) {
+	spread(b.dev.Queues(), pkts, 0, func(q int, pkts [][]byte) {
+		if _, err := b.dev.Queue(q).Write(pkts); err != nil && !errors.Is(err, os.ErrClosed) {
 			log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
 		}
 	})
@@ -375,8 +383,8 @@ func (b *bridge) Deliver(pkts [][]byte) {
 func (b *bridge) FrameHeadroom() int { return kernel.WriteHeadroom }
 
 func (b *bridge) DeliverFrames(frames [][]byte, offset int) {
-	spread(b.dev, frames, offset, func(q *kernel.Queue, frames [][]byte) {
-		if _, err := q.WriteOffset(frames, offset); err != nil && !errors.Is(err, os.ErrClosed) {
+	spread(b.dev.Queues(), frames, offset, func(q int, frames [][]byte) {
+		if _, err := b.dev.Queue(q).WriteOffset(frames, offset); err != nil && !errors.Is(err, os.ErrClosed) {
 			log.Printf("%s: write to the kernel: %v", b.i.Name(), err)
 		}
 	})
@@ -430,7 +438,7 @@ func offloads(f ipoib.Features) kernel.Offloads {
 type bridges struct {
 	e      *ipoib.Engine
 	netns  string
-	queues int // TUN queues per interface
+	queues int // TUN queues of a port's interface (a child's device has one)
 	mu     sync.Mutex
 	m      map[*ipoib.Interface]*bridge
 	off    bool

@@ -162,7 +162,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
 	loadBonding := fl.Bool("bonding", false, "load the bonding driver: class/net/bonding_masters in the tree (implied by bonding files in -config)")
 	hcaName := fl.String("hca", "", "run on this rdma-core `device` instead of the soft HCA (\"list\" prints the devices libibverbs sees; needs a build with -tags rdma)")
-	queues := fl.Int("queues", defaultQueues(), "TUN `queues` per interface (IFF_MULTI_QUEUE): flows spread over them both ways, a reader each; 1..256")
+	queues := fl.Int("queues", defaultQueues(), "TUN `queues` of each port's interface (IFF_MULTI_QUEUE; P_Key children have one): flows spread over them both ways, a reader each; 1..256")
 	var ifnames ifnameFlags
 	fl.Var(&ifnames, "ifname", "rename a port's interface: `ibN=NAME` (repeatable or comma-separated), e.g. ib0=uib0 where the kernel's ib_ipoib has ib0")
 	var params paramFlags

@@ -3,32 +3,64 @@ package main
 import (
 	"encoding/binary"
 	"runtime"
+	"sync"
 
 	"ipoibfs/ipoib/kernel"
 )
 
-// defaultQueues is the TUN queues per interface without -queues: one per CPU (the
-// vendor's enhanced IPoIB has a send and a receive queue per core), at most 8.
+// defaultQueues is the TUN queues of a port's interface without -queues: one per CPU
+// (the vendor's enhanced IPoIB has a send and a receive queue per core), at most 8.
 func defaultQueues() int { return min(runtime.NumCPU(), 8) }
 
-// spread hands the packets, pkts[k][offset:], to write in runs that each go to one of
-// dev's queues, the queue of their flow (flowQueue), in order: a flow's packets keep
-// their order, and a batch of one flow, the common case, is one write.
-func spread(dev *kernel.Device, pkts [][]byte, offset int, write func(q *kernel.Queue, pkts [][]byte)) {
-	n := dev.Queues()
+// spread hands the packets, pkts[k][offset:], to write grouped by the queue of their
+// flow among n (flowQueue): one write per queue, its packets in their order. A flow's packets
+// keep their order, and a write is where GRO coalesces a flow's segments, so
+// interleaved flows are not cut into writes of one packet each. write must not keep
+// the slice it is given.
+func spread(n int, pkts [][]byte, offset int, write func(q int, pkts [][]byte)) {
 	if n <= 1 || len(pkts) == 0 {
-		write(dev.Queue(0), pkts)
+		write(0, pkts)
 		return
 	}
-	start, cur := 0, flowQueue(pkts[0], offset, n)
-	for k := 1; k < len(pkts); k++ {
-		if q := flowQueue(pkts[k], offset, n); q != cur {
-			write(dev.Queue(cur), pkts[start:k])
-			start, cur = k, q
-		}
+	s := spreadScratch.Get().(*spreadBufs)
+	defer spreadScratch.Put(s)
+	qs := s.qs[:0]
+	same := true
+	for _, p := range pkts {
+		q := uint8(flowQueue(p, offset, n)) // n <= kernel.MaxQueues (256)
+		qs = append(qs, q)
+		same = same && q == qs[0]
 	}
-	write(dev.Queue(cur), pkts[start:])
+	s.qs = qs
+	if same { // the common case: a batch of one flow
+		write(int(qs[0]), pkts)
+		return
+	}
+	var done [kernel.MaxQueues]bool
+	for k, q := range qs {
+		if done[q] {
+			continue
+		}
+		done[q] = true
+		out := s.out[:0]
+		for j := k; j < len(pkts); j++ {
+			if qs[j] == q {
+				out = append(out, pkts[j])
+			}
+		}
+		write(int(q), out)
+		clear(out) // the pool keeps no packet alive
+		s.out = out
+	}
 }
+
+// spreadBufs is spread's scratch: the queue of each packet, and one queue's packets.
+type spreadBufs struct {
+	qs  []uint8
+	out [][]byte
+}
+
+var spreadScratch = sync.Pool{New: func() any { return new(spreadBufs) }}
 
 // flowQueue picks one of n queues for the IP packet b[offset:] by its flow: a hash of
 // its addresses and protocol and, for TCP, UDP, SCTP and UDP-Lite outside fragments,

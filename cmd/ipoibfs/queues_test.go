@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"testing"
 )
@@ -95,4 +96,58 @@ func FuzzFlowQueue(f *testing.F) {
 			t.Fatalf("queue %d of %d", q, n)
 		}
 	})
+}
+
+// spread writes once per queue, each queue's packets in their order: interleaved
+// flows are grouped (GRO coalesces within a write), not cut into single packets.
+func TestSpreadGroupsByQueue(t *testing.T) {
+	const n = 4
+	// Flows on distinct queues.
+	var flows [][]byte
+	seen := map[int]bool{}
+	for port := uint16(1); len(flows) < 3; port++ {
+		p := ip4("10.0.0.1", "10.0.0.2", 6, port, 80, 0)
+		if q := flowQueue(p, 0, n); !seen[q] {
+			seen[q] = true
+			flows = append(flows, p)
+		}
+	}
+	// A, B, A, C, B, A: each packet a copy, tagged with its position in byte 39.
+	var pkts [][]byte
+	for k, f := range []int{0, 1, 0, 2, 1, 0} {
+		p := append([]byte(nil), flows[f]...)
+		p[39] = byte(k)
+		pkts = append(pkts, p)
+	}
+	type write struct {
+		q   int
+		pos []byte
+	}
+	var got []write
+	spread(n, pkts, 0, func(q int, ps [][]byte) {
+		w := write{q: q}
+		for _, p := range ps {
+			w.pos = append(w.pos, p[39])
+		}
+		got = append(got, w)
+	})
+	want := []write{
+		{flowQueue(flows[0], 0, n), []byte{0, 2, 5}},
+		{flowQueue(flows[1], 0, n), []byte{1, 4}},
+		{flowQueue(flows[2], 0, n), []byte{3}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("writes %v, want %v", got, want)
+	}
+	// One flow: one write, the caller's slice; one queue: everything to queue 0.
+	got = nil
+	spread(n, pkts[:1], 0, func(q int, ps [][]byte) { got = append(got, write{q: q, pos: []byte{byte(len(ps))}}) })
+	if len(got) != 1 || got[0].q != want[0].q {
+		t.Fatalf("a one-flow batch: writes %v", got)
+	}
+	got = nil
+	spread(1, pkts, 0, func(q int, ps [][]byte) { got = append(got, write{q: q, pos: []byte{byte(len(ps))}}) })
+	if fmt.Sprint(got) != fmt.Sprint([]write{{0, []byte{6}}}) {
+		t.Fatalf("one queue: writes %v", got)
+	}
 }
