@@ -224,6 +224,14 @@ func createTUN(name string, multiQueue bool) (int, error) {
 		}
 		return -1, fmt.Errorf("create TUN: %w", err)
 	}
+	return checkQueue(fd, name, ifr)
+}
+
+// checkQueue checks a TUN file descriptor that TUNSETIFF gave name before wireguard's
+// setup takes it: the kernel's name, and the CSUM|TSO4|TSO6 offloads that setup
+// requires with IFF_VNET_HDR. Here a failure still lets us close the fd cleanly (it
+// does: the fd is returned only without an error).
+func checkQueue(fd int, name string, ifr *unix.Ifreq) (int, error) {
 	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("TUNGETIFF: %w", err)
@@ -232,8 +240,6 @@ func createTUN(name string, multiQueue bool) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("kernel named the TUN %q", got)
 	}
-	// wireguard's setup requires CSUM|TSO4|TSO6 with IFF_VNET_HDR; check here, where
-	// failing still lets us close the fd cleanly.
 	if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunCsum|tunTSO); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("TUNSETOFFLOAD: %w", err)
@@ -267,22 +273,9 @@ func attachQueue(name string) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("attach TUN queue: %w", err)
 	}
-	// As createTUN, what wireguard's setup needs is checked here, where failing still
-	// lets us close the fd cleanly. (Without IFF_TUN_EXCL the attach makes a new
-	// device should the name have gone meanwhile: Open counts the queues after.)
-	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("TUNGETIFF: %w", err)
-	}
-	if got := ifr.Name(); got != name {
-		unix.Close(fd)
-		return -1, fmt.Errorf("kernel named the TUN %q", got)
-	}
-	if err := unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tunCsum|tunTSO); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("TUNSETOFFLOAD: %w", err)
-	}
-	return fd, nil
+	// (Without IFF_TUN_EXCL the attach makes a new device should the name have gone
+	// meanwhile: Open counts the queues after.)
+	return checkQueue(fd, name, ifr)
 }
 
 // closeQueues closes the device's queues, the first last: the kernel unregisters the
