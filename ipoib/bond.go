@@ -416,6 +416,7 @@ type Bond struct {
 	upA     atomic.Bool
 	ifIndex atomic.Int32
 
+	hostMu       sync.Mutex // one push to the host at a time (host.go)
 	mu           sync.Mutex
 	slaves       []*slave
 	primary      string // params.primary: a name, enslaved or not
@@ -489,6 +490,8 @@ func (b *Bond) Name() string { return b.name }
 // AttachHost connects the bond's kernel device and pushes its MTU, carrier and
 // features.
 func (b *Bond) AttachHost(h Host) {
+	b.hostMu.Lock() // as Interface.AttachHost
+	defer b.hostMu.Unlock()
 	b.mu.Lock()
 	if h == nil {
 		b.host.Store(nil)
@@ -675,13 +678,10 @@ func (b *Bond) SetMTU(mtu int) error {
 	}
 	changed := b.mtu != mtu
 	b.mtu = mtu
-	h := b.hostLoad()
 	b.mu.Unlock()
 	if changed {
 		b.bs.e.event("%s: mtu %d", b.name, mtu)
-		if h != nil {
-			h.SetMTU(mtu)
-		}
+		b.pushMTU()
 	}
 	return nil
 }
@@ -1055,20 +1055,18 @@ func (b *Bond) hostSetupLocked(mtuChanged, llChanged bool) []func() {
 	}
 	fChanged := f != b.features
 	b.features = f
-	h := b.hostLoad()
-	if h == nil {
+	if b.hostLoad() == nil {
 		return nil
 	}
-	mtu, ll := b.mtu, b.ll
 	return []func(){func() {
 		if mtuChanged {
-			h.SetMTU(mtu)
+			b.pushMTU()
 		}
 		if fChanged {
-			h.SetOffloads(f)
+			b.pushOffloads()
 		}
-		if lh, ok := h.(LinkLocalHost); ok && llChanged && ll.IsValid() {
-			lh.SetLinkLocal(ll)
+		if llChanged {
+			b.pushLinkLocal()
 		}
 	}}
 }
@@ -1278,11 +1276,10 @@ func (b *Bond) carrierLocked() []func() {
 	}
 	b.carrier = on
 	b.bs.e.event("%s: carrier %s", b.name, onOff(on))
-	h := b.hostLoad()
-	if h == nil {
+	if b.hostLoad() == nil {
 		return nil
 	}
-	return []func(){func() { h.SetCarrier(on) }}
+	return []func(){b.pushCarrier}
 }
 
 // ---- the slave's side ----

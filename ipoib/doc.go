@@ -31,31 +31,33 @@
 //  1. Interface.childOps (a parent's): one create or delete of its children at a time,
 //     the kernel device included.
 //  2. Bonds.mu: the list of bonds and their device maker.
-//  3. Bond.mu: a bond's configuration and slaves (bond.go); releaseGone looks names
+//  3. Bond.hostMu: one push of a bond's state to its host at a time, as
+//     Interface.hostMu (host.go).
+//  4. Bond.mu: a bond's configuration and slaves (bond.go); releaseGone looks names
 //     up in the engine holding it.
-//  4. Engine.mu: the interface table, the watchers and the device maker.
-//  5. Interface.hostMu: one push of the interface's state to its host at a time, each
+//  5. Engine.mu: the interface table, the watchers and the device maker.
+//  6. Interface.hostMu: one push of the interface's state to its host at a time, each
 //     sending the value current when its turn comes (host.go), so the device ends
 //     with the engine's latest whatever order the pushes run in.
-//  6. Interface.udRx.mu and cmRxS.mu (rxState.mu): one drain of the UD (connected
+//  7. Interface.udRx.mu and cmRxS.mu (rxState.mu): one drain of the UD (connected
 //     mode's) receive CQ at a time, the receive loop's or the completion handler's on
 //     the HCA's receive path, from the poll to the host's Deliver, so batches reach
 //     the host in order. Never one under the other.
-//  7. Interface.txMu: the UD send scratch slices; one UD post at a time.
-//  8. Interface.mu: the control path's fields (admin MTU, features, moderation,
+//  8. Interface.txMu: the UD send scratch slices; one UD post at a time.
+//  9. Interface.mu: the control path's fields (admin MTU, features, moderation,
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
 //     only with it held (setLocked), so a holder reads a state that stays current. A
 //     child's is taken before its parent's (SetUp reads the parent's), never after.
-//  9. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
+//  10. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
 //     posting the ring afresh, so no buffer is handed to the HCA while its packet is
 //     copied; a buffer's work request ID carries the ring generation it was posted
 //     in, and a completion of an older ring is dropped, its buffer posted already.
-//  10. Interface.dmu: the tables, and the moment a new dataState is published
+//  11. Interface.dmu: the tables, and the moment a new dataState is published
 //     (setLocked takes it; publishLocked is for a holder), so that Transmit, which
 //     holds it over a batch, routes on the mode and addresses its tables were made
 //     for; SetMode changes the mode and empties the tables in one step.
-//  11. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
-//  12. Interface.loopMu: whether the interface's goroutines have started (they start at
+//  12. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//  13. Interface.loopMu: whether the interface's goroutines have started (they start at
 //     its first open or connection) and whether close has begun, so none starts after
 //     close waits for them.
 //

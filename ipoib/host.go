@@ -59,3 +59,41 @@ func (i *Interface) pushOffloads() {
 		h.SetOffloads(f)
 	}
 }
+
+// A bond's pushes, the same way (Bond.hostMu).
+
+// bondPush calls f with the bond's host under hostMu, the values it sends read under
+// mu by f's caller's read.
+func (b *Bond) bondPush(read func() func(h Host)) {
+	b.hostMu.Lock()
+	defer b.hostMu.Unlock()
+	b.mu.Lock()
+	send, h := read(), b.hostLoad()
+	b.mu.Unlock()
+	if h != nil {
+		send(h)
+	}
+}
+
+func (b *Bond) pushMTU() {
+	b.bondPush(func() func(Host) { mtu := b.mtu; return func(h Host) { h.SetMTU(mtu) } })
+}
+
+func (b *Bond) pushCarrier() {
+	b.bondPush(func() func(Host) { on := b.carrier; return func(h Host) { h.SetCarrier(on) } })
+}
+
+func (b *Bond) pushOffloads() {
+	b.bondPush(func() func(Host) { f := b.features; return func(h Host) { h.SetOffloads(f) } })
+}
+
+func (b *Bond) pushLinkLocal() {
+	b.bondPush(func() func(Host) {
+		ll := b.ll
+		return func(h Host) {
+			if lh, ok := h.(LinkLocalHost); ok && ll.IsValid() {
+				lh.SetLinkLocal(ll)
+			}
+		}
+	})
+}

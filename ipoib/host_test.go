@@ -37,19 +37,32 @@ func (h *stallHost) SetMTU(m int) {
 // Two MTU changes pushed to the host at once: whatever order the pushes run in, the
 // host ends with the engine's MTU. (When each push carried the value of its own
 // change, the later change's push could overtake the earlier one and the device kept
-// the older MTU for good: a tree write racing an adopted `ip link set mtu`.)
+// the older MTU for good: a tree write racing an adopted `ip link set mtu`.) The same
+// for a bond's device.
 func TestHostEndsWithTheEnginesValue(t *testing.T) {
-	_, nodes := testFabric(t, "", "a")
-	i := nodes[0].ib0
-	waitFor(t, "carrier", i.Carrier)
+	t.Run("interface", func(t *testing.T) {
+		_, nodes := testFabric(t, "", "a")
+		i := nodes[0].ib0
+		waitFor(t, "carrier", i.Carrier)
+		overtake(t, i.AttachHost, i.SetMTU, i.MTU)
+	})
+	t.Run("bond", func(t *testing.T) {
+		b := newBondRig(t, "ib0").bond
+		overtake(t, b.AttachHost, b.SetMTU, b.MTU)
+	})
+}
+
+// overtake attaches a stallHost, sets two MTUs at once, the first one's push stalled,
+// and checks that the host ends with the MTU the engine holds.
+func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() int) {
 	h := &stallHost{another: make(chan struct{})}
-	i.AttachHost(h)
+	attach(h)
 	h.cmu.Lock()
-	h.calls = 0 // AttachHost's own push does not count
+	h.calls = 0 // the attach's own push does not count
 	h.cmu.Unlock()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = i.SetMTU(1500) }() // its push stalls in the host
+	go func() { defer wg.Done(); _ = set(1500) }() // its push stalls in the host
 	for {
 		h.cmu.Lock()
 		n := h.calls
@@ -59,14 +72,14 @@ func TestHostEndsWithTheEnginesValue(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if err := i.SetMTU(1400); err != nil {
+	if err := set(1400); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
 	h.mu.Lock()
 	got := h.mtu
 	h.mu.Unlock()
-	if want := i.MTU(); got != want {
+	if want := mtu(); got != want {
 		t.Fatalf("the host holds MTU %d, the engine %d", got, want)
 	}
 }

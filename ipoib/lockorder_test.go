@@ -62,6 +62,7 @@ import (
 var lockOrder = []string{
 	"Interface.childOps",
 	"Bonds.mu",
+	"Bond.hostMu",
 	"Bond.mu",
 	"Engine.mu",
 	"Interface.hostMu",
@@ -76,7 +77,7 @@ var lockOrder = []string{
 
 // calloutAllowed lists, per kind of callout, the locks it may be made under.
 var calloutAllowed = map[string][]string{
-	"Host":        {"Interface.childOps", "Interface.hostMu", "rxState.mu"}, // rxState.mu: Deliver, in order
+	"Host":        {"Interface.childOps", "Bond.hostMu", "Interface.hostMu", "rxState.mu"}, // rxState.mu: Deliver, in order
 	"Devices":     {"Interface.childOps"},
 	"BondDevices": {"Bonds.mu"},
 	"SA":          nil,
