@@ -76,7 +76,8 @@
 // with none held), the event log's and the loggers'.
 //
 // Calls out, and the locks held while they are made:
-//   - Host methods: none, except childOps (a child closed or its mode set while it is
+//   - Host methods: none, except Interface.hostMu and Bond.hostMu (every push of state,
+//     and AttachHost), childOps (a child closed or its mode set while it is
 //     created or deleted), udRx.mu and cmRxS.mu (Deliver, so received batches keep their order)
 //     and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
 //     state, which calls the slave's own host; a bond's own host is called after

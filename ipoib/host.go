@@ -8,6 +8,13 @@ package ipoib
 // therefore sends the value current when its turn comes, one push at a time
 // (hostMu): the last push carries the latest value, whatever order they run in.
 
+// PushMTU tells the host the interface's MTU again: for a host that put a value the
+// interface refused back (ip link set mtu), in turn with the interface's own pushes.
+func (i *Interface) PushMTU() { i.pushMTU() }
+
+// PushMTU tells the bond's host the bond's MTU again, as Interface.PushMTU.
+func (b *Bond) PushMTU() { b.pushMTU() }
+
 // pushMTU tells the host the current MTU.
 func (i *Interface) pushMTU() {
 	i.hostMu.Lock()

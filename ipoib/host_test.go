@@ -11,15 +11,17 @@ import (
 // change is slow and the push of a later change overtakes it.
 type stallHost struct {
 	fakeHost
-	once    sync.Once
 	another chan struct{}
+	armed   bool // SetMTU counts calls (and stalls the first) once armed
 	calls   int
 	cmu     sync.Mutex
 }
 
 func (h *stallHost) SetMTU(m int) {
 	h.cmu.Lock()
-	h.calls++
+	if h.armed {
+		h.calls++
+	}
 	first := h.calls == 1
 	if h.calls == 2 {
 		close(h.another)
@@ -58,7 +60,7 @@ func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() i
 	h := &stallHost{another: make(chan struct{})}
 	attach(h)
 	h.cmu.Lock()
-	h.calls = 0 // the attach's own push does not count
+	h.armed = true // the attach's own push does not count
 	h.cmu.Unlock()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -81,5 +83,27 @@ func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() i
 	h.mu.Unlock()
 	if want := mtu(); got != want {
 		t.Fatalf("the host holds MTU %d, the engine %d", got, want)
+	}
+}
+
+// AttachHost gives a new host the interface's state as the engine holds it: the
+// effective offloads (connected mode turns checksum and TSO off whatever was asked)
+// and the administrative state.
+func TestAttachHostPushesTheCurrentState(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	waitFor(t, "carrier", i.Carrier)
+	i.SetFeatures(Features{RxChecksum: true, TxChecksum: true, TSO: true, GRO: true})
+	if err := i.SetMode(Connected); err != nil {
+		t.Fatal(err)
+	}
+	h := &fakeHost{}
+	i.AttachHost(h)
+	got := h.state()
+	if want := i.Features(); got.feat != want || want.TSO {
+		t.Errorf("the new host has offloads %+v, the interface %+v", got.feat, want)
+	}
+	if got.mtu != i.MTU() || !got.up || got.carrier != i.Carrier() {
+		t.Errorf("the new host has %+v; the interface MTU %d, up, carrier %v", got, i.MTU(), i.Carrier())
 	}
 }

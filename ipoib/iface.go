@@ -404,22 +404,30 @@ func (i *Interface) SetTxQueueLen(n uint32) {
 	}
 }
 
-// AttachHost connects the kernel side and pushes the current MTU, carrier and features.
-// (It holds hostMu throughout: no push of a change made meanwhile reaches the host
-// before these, and none reaches a host detached with AttachHost(nil) after it
-// returns.)
+// AttachHost connects the kernel side and pushes the current MTU, carrier, effective
+// features and, to a host that follows them, the administrative state and transmit
+// queue length. (It holds hostMu throughout: no push of a change made meanwhile reaches
+// the host before these, and none reaches a host detached with AttachHost(nil) after
+// it returns.)
 func (i *Interface) AttachHost(h Host) {
 	i.hostMu.Lock()
 	defer i.hostMu.Unlock()
 	i.mu.Lock()
 	i.setLocked(func(d *dataState) { d.host = h })
 	d := i.data()
-	mtu, carrier, f := d.mtu, d.carrier, i.features
+	mtu, carrier, up, f, txq := d.mtu, d.carrier, d.up, i.effectiveFeaturesLocked(), i.txQueueLen
 	i.mu.Unlock()
-	if h != nil {
-		h.SetMTU(mtu)
-		h.SetCarrier(carrier)
-		h.SetOffloads(f)
+	if h == nil {
+		return
+	}
+	h.SetMTU(mtu)
+	h.SetCarrier(carrier)
+	h.SetOffloads(f)
+	if th, ok := h.(TxQueueHost); ok {
+		th.SetTxQueueLen(txq)
+	}
+	if ah, ok := h.(AdminHost); ok {
+		ah.SetAdminUp(up)
 	}
 }
 

@@ -121,7 +121,7 @@ func (br *bondBridge) onLink(l kernel.Link) {
 		br.adopt(adoption{mtu: &l.MTU}, func() { err = br.b.SetMTU(l.MTU) })
 		if err != nil {
 			log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, br.b.MTU(), err)
-			br.SetMTU(br.b.MTU())
+			br.b.PushMTU()
 		}
 	}
 	if l.UpChanged {

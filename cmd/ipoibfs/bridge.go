@@ -110,26 +110,27 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	if err := dev.SetLinkLocal(i.LinkLocal()); err != nil {
 		log.Printf("%s: %v", i.Name(), err)
 	}
+	// The device follows the interface: a child is created down, as the driver
+	// registers it, and comes up with `ip link set up` or with its parent. A device
+	// that cannot come up is not given to the interface.
+	if err := dev.SetUp(i.IsUp()); err != nil {
+		dev.Close()
+		return nil, err
+	}
+	// AttachHost pushes the interface's state, in turn with the pushes of changes made
+	// meanwhile (a parent brought up while this child is created): MTU, carrier,
+	// offloads, txqueuelen (a TUN starts at 500, an IPoIB netdev at 1000) and up,
+	// which starts the readers.
 	i.AttachHost(b)
 	i.SetIfIndex(dev.Index())
-	b.SetTxQueueLen(i.TxQueueLen())      // a TUN starts at 500, an IPoIB netdev at 1000
 	if mbps := i.SpeedMbps(); mbps > 0 { // ethtool ib0 shows the port's rate, as the driver's
 		if err := dev.SetSpeed(mbps); err != nil {
 			log.Printf("%s: %v", i.Name(), err)
 		}
 	}
-	// The device follows the interface: a child is created down, as the driver
-	// registers it, and comes up with `ip link set up` or with its parent.
-	if err := dev.SetUp(i.IsUp()); err != nil {
-		b.close() // the interface forgets the device it was just given
-		return nil, err
-	}
 	// From here the interface follows the device: what ip link, ifconfig and the
 	// stack do to it reaches the engine as the driver would see it.
 	dev.Watch(kernel.Events{Link: b.onLink, Addrs: b.onAddrs, Groups: i.SetHostGroups, Gone: b.onGone})
-	if i.IsUp() {
-		b.startReader()
-	}
 	return b, nil
 }
 
@@ -160,8 +161,8 @@ func (b *bridge) onLink(l kernel.Link) {
 				log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, b.i.MTU(), err)
 			}
 		})
-		if mtu := b.i.MTU(); mtu != l.MTU {
-			b.SetMTU(mtu) // the effective MTU (datagram: at most the group's)
+		if b.i.MTU() != l.MTU {
+			b.i.PushMTU() // the effective MTU (datagram: at most the group's), in turn with the engine's pushes
 		}
 	}
 	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
@@ -258,7 +259,7 @@ func readLoop(dev *kernel.Device, q *kernel.Queue, name func() string, mtu func(
 			// No buffers until the device first has something to send: a child
 			// that is never used costs none (n x MTU each, 256 KiB at 2044).
 			if err := q.WaitReadable(); err != nil {
-				if errors.Is(err, os.ErrClosed) {
+				if ended(dev, q, name, err) {
 					return
 				}
 				log.Printf("%s: wait for the kernel: %v", name(), err)
@@ -278,12 +279,7 @@ func readLoop(dev *kernel.Device, q *kernel.Queue, name func() string, mtu func(
 		}
 		c, err := q.ReadOffset(bufs, sizes, kernel.ReadHeadroom)
 		if err != nil {
-			if errors.Is(err, kernel.ErrUnregistered) && q == dev.Queue(0) { // said once, not per queue
-				// Not our close: ip link del, or the namespace went. The engine follows
-				// (the device is deleted or made again); this reader is done.
-				log.Printf("%s: the kernel unregistered the device; its readers stop", name())
-			}
-			if errors.Is(err, os.ErrClosed) {
+			if ended(dev, q, name, err) {
 				return
 			}
 			if need, ok := kernel.ShortBuffer(err); ok {
@@ -310,6 +306,17 @@ func readLoop(dev *kernel.Device, q *kernel.Queue, name func() string, mtu func(
 		}
 		transmit(pkts[:c])
 	}
+}
+
+// ended reports whether a read or wait error ends a reader: the device is closed, by
+// us or by the kernel. The kernel's unregistering it (ip link del, or the namespace
+// went; the engine follows: the device is deleted or made again) is said once, by the
+// first queue's reader, whether it was reading or waiting.
+func ended(dev *kernel.Device, q *kernel.Queue, name func() string, err error) bool {
+	if errors.Is(err, kernel.ErrUnregistered) && q == dev.Queue(0) {
+		log.Printf("%s: the kernel unregistered the device; its readers stop", name())
+	}
+	return errors.Is(err, os.ErrClosed)
 }
 
 // segmentBuffers returns n buffers of size bytes in one allocation: a super-packet's
