@@ -88,8 +88,8 @@ var ifAttrs = []ifAttr{
 	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
 	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
 	// flags is dev->flags (net-sysfs's format_flags), not the ioctl view with RUNNING
-	// and LOWER_UP; a write goes through dev_change_flags, of which IFF_UP is what an
-	// IPoIB interface acts on (up/down as ip link set).
+	// and LOWER_UP; a write goes through dev_change_flags, of which IFF_UP (up/down as
+	// ip link set) and IFF_MULTICAST are what an IPoIB interface keeps.
 	{name: "flags", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Flags()), nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			v, err := kstrtoul(b)
@@ -99,7 +99,7 @@ var ifAttrs = []ifAttr{
 			if v > 1<<32-1 {
 				return errorf(syscall.EINVAL, "%q is beyond the 32 bits of the flags", clip(b))
 			}
-			return i.SetUp(v&0x1 != 0)
+			return i.SetFlags(uint32(v))
 		}},
 	{name: "ifindex", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfIndex(), i) }},
 	{name: "iflink", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfLink(), i) }},

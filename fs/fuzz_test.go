@@ -194,17 +194,15 @@ func FuzzWrite(f *testing.F) {
 				t.Fatalf("link %q: class/net/%s exists %v", data, c.name, exists)
 			}
 		case "flags":
-			// Up or down as bit 0 says; that moves the interface, its children and
-			// their groups, so only the outcome is checked.
+			// Up or down as bit 0 says, multicast as bit 12 (dev_change_flags); that
+			// moves the interface, its children and their groups, so only the outcome
+			// is checked.
 			v, _ := kstrtoul(data)
-			want := "0x1002\n"
-			if v&1 != 0 {
-				want = "0x1003\n"
+			want := uint64(0x2) | v&0x1001
+			if got, rerr := read(tr, target); rerr != 0 || got != fmt.Sprintf("%#x\n", want) {
+				t.Fatalf("flags after %q: %q %v, want %#x", data, got, rerr, want)
 			}
-			if got, rerr := read(tr, target); rerr != 0 || got != want {
-				t.Fatalf("flags after %q: %q %v, want %q", data, got, rerr, want)
-			}
-			if v&1 == 0 { // bring it back up for the next inputs
+			if want != 0x1003 { // back to up with multicast for the next inputs
 				if err := v2up(tr, target); err != 0 {
 					t.Fatalf("flags 0x1003 after %q: %v", data, err)
 				}

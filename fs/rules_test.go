@@ -45,6 +45,10 @@ func TestKernelSmallRules(t *testing.T) {
 		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", write: "4098\n"},               // 0x1002: down
 		{follows: "netdev_store: kstrtoul base 0", path: ch + "flags", want: "0x1002\n"},
 		{follows: "netdev_store: kstrtoul -EINVAL", path: ch + "flags", write: "up\n", errno: syscall.EINVAL},
+		{follows: "__dev_change_flags: IFF_MULTICAST as written", path: ch + "flags", write: "0x3\n"},
+		{follows: "__dev_change_flags: IFF_MULTICAST as written", path: ch + "flags", want: "0x3\n"},
+		{follows: "__dev_change_flags: IFF_BROADCAST kept (IFF_VOLATILE)", path: ch + "flags", write: "0x1000\n"},
+		{follows: "__dev_change_flags: IFF_BROADCAST kept (IFF_VOLATILE)", path: ch + "flags", want: "0x1002\n"},
 		{follows: "ipoib_setup_common: tx_queue_len", path: ib + "tx_queue_len", want: "1000\n"},
 		{follows: "change_tx_queue_len: must fit unsigned int", path: ib + "tx_queue_len", write: "4294967296\n", errno: syscall.ERANGE},
 		{follows: "netdev_store: kstrtoul -ERANGE", path: ib + "tx_queue_len", write: "18446744073709551616\n", errno: syscall.ERANGE},

@@ -608,7 +608,7 @@ func (b *Bond) OperState() string {
 
 // Flags is dev->flags: IFF_BROADCAST|IFF_MULTICAST|IFF_MASTER, and IFF_UP when up.
 func (b *Bond) Flags() uint32 {
-	const iffUp, iffBroadcast, iffMaster, iffMulticast = 0x1, 0x2, 0x400, 0x1000
+	const iffMaster = 0x400
 	f := uint32(iffBroadcast | iffMaster | iffMulticast)
 	if b.IsUp() {
 		f |= iffUp

@@ -68,6 +68,11 @@ type TxQueueHost interface {
 	SetTxQueueLen(n uint32)
 }
 
+// MulticastHost is a Host whose device has an IFF_MULTICAST flag of its own.
+type MulticastHost interface {
+	SetMulticast(on bool)
+}
+
 // Options configure an engine.
 type Options struct {
 	Params *Params

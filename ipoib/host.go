@@ -55,6 +55,18 @@ func (i *Interface) pushTxQueueLen() {
 	}
 }
 
+// pushMulticast tells a host that follows it the current IFF_MULTICAST.
+func (i *Interface) pushMulticast() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	i.mu.Lock()
+	on, h := !i.noMulticast, i.data().host
+	i.mu.Unlock()
+	if mh, ok := h.(MulticastHost); ok {
+		mh.SetMulticast(on)
+	}
+}
+
 // pushOffloads tells the host the current effective features.
 func (i *Interface) pushOffloads() {
 	i.hostMu.Lock()

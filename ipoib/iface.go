@@ -79,6 +79,7 @@ type Interface struct {
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	txQueueLen    uint32
+	noMulticast   bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	closed        bool
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
@@ -356,12 +357,50 @@ func (i *Interface) OperState() string {
 // when up (0x1003). RUNNING and LOWER_UP belong to the ioctl view (dev_get_flags),
 // not to this attribute.
 func (i *Interface) Flags() uint32 {
-	const iffUp, iffBroadcast, iffMulticast = 0x1, 0x2, 0x1000
-	f := uint32(iffBroadcast | iffMulticast)
+	f := uint32(iffBroadcast)
+	if i.Multicast() {
+		f |= iffMulticast
+	}
 	if i.IsUp() {
 		f |= iffUp
 	}
 	return f
+}
+
+// The dev->flags bits an IPoIB netdev shows (include/uapi/linux/if.h).
+const iffUp, iffBroadcast, iffMulticast = 0x1, 0x2, 0x1000
+
+// SetFlags applies a write of flags as dev_change_flags does for an IPoIB netdev:
+// IFF_MULTICAST is taken as written and IFF_UP opens or stops the interface; the
+// other bits a netdev keeps (IFF_BROADCAST) or that this engine has no use for are
+// ignored. The administrative state goes first, so that a refusal changes nothing.
+func (i *Interface) SetFlags(f uint32) error {
+	if err := i.SetUp(f&iffUp != 0); err != nil {
+		return err
+	}
+	i.SetMulticast(f&iffMulticast != 0)
+	return nil
+}
+
+// Multicast reports IFF_MULTICAST, which a netdev starts with.
+func (i *Interface) Multicast() bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return !i.noMulticast
+}
+
+// SetMulticast sets or clears IFF_MULTICAST (ip link set multicast on/off, a flags
+// write); the kernel device follows. The joins follow the device's multicast list,
+// which its stack keeps by this flag.
+func (i *Interface) SetMulticast(on bool) {
+	i.mu.Lock()
+	changed := i.noMulticast == on
+	i.noMulticast = !on
+	i.mu.Unlock()
+	if changed {
+		i.e.event("%s: multicast %s", i.Name(), onOff(on))
+		i.pushMulticast()
+	}
 }
 
 func onOff(on bool) string {
@@ -415,7 +454,7 @@ func (i *Interface) AttachHost(h Host) {
 	i.mu.Lock()
 	i.setLocked(func(d *dataState) { d.host = h })
 	d := i.data()
-	mtu, carrier, up, f, txq := d.mtu, d.carrier, d.up, i.effectiveFeaturesLocked(), i.txQueueLen
+	mtu, carrier, up, f, txq, mcast := d.mtu, d.carrier, d.up, i.effectiveFeaturesLocked(), i.txQueueLen, !i.noMulticast
 	i.mu.Unlock()
 	if h == nil {
 		return
@@ -425,6 +464,9 @@ func (i *Interface) AttachHost(h Host) {
 	h.SetOffloads(f)
 	if th, ok := h.(TxQueueHost); ok {
 		th.SetTxQueueLen(txq)
+	}
+	if mh, ok := h.(MulticastHost); ok {
+		mh.SetMulticast(mcast)
 	}
 	if ah, ok := h.(AdminHost); ok {
 		ah.SetAdminUp(up)

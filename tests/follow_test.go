@@ -154,6 +154,21 @@ func TestFollowLinkChanges(t *testing.T) {
 
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
 	until("ib0.8001 up in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
+	// IFF_MULTICAST both ways: ip link set multicast off shows in the tree's flags, and
+	// a flags write reaches the device.
+	mcast := func(dev string) bool {
+		out := ipOut(t, ns, "link", "show", dev)
+		return strings.Contains(out, "<MULTICAST") || strings.Contains(out, ",MULTICAST")
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "multicast", "off")
+	until("multicast off in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x3" })
+	if mcast("ib0.8001") {
+		t.Errorf("the device's multicast off was put back: %s", ipOut(t, ns, "link", "show", "ib0.8001"))
+	}
+	if err := os.WriteFile(td.path("class/net/ib0.8001/flags"), []byte("0x1003\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	until("multicast on the device after the flags write", func() bool { return mcast("ib0.8001") })
 
 	// Down: groups left, carrier off, the child follows; up: all back, same link-local.
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "down")

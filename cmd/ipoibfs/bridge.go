@@ -50,9 +50,10 @@ type adopter struct {
 
 // adoption is a device's state the engine is being made to follow; nil: none.
 type adoption struct {
-	up  *bool
-	mtu *int
-	txq *uint32
+	up        *bool
+	mtu       *int
+	txq       *uint32
+	multicast *bool
 }
 
 // adopt runs f with a as what is being adopted (onLink's calls into the engine).
@@ -88,6 +89,10 @@ func (d *adopter) adoptedUp(up bool) bool {
 
 func (d *adopter) adoptedTxq(n uint32) bool {
 	return d.adopted(func(a adoption) bool { return a.txq != nil && *a.txq == n })
+}
+
+func (d *adopter) adoptedMulticast(on bool) bool {
+	return d.adopted(func(a adoption) bool { return a.multicast != nil && *a.multicast == on })
 }
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
@@ -168,6 +173,10 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
 		q := uint32(l.TxQLen)
 		b.adopt(adoption{txq: &q}, func() { b.i.SetTxQueueLen(q) }) // ip link set txqueuelen: adopted as is
+	}
+	if l.MulticastChanged {
+		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
+		b.adopt(adoption{multicast: &l.Multicast}, func() { b.i.SetMulticast(l.Multicast) })
 	}
 	if l.FeaturesChanged {
 		// ethtool -K on the device: the request the engine keeps; the mode's
@@ -416,6 +425,15 @@ func (b *bridge) SetTxQueueLen(n uint32) {
 		return
 	}
 	b.logErr(b.dev.SetTxQueueLen(int(n)))
+}
+
+// SetMulticast follows the interface's IFF_MULTICAST (a flags write).
+func (b *bridge) SetMulticast(on bool) {
+	if b.adoptedMulticast(on) {
+		b.logErr(b.dev.SetMulticastIfChanged(on))
+		return
+	}
+	b.logErr(b.dev.SetMulticast(on))
 }
 
 // SetAdminUp follows the interface's own up/down (a child following its parent).

@@ -57,6 +57,7 @@ type Device struct {
 
 	setMu     sync.Mutex  // SetMTU and SetUp against linkState's comparison
 	up        bool        // IFF_UP as last set or reported (under setMu)
+	noMcast   bool        // IFF_MULTICAST off as last set or reported (under setMu); a TUN starts with it on
 	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
 	featKnown bool
 	carrier   bool // as last set (under setMu): a device starts without one
@@ -541,6 +542,33 @@ func (d *Device) setTxQueueLen(n int, ifChanged bool) error {
 			return d.errorf("set txqueuelen %d: %w", n, err)
 		}
 		d.txq, d.txqKnown = n, true
+		return nil
+	})
+}
+
+// SetMulticast sets or clears IFF_MULTICAST on the kernel device (ip link set multicast).
+func (d *Device) SetMulticast(on bool) error { return d.setMulticast(on, false) }
+
+// SetMulticastIfChanged: see SetMTUIfChanged.
+func (d *Device) SetMulticastIfChanged(on bool) error { return d.setMulticast(on, true) }
+
+func (d *Device) setMulticast(on, ifChanged bool) error {
+	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
+		if ifChanged && d.noMcast == !on {
+			return nil
+		}
+		var err error
+		if on {
+			err = d.h.LinkSetMulticastOn(d.link)
+		} else {
+			err = d.h.LinkSetMulticastOff(d.link)
+		}
+		if err != nil {
+			return d.errorf("set multicast %v: %w", on, err)
+		}
+		d.noMcast = !on
 		return nil
 	})
 }

@@ -79,6 +79,12 @@ func (d *Device) SetUp(up bool) error { return d.unsupported() }
 // SetUpIfChanged sets IFF_UP unless the device holds it.
 func (d *Device) SetUpIfChanged(up bool) error { return d.unsupported() }
 
+// SetMulticast is not supported.
+func (d *Device) SetMulticast(on bool) error { return d.unsupported() }
+
+// SetMulticastIfChanged is not supported.
+func (d *Device) SetMulticastIfChanged(on bool) error { return d.unsupported() }
+
 // SetCarrier is not supported.
 func (d *Device) SetCarrier(on bool) error { return d.unsupported() }
 

@@ -180,10 +180,12 @@ type Link struct {
 	TxQLen int
 	// Features are the device's offloads (ethtool -k).
 	Features DevFeatures
-	// MTUChanged, UpChanged and FeaturesChanged say that the value differs from the one
-	// this package last set or reported: someone else (ip link, ifconfig, ethtool -K)
-	// changed it.
-	MTUChanged, UpChanged, FeaturesChanged bool
+	// Multicast is IFF_MULTICAST (ip link set multicast on/off).
+	Multicast bool
+	// MTUChanged, UpChanged, MulticastChanged and FeaturesChanged say that the value
+	// differs from the one this package last set or reported: someone else (ip link,
+	// ifconfig, ethtool -K) changed it.
+	MTUChanged, UpChanged, MulticastChanged, FeaturesChanged bool
 	// CarrierPutBack says someone changed the carrier (ip link set carrier) and it was
 	// put back to what the engine set.
 	CarrierPutBack bool

@@ -204,6 +204,9 @@ func (d *Device) linkState() (Link, error) {
 		l.UpChanged = l.Up != d.up
 		d.mtu.Store(int64(a.MTU))
 		d.up = l.Up
+		l.Multicast = a.RawFlags&unix.IFF_MULTICAST != 0
+		l.MulticastChanged = l.Multicast == d.noMcast
+		d.noMcast = !l.Multicast
 		d.txq, d.txqKnown = a.TxQLen, true
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
