@@ -509,3 +509,30 @@ func followHelpers(t *testing.T, td *treeDaemon) (read func(p string) string, un
 	}
 	return read, until
 }
+
+// ib0's device deleted and its name taken before the daemon makes it again (here by a
+// TUN of someone else's, in the same batch): the daemon keeps trying, and once the name
+// is free ib0 has its device back, up, with the tree's ifindex naming it.
+func TestFollowPortDeviceMadeAgainOnceTheNameIsFree(t *testing.T) {
+	td := treeStart(t, "fr", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	read, until := followHelpers(t, td)
+	batch := exec.Command("ip", "-n", ns, "-batch", "-")
+	batch.Stdin = strings.NewReader("link del ib0\ntuntap add dev ib0 mode tun\n")
+	if out, err := batch.CombinedOutput(); err != nil {
+		t.Fatalf("ip -batch: %v %s", err, out)
+	}
+	until("the daemon's failed try", func() bool { return strings.Contains(td.log.String(), "trying again") })
+	mustRun(t, "ip", "-n", ns, "tuntap", "del", "dev", "ib0", "mode", "tun")
+	until("ib0's device made again", func() bool { return strings.Contains(td.log.String(), "ib0: device made again") })
+	waitLink(t, ns, "ib0")
+	until("ib0 up in the tree", func() bool { return read("class/net/ib0/operstate") == "up" })
+	if out := ipOut(t, ns, "-d", "link", "show", "ib0"); !strings.Contains(out, "tun type tun") || strings.Contains(out, "persist on") {
+		t.Errorf("ib0 is not the daemon's TUN: %s", out)
+	}
+	idx := strings.SplitN(ipOut(t, ns, "-o", "link", "show", "ib0"), ":", 2)[0]
+	if got := read("class/net/ib0/ifindex"); got != idx {
+		t.Errorf("class/net/ib0/ifindex = %q, the device's index is %s", got, idx)
+	}
+}

@@ -563,8 +563,34 @@ func (bs *bridges) gone(b *bridge) {
 	bs.mu.Unlock()
 	b.close()
 	if err := bs.Create(b.i); err != nil {
-		log.Printf("%s: %v", name, err)
+		// The name taken meanwhile (ip link del ib0; ip tuntap add ib0): tried again,
+		// with a growing pause, until it works or the bridges close.
+		log.Printf("%s: %v; trying again", name, err)
+		bs.recreateLater(b.i, time.Second, 1)
 	}
+}
+
+// recreateLater tries to make a port interface's device again after wait, and again
+// after twice as long (at most 30 s) while that fails; a failure is logged after 1, 2,
+// 4, ... tries. It stops once the interface has a device or the bridges are closed
+// or off.
+func (bs *bridges) recreateLater(i *ipoib.Interface, wait time.Duration, tries int) {
+	time.AfterFunc(wait, func() {
+		bs.mu.Lock()
+		done := bs.off || bs.m[i] != nil
+		bs.mu.Unlock()
+		if done {
+			return
+		}
+		if err := bs.Create(i); err != nil {
+			if tries++; tries&(tries-1) == 0 {
+				log.Printf("%s: making the device again failed %d times: %v", i.Name(), tries, err)
+			}
+			bs.recreateLater(i, min(2*wait, 30*time.Second), tries)
+			return
+		}
+		log.Printf("%s: device made again", i.Name())
+	})
 }
 
 func (bs *bridges) close() {
