@@ -63,3 +63,40 @@ func TestRejoinWaitsForTheLeaveOfASupersededJoin(t *testing.T) {
 		t.Fatalf("a is not a full member of the broadcast group at the SA (join state %#x)", st)
 	}
 }
+
+// A flush leaves the groups and waits for the leaves; a round of the join task while
+// they are on their way must not join the groups again: the leave reaching the SA after
+// that join deleted the membership it made, and the interface had carrier without
+// being a member (a flaky TestFlushesKeepSAMembership).
+func TestFlushRejoinsAfterItsLeaves(t *testing.T) {
+	r := newRig(t)
+	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
+	var bcast verbs.GID // set before the interface comes up
+	var leaves atomic.Int32
+	h := &hookSA{
+		leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
+			if rec.MGID == bcast && leaves.Add(1) == 1 { // the flush's leave of the broadcast group
+				return holdUntil(ctx, leaveStarted, releaseLeave)
+			}
+			return nil
+		},
+	}
+	e := r.engine("a", 1, Options{wrapSA: h.wrap})
+	a := iface(t, e, "ib0")
+	bcast = a.Broadcast().GID()
+	_ = a.SetUp(true)
+	waitFor(t, "carrier", a.Carrier)
+	flushed := make(chan struct{})
+	go func() { defer close(flushed); a.flush(flushNormal) }()
+	<-leaveStarted
+	a.mcastRound() // a round of the join task while the leave is on its way
+	if g, ok := groupOf(a, bcast); ok && g.joining || h.joinCalls(bcast) != 1 {
+		t.Fatalf("the broadcast group joined again while the flush's leave was on its way (joining %v, %d joins)", g.joining, h.joinCalls(bcast))
+	}
+	close(releaseLeave)
+	<-flushed
+	waitFor(t, "carrier after the flush", a.Carrier)
+	if st := r.joinState(bcast, a.HWAddr().GID()); st&mad.JoinFull == 0 {
+		t.Fatalf("a is not a full member of the broadcast group at the SA (join state %#x)", st)
+	}
+}

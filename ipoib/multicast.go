@@ -297,26 +297,42 @@ func (i *Interface) leaveAll() {
 	groups := i.mcast
 	i.mcast = map[verbs.GID]*mcastGroup{}
 	i.dmu.Unlock()
+	// The leaves are pending before mu is released: a round of the join task while
+	// they are on their way (a flush does not stop the QP) would otherwise join again,
+	// and a leave reaching the SA after that join deletes the membership it made.
+	var leaving []*mcastGroup
+	for _, g := range groups {
+		if g.ah != nil {
+			i.leaveBegins(g.mgid)
+			leaving = append(leaving, g)
+		}
+	}
 	act := i.setCarrierLocked(false)
 	i.mu.Unlock()
 	act()
 	// Leaves are waited for (all at once, 3 s at most), so that a rejoin started right
 	// after (a flush) cannot reach the SA before a leave and be undone by it. The
 	// groups are out of the table: nothing changes them any more.
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	for _, g := range groups {
 		if g.attached {
 			_ = i.qp.DetachMcast(g.mgid, g.rec.MLID)
 		}
-		if g.ah != nil {
-			state := uint8(mad.JoinFull)
-			if g.sendOnly {
-				state = mad.JoinSendOnlyFull
-			}
-			wg.Add(1)
-			go func() { defer wg.Done(); i.leave(g.mgid, state) }()
+	}
+	var wg sync.WaitGroup
+	for _, g := range leaving {
+		state := uint8(mad.JoinFull)
+		if g.sendOnly {
+			state = mad.JoinSendOnlyFull
 		}
+		wg.Add(1)
+		go func() { defer wg.Done(); i.leave(g.mgid, state) }()
+	}
+	wg.Wait()
+	for _, g := range leaving {
+		i.leaveEnds(g.mgid)
+	}
+	if len(leaving) > 0 {
+		i.wake() // a round may have skipped joins for these leaves
 	}
 }
 
@@ -351,21 +367,37 @@ func (i *Interface) leaveGroup(mgid verbs.GID, state uint8) {
 	if i.leavesDone {
 		return // closed: stopDev's leaveAll has left every group
 	}
-	if i.leaving == nil {
-		i.leaving = map[verbs.GID]int{}
-	}
-	i.leaving[mgid]++
+	i.leaveBeginsLocked(mgid)
 	i.leaves.Add(1)
 	go func() {
 		defer i.leaves.Done()
 		i.leave(mgid, state)
-		i.leaveMu.Lock()
-		if i.leaving[mgid]--; i.leaving[mgid] == 0 {
-			delete(i.leaving, mgid)
-		}
-		i.leaveMu.Unlock()
+		i.leaveEnds(mgid)
 		i.wake() // a join of the group may be waiting for this leave
 	}()
+}
+
+// leaveBegins and leaveEnds bracket a leave of mgid on its way to the SA
+// (leavePending).
+func (i *Interface) leaveBegins(mgid verbs.GID) {
+	i.leaveMu.Lock()
+	defer i.leaveMu.Unlock()
+	i.leaveBeginsLocked(mgid)
+}
+
+func (i *Interface) leaveBeginsLocked(mgid verbs.GID) {
+	if i.leaving == nil {
+		i.leaving = map[verbs.GID]int{}
+	}
+	i.leaving[mgid]++
+}
+
+func (i *Interface) leaveEnds(mgid verbs.GID) {
+	i.leaveMu.Lock()
+	defer i.leaveMu.Unlock()
+	if i.leaving[mgid]--; i.leaving[mgid] == 0 {
+		delete(i.leaving, mgid)
+	}
 }
 
 // leavePending reports whether a background leave of mgid is on its way to the SA. A
