@@ -68,7 +68,7 @@ var bondAttrs = []bondAttr{
 			if v > 1<<32-1 {
 				return errorf(syscall.EINVAL, "%q is beyond the 32 bits of the flags", clip(p))
 			}
-			b.SetUp(v&0x1 != 0)
+			b.SetFlags(uint32(v))
 			return nil
 		}},
 	{name: "ifindex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {

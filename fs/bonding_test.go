@@ -88,6 +88,10 @@ func TestBondingSysfsRules(t *testing.T) {
 		{follows: "bond_setup: ether_setup", path: b + "addr_len", want: "6\n"},
 		{follows: "bond_setup: ether_setup", path: b + "mtu", want: "1500\n"},
 		{follows: "bond_create: registered down", path: b + "flags", want: "0x1402\n"},
+		{follows: "__dev_change_flags: IFF_MULTICAST as written", path: b + "flags", write: "0x402\n"},
+		{follows: "__dev_change_flags: IFF_MULTICAST as written", path: b + "flags", want: "0x402\n"},
+		{follows: "__dev_change_flags: IFF_MULTICAST as written", path: b + "flags", write: "0x1002\n"},
+		{follows: "__dev_change_flags: IFF_BROADCAST, IFF_MASTER kept", path: b + "flags", want: "0x1402\n"},
 		{follows: "carrier_show: not running", path: b + "carrier", errno: syscall.EINVAL},
 		{follows: "bonding_show_mode", path: o + "mode", want: "active-backup 1\n"},
 		{follows: "bonding_show_miimon: 100 without arp_interval", path: o + "miimon", want: "100\n"},
@@ -224,7 +228,7 @@ var bondFormats = map[string]*regexp.Regexp{
 	"active_slave":    regexp.MustCompile(`^"(ib[01]\\n)?"$`),
 	"primary":         regexp.MustCompile(`^"(ib[01]\\n)?"$`),
 	"mtu":             regexp.MustCompile(`^"\d+\\n"$`),
-	"flags":           regexp.MustCompile(`^"0x140[23]\\n"$`),
+	"flags":           regexp.MustCompile(`^"0x(14|4)0[23]\\n"$`), // IFF_MULTICAST as the last flags write said
 }
 
 // FuzzBondWrite writes random bytes to the bonding files: a failed write changes none

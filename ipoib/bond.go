@@ -425,6 +425,7 @@ type Bond struct {
 	miimon       int
 	fom          uint64
 	up, carrier  bool
+	noMulticast  bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	mtu          int
 	typ          int
 	hw           HWAddr
@@ -498,12 +499,15 @@ func (b *Bond) AttachHost(h Host) {
 	} else {
 		b.host.Store(&hostRef{h})
 	}
-	mtu, carrier, f := b.mtu, b.carrier, b.features
+	mtu, carrier, f, mcast := b.mtu, b.carrier, b.features, !b.noMulticast
 	b.mu.Unlock()
 	if h != nil {
 		h.SetMTU(mtu)
 		h.SetCarrier(carrier)
 		h.SetOffloads(f)
+		if mh, ok := h.(MulticastHost); ok {
+			mh.SetMulticast(mcast)
+		}
 	}
 }
 
@@ -606,14 +610,38 @@ func (b *Bond) OperState() string {
 	return "down"
 }
 
-// Flags is dev->flags: IFF_BROADCAST|IFF_MULTICAST|IFF_MASTER, and IFF_UP when up.
+// Flags is dev->flags: IFF_BROADCAST|IFF_MASTER, IFF_MULTICAST unless cleared, and
+// IFF_UP when up.
 func (b *Bond) Flags() uint32 {
 	const iffMaster = 0x400
-	f := uint32(iffBroadcast | iffMaster | iffMulticast)
-	if b.IsUp() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := uint32(iffBroadcast | iffMaster)
+	if !b.noMulticast {
+		f |= iffMulticast
+	}
+	if b.up {
 		f |= iffUp
 	}
 	return f
+}
+
+// SetFlags applies a write of flags as Interface.SetFlags: up and IFF_MULTICAST.
+func (b *Bond) SetFlags(f uint32) {
+	b.SetUp(f&iffUp != 0)
+	b.SetMulticast(f&iffMulticast != 0)
+}
+
+// SetMulticast sets or clears the bond's IFF_MULTICAST; its device follows.
+func (b *Bond) SetMulticast(on bool) {
+	b.mu.Lock()
+	changed := b.noMulticast == on
+	b.noMulticast = !on
+	b.mu.Unlock()
+	if changed {
+		b.bs.e.event("%s: multicast %s", b.name, onOff(on))
+		b.pushMulticast()
+	}
 }
 
 // Type is the device type: 1 (Ethernet) until the first slave, then 32 (InfiniBand),

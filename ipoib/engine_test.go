@@ -27,6 +27,7 @@ type fakeHost struct {
 	carrier bool
 	feat    Features
 	up      bool
+	noMcast bool
 }
 
 func (h *fakeHost) Deliver(pkts [][]byte) {
@@ -40,6 +41,7 @@ func (h *fakeHost) SetMTU(m int)           { h.mu.Lock(); h.mtu = m; h.mu.Unlock
 func (h *fakeHost) SetCarrier(on bool)     { h.mu.Lock(); h.carrier = on; h.mu.Unlock() }
 func (h *fakeHost) SetOffloads(f Features) { h.mu.Lock(); h.feat = f; h.mu.Unlock() }
 func (h *fakeHost) SetAdminUp(up bool)     { h.mu.Lock(); h.up = up; h.mu.Unlock() }
+func (h *fakeHost) SetMulticast(on bool)   { h.mu.Lock(); h.noMcast = !on; h.mu.Unlock() }
 
 // hostState is what the engine last told a fakeHost.
 type hostState struct {

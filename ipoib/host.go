@@ -106,6 +106,17 @@ func (b *Bond) pushOffloads() {
 	b.bondPush(func() func(Host) { f := b.features; return func(h Host) { h.SetOffloads(f) } })
 }
 
+func (b *Bond) pushMulticast() {
+	b.bondPush(func() func(Host) {
+		on := !b.noMulticast
+		return func(h Host) {
+			if mh, ok := h.(MulticastHost); ok {
+				mh.SetMulticast(on)
+			}
+		}
+	})
+}
+
 func (b *Bond) pushLinkLocal() {
 	b.bondPush(func() func(Host) {
 		ll := b.ll

@@ -87,8 +87,8 @@ func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() i
 }
 
 // AttachHost gives a new host the interface's state as the engine holds it: the
-// effective offloads (connected mode turns checksum and TSO off whatever was asked)
-// and the administrative state.
+// effective offloads (connected mode turns checksum and TSO off whatever was asked),
+// IFF_MULTICAST and the administrative state.
 func TestAttachHostPushesTheCurrentState(t *testing.T) {
 	_, nodes := testFabric(t, "", "a")
 	i := nodes[0].ib0
@@ -97,8 +97,22 @@ func TestAttachHostPushesTheCurrentState(t *testing.T) {
 	if err := i.SetMode(Connected); err != nil {
 		t.Fatal(err)
 	}
+	i.SetMulticast(false)
 	h := &fakeHost{}
 	i.AttachHost(h)
+	h.mu.Lock()
+	noMcast := h.noMcast
+	h.mu.Unlock()
+	if !noMcast {
+		t.Error("the new host has IFF_MULTICAST, the interface not")
+	}
+	i.SetMulticast(true) // pushed as it changes
+	h.mu.Lock()
+	noMcast = h.noMcast
+	h.mu.Unlock()
+	if noMcast {
+		t.Error("SetMulticast(true) did not reach the host")
+	}
 	got := h.state()
 	if want := i.Features(); got.feat != want || want.TSO {
 		t.Errorf("the new host has offloads %+v, the interface %+v", got.feat, want)

@@ -357,11 +357,13 @@ func (i *Interface) OperState() string {
 // when up (0x1003). RUNNING and LOWER_UP belong to the ioctl view (dev_get_flags),
 // not to this attribute.
 func (i *Interface) Flags() uint32 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
 	f := uint32(iffBroadcast)
-	if i.Multicast() {
+	if !i.noMulticast {
 		f |= iffMulticast
 	}
-	if i.IsUp() {
+	if i.data().up {
 		f |= iffUp
 	}
 	return f
@@ -390,8 +392,8 @@ func (i *Interface) Multicast() bool {
 }
 
 // SetMulticast sets or clears IFF_MULTICAST (ip link set multicast on/off, a flags
-// write); the kernel device follows. The joins follow the device's multicast list,
-// which its stack keeps by this flag.
+// write); the kernel device follows. Like the driver, the engine keeps joining the
+// groups of the device's multicast list either way.
 func (i *Interface) SetMulticast(on bool) {
 	i.mu.Lock()
 	changed := i.noMulticast == on

@@ -225,6 +225,15 @@ cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/
 	if got := readTrim(t, td.path("class/net/"+other+"/bonding_slave/state")); got != "backup" {
 		t.Errorf("%s active, %s state %q, want backup", act, other, got)
 	}
+	// IFF_MULTICAST both ways, as an interface's.
+	mustRun(t, "ip", "-n", td.ns, "link", "set", "bond0", "multicast", "off")
+	waitUntil(t, "bond0's multicast off in the tree", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x403" })
+	if err := os.WriteFile(td.path("class/net/bond0/flags"), []byte("0x1403\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "bond0's device multicast again", func() bool {
+		return strings.Contains(ipOut(t, td.ns, "link", "show", "bond0"), "MULTICAST")
+	})
 	// Deleted, the bond's names leave the kernel's cache of the tree at once, as sysfs's.
 	if out := sh(t, "cd "+td.mnt+" && cat class/net/bond0/mtu >/dev/null && echo -bond0 > class/net/bonding_masters && if test -e class/net/bond0; then echo stale; else echo gone; fi"); out != "gone\n" {
 		t.Errorf("class/net/bond0 after -bond0: %q", out)

@@ -127,6 +127,9 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	if l.UpChanged {
 		br.b.SetUp(l.Up)
 	}
+	if l.MulticastChanged {
+		br.adopt(adoption{multicast: &l.Multicast}, func() { br.b.SetMulticast(l.Multicast) })
+	}
 	if l.Up && (l.UpChanged || l.MTUChanged) {
 		br.ensureLinkLocal()
 	}
@@ -184,7 +187,19 @@ func (br *bondBridge) SetMTU(mtu int) {
 	}
 	br.logErr(br.dev.SetMTU(mtu))
 }
-func (br *bondBridge) SetCarrier(on bool)           { br.logErr(br.dev.SetCarrier(on)) }
+func (br *bondBridge) SetCarrier(on bool) { br.logErr(br.dev.SetCarrier(on)) }
+
+// SetMulticast follows the bond's IFF_MULTICAST (a flags write).
+func (br *bondBridge) SetMulticast(on bool) {
+	if br.adoptedMulticast(on) {
+		br.logErr(br.dev.SetMulticastIfChanged(on))
+		return
+	}
+	br.logErr(br.dev.SetMulticast(on))
+}
+
+var _ ipoib.MulticastHost = (*bondBridge)(nil)
+
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }
 
 // SetLinkLocal puts the bond's link-local address (its first slave's GUID) on the

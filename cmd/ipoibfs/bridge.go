@@ -116,11 +116,13 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 		log.Printf("%s: %v", i.Name(), err)
 	}
 	// The device follows the interface: a child is created down, as the driver
-	// registers it, and comes up with `ip link set up` or with its parent. A device
-	// that cannot come up is not given to the interface.
-	if err := dev.SetUp(i.IsUp()); err != nil {
-		dev.Close()
-		return nil, err
+	// registers it (and as Open leaves the device), and comes up with `ip link set up`
+	// or with its parent. A device that cannot come up is not given to the interface.
+	if i.IsUp() {
+		if err := dev.SetUp(true); err != nil {
+			dev.Close()
+			return nil, err
+		}
 	}
 	// AttachHost pushes the interface's state, in turn with the pushes of changes made
 	// meanwhile (a parent brought up while this child is created): MTU, carrier,
@@ -455,6 +457,15 @@ func (b *bridge) SetOffloads(f ipoib.Features) {
 func offloads(f ipoib.Features) kernel.Offloads {
 	return kernel.Offloads{TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO}
 }
+
+// The Host extensions the bridge implements; a signature slip would silently turn a
+// push off.
+var (
+	_ ipoib.FrameHost     = (*bridge)(nil)
+	_ ipoib.AdminHost     = (*bridge)(nil)
+	_ ipoib.TxQueueHost   = (*bridge)(nil)
+	_ ipoib.MulticastHost = (*bridge)(nil)
+)
 
 // bridges keeps one bridge per engine interface. The engine calls Create and Delete
 // inside create_child and delete_child, so a child's device exists when the write

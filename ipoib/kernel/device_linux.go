@@ -165,6 +165,7 @@ func Open(cfg Config) (_ *Device, err error) {
 		return nil, fail("%d of %d queues attached to the device (renamed or deleted meanwhile?)", tt.Queues, cfg.Queues)
 	}
 	d.index = l.Attrs().Index
+	d.noMcast = l.Attrs().RawFlags&unix.IFF_MULTICAST == 0
 	d.link = &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: d.index, Name: d.name}}
 	d.mtu.Store(int64(l.Attrs().MTU))
 	// Never let the kernel build a super-packet with more segments than one Read can

@@ -1343,4 +1343,21 @@ func TestSetIfChanged(t *testing.T) {
 	if out := linkShow(t, ns, name); strings.Contains(out, ",UP") || strings.Contains(out, "<UP") {
 		t.Errorf("SetUpIfChanged(false) after the package's own up: %s, want down", out)
 	}
+	mcast := func() bool { return strings.Contains(linkShow(t, ns, name), "MULTICAST") }
+	ip("multicast", "off")
+	if err := d.SetMulticastIfChanged(true); err != nil { // the package last saw it on
+		t.Fatal(err)
+	}
+	if mcast() {
+		t.Errorf("SetMulticastIfChanged(true) over someone's off: %s, want off kept", linkShow(t, ns, name))
+	}
+	if err := d.SetMulticast(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetMulticastIfChanged(true); err != nil { // after the package's own off
+		t.Fatal(err)
+	}
+	if !mcast() {
+		t.Errorf("SetMulticastIfChanged(true) after the package's own off: %s, want on", linkShow(t, ns, name))
+	}
 }

@@ -84,6 +84,17 @@ func TestWatchLink(t *testing.T) {
 	if l := await(t, e.links, "down", func(l Link) bool { return !l.Up }); l.UpChanged {
 		t.Errorf("SetUp(false) reported as someone else's change: %+v", l)
 	}
+	// IFF_MULTICAST the same: ours is ours, someone's is reported.
+	if err := d.SetMulticast(false); err != nil {
+		t.Fatal(err)
+	}
+	if l := await(t, e.links, "multicast off", func(l Link) bool { return !l.Multicast }); l.MulticastChanged || l.Flags&unix.IFF_MULTICAST != 0 {
+		t.Errorf("SetMulticast(false) reported as someone else's change: %+v", l)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "multicast", "on")
+	if l := await(t, e.links, "multicast on", func(l Link) bool { return l.Multicast }); !l.MulticastChanged {
+		t.Errorf("ip link set multicast on not reported as an outside change: %+v", l)
+	}
 
 	// The multicast list is the kernel's: all-hosts groups once up.
 	if err := d.SetUp(true); err != nil {
