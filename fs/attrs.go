@@ -96,9 +96,7 @@ var ifAttrs = []ifAttr{
 			if err != nil {
 				return err
 			}
-			if v > 1<<32-1 {
-				return errorf(syscall.EINVAL, "%q is beyond the 32 bits of the flags", clip(b))
-			}
+			// change_flags passes (unsigned int)new_flags: the bits above 32 are dropped.
 			return i.SetFlags(uint32(v))
 		}},
 	{name: "ifindex", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfIndex(), i) }},

@@ -65,9 +65,7 @@ var bondAttrs = []bondAttr{
 			if err != nil {
 				return err
 			}
-			if v > 1<<32-1 {
-				return errorf(syscall.EINVAL, "%q is beyond the 32 bits of the flags", clip(p))
-			}
+			// change_flags passes (unsigned int)new_flags: the bits above 32 are dropped.
 			b.SetFlags(uint32(v))
 			return nil
 		}},
