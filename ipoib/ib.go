@@ -357,6 +357,7 @@ func (i *Interface) drainRxLocked() {
 	for {
 		i.rxMu.Lock()
 		n := i.rcq.Poll(r.wcs)
+		i.rxOut -= n // every completion on rcq is one of the QP's receive buffers
 		if n == 0 {
 			i.rxMu.Unlock()
 			return
@@ -473,7 +474,9 @@ func (i *Interface) repostRecvLocked(wrs []verbs.RecvWR) {
 	if len(wrs) == 0 || !i.data().qpReady {
 		return
 	}
-	if _, err := i.qp.PostRecv(wrs); err != nil {
+	n, err := i.qp.PostRecv(wrs)
+	i.rxOut += n
+	if err != nil {
 		i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
 	}
 }

@@ -102,6 +102,7 @@ type Interface struct {
 	scq, rcq  verbs.CQ
 	pkeyIndex int
 	rxMu      sync.Mutex // the repost of receive buffers against restartQP's
+	rxOut     int        // receive buffers posted and not polled back yet (under rxMu)
 	recvBufs  [][]byte
 	udRx      rxState // the receive CQ's drains (ib.go)
 	cmRxS     rxState // connected mode's (cm.go)
@@ -608,26 +609,48 @@ func (i *Interface) restartQP() {
 	for k, b := range i.recvBufs {
 		wrs[k] = verbs.RecvWR{ID: recvWRID(gen, k), Buf: b}
 	}
-	if _, err := i.qp.PostRecv(wrs); err != nil {
+	n, err := i.qp.PostRecv(wrs)
+	i.rxOut += n
+	if err != nil {
 		i.e.log.Printf("%s: posting receive buffers: %v", i.Name(), err)
 		return
 	}
 	i.setLocked(func(d *dataState) { d.qpReady = true })
 }
 
-// resetQPLocked resets the QP and drops the receive completions left on its CQ (as
-// ipoib_drain_cq before the driver reopens the QP): they belong to the ring just
-// discarded, and left there they took room the next ring's completions need. The
-// receive CQ holds one ring's worth; a restart while a ring's completions were still
-// pending overflowed it, the completions lost took their buffers with them, and after a
-// few restarts under traffic the QP had none left and dropped everything
+// resetQPLocked takes the QP down as the driver does (ipoib_ib_dev_stop): to the error
+// state, which completes every posted receive buffer with a flush error, then, once
+// all of them are back, to reset, and drops every receive completion left on the CQ
+// (ipoib_drain_cq). Resetting a QP with buffers posted lost them on a real HCA: the
+// provider's slots never came back, and the next ring found the receive queue full
+// (verbs/rdma, rxe: no receive after ip link set down/up). And left on the CQ, the
+// old ring's completions took the room the next ring's need: the receive CQ holds one
+// ring's worth, the overflow lost completions and their buffers with them, and after
+// a few restarts under traffic the soft HCA's QP had none left
 // (TestRestartsUnderTraffic, 1 in 40 runs under load). Called with mu and rxMu held.
 func (i *Interface) resetQPLocked() {
+	var wcs [64]verbs.WC
+	if i.rxOut > 0 {
+		_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr})
+		// A real HCA flushes in the background: wait for the buffers, 5 s at most
+		// (the driver's wait in ipoib_ib_dev_stop).
+		for deadline := time.Now().Add(5 * time.Second); i.rxOut > 0 && time.Now().Before(deadline); {
+			n := i.rcq.Poll(wcs[:])
+			i.rxOut -= n
+			if n == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if i.rxOut > 0 {
+			i.e.log.Printf("%s: %d receive buffers not flushed by the QP", i.Name(), i.rxOut)
+		}
+		i.reapSendCQ() // the sends it flushed give the provider's send slots back
+	}
 	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
 	i.setLocked(func(d *dataState) { d.qpReady = false })
-	var wcs [64]verbs.WC
 	for i.rcq.Poll(wcs[:]) > 0 {
 	}
+	i.rxOut = 0
 }
 
 // recvWRID is a UD receive buffer's work request ID: the ring generation it was

@@ -51,7 +51,7 @@ const rxeMcastEnv = "IPOIBFS_RXE_MCAST_JOIN"
 // fd09::1 and fd09::2, for IPv6 neighbour discovery.
 var rxeMcastGroups = []string{"ff12:401b:ffff::ffff:ffff", "ff12:601b:ffff::1:ff00:1", "ff12:601b:ffff::1:ff00:2"}
 
-var rxePingSteps = []string{"rxe", "join", "daemons", "ib0", "carrier", "mtu", "ping", "ping-4092", "ping6", "connected", "ping-connected"}
+var rxePingSteps = []string{"rxe", "join", "daemons", "ib0", "carrier", "mtu", "ping", "ping-restart", "ping-4092", "ping6", "connected", "ping-connected"}
 
 const rxePingScript = `echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
 echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
@@ -107,6 +107,13 @@ if [ "$mtus" = "mtu 1020 mtu 1020 mtu 4092 mtu 4092 " ]; then pass mtu; else fai
 nsenter --net=/run/netns/nsA ping -c 3 -W 5 10.9.1.2
 rc=$?
 if [ $rc = 0 ]; then pass ping; else fail ping "ping exit $rc"; fi
+# Down and up: the QP is reset and its receive ring posted afresh (the provider's
+# receive slots must all come back).
+$IP -n nsB link set ib0 down && $IP -n nsB link set ib0 up
+for k in $(seq 100); do $IP -n nsB link show ib0 | grep -q LOWER_UP && break; sleep 0.2; done
+nsenter --net=/run/netns/nsA ping -c 3 -W 5 10.9.1.2
+rc=$?
+if [ $rc = 0 ]; then pass ping-restart; else fail ping-restart "ping after ib0 down/up exit $rc: $(grep -i 'receive buffers\|restart' /tmp/B.log | tail -3)"; fi
 nsenter --net=/run/netns/nsC ping -c 3 -W 5 -s 4000 10.9.2.2
 rc=$?
 if [ $rc = 0 ]; then pass ping-4092; else fail ping-4092 "ping -s 4000 exit $rc"; fi
