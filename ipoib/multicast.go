@@ -325,15 +325,14 @@ func (i *Interface) leaveAll() {
 			state = mad.JoinSendOnlyFull
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); i.leave(g.mgid, state) }()
+		go func() {
+			defer wg.Done()
+			i.leave(g.mgid, state)
+			i.leaveEnds(g.mgid) // each group's rejoin waits for its own leave only
+			i.wake()            // a round may have skipped its join for this leave
+		}()
 	}
 	wg.Wait()
-	for _, g := range leaving {
-		i.leaveEnds(g.mgid)
-	}
-	if len(leaving) > 0 {
-		i.wake() // a round may have skipped joins for these leaves
-	}
 }
 
 // dropGroupLocked removes a group from the table, for forget. Called with dmu held.

@@ -480,6 +480,9 @@ type bridges struct {
 	off    bool
 
 	release *time.Timer // debug.FreeOSMemory after a burst of deletions
+	// recreating holds the pending retry of each port interface whose device could
+	// not be made again (recreateLater), one chain per interface.
+	recreating map[*ipoib.Interface]*time.Timer
 }
 
 func startBridges(e *ipoib.Engine, netns string, queues int) *bridges {
@@ -584,11 +587,22 @@ func (bs *bridges) gone(b *bridge) {
 // recreateLater tries to make a port interface's device again after wait, and again
 // after twice as long (at most 30 s) while that fails; a failure is logged after 1, 2,
 // 4, ... tries. It stops once the interface has a device or the bridges are closed
-// or off.
+// or off; an interface has one such chain at a time (tries > 1: the chain goes on).
 func (bs *bridges) recreateLater(i *ipoib.Interface, wait time.Duration, tries int) {
-	time.AfterFunc(wait, func() {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.off || tries == 1 && bs.recreating[i] != nil {
+		return
+	}
+	if bs.recreating == nil {
+		bs.recreating = map[*ipoib.Interface]*time.Timer{}
+	}
+	bs.recreating[i] = time.AfterFunc(wait, func() {
 		bs.mu.Lock()
 		done := bs.off || bs.m[i] != nil
+		if done {
+			delete(bs.recreating, i)
+		}
 		bs.mu.Unlock()
 		if done {
 			return
@@ -600,6 +614,9 @@ func (bs *bridges) recreateLater(i *ipoib.Interface, wait time.Duration, tries i
 			bs.recreateLater(i, min(2*wait, 30*time.Second), tries)
 			return
 		}
+		bs.mu.Lock()
+		delete(bs.recreating, i)
+		bs.mu.Unlock()
 		log.Printf("%s: device made again", i.Name())
 	})
 }
@@ -609,6 +626,10 @@ func (bs *bridges) close() {
 	defer bs.mu.Unlock()
 	if bs.release != nil {
 		bs.release.Stop()
+	}
+	for i, t := range bs.recreating {
+		t.Stop()
+		delete(bs.recreating, i)
 	}
 	// All devices go in one request per namespace (kernel.CloseAll): one at a time,
 	// 4000 children took 70-110 s, the kernel's unregistration of each.
