@@ -291,3 +291,30 @@ func TestCQHeldByOneBatch(t *testing.T) {
 		t.Fatalf("handler calls %d (want 1), moderation timer still armed: %v", calls, timer != nil)
 	}
 }
+
+// A packet that waited for a receive buffer is checked again once one is there: the
+// consumer may have restarted the QP meanwhile with another Q_Key (an IPoIB interface
+// taking another broadcast group's), and a packet the old one admitted must not land
+// in the new ring.
+func TestUDWaitForABufferChecksTheQKeyAgain(t *testing.T) {
+	_, _, nodes := fabric(t, "", "a", "b")
+	pb := nodes[1].SoftPort(1)
+	y, ycq := handlerQP(t, nodes[1], func() bool { return false }, 0)
+	go func() {
+		// While the packet waits (rqWait, 50 ms) for a buffer; this sleep only places the
+		// change inside the wait, the test cannot pass by its timing.
+		time.Sleep(10 * time.Millisecond)
+		if err := y.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: 0x1234}); err != nil {
+			t.Error(err)
+		}
+		postBufs(t, y, 1)
+	}()
+	bad := pb.Counters().BadQKey
+	pb.receive(udBatch(t, nodes[0], nodes[1], y.Num())(1), true)
+	if n := ycq.Poll(make([]verbs.WC, 8)); n != 0 {
+		t.Fatalf("%d packets of the old Q_Key received into the buffer posted after the change", n)
+	}
+	if d := pb.Counters().BadQKey - bad; d != 1 {
+		t.Fatalf("bad Q_Key counted %d times, want 1", d)
+	}
+}

@@ -445,16 +445,24 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 		p.cnt.noQP.Add(1) // RC QPs take no datagrams
 		return
 	}
-	if !q.pkeyAdmitsLocked(pkt.BTH.PKey) {
-		return
-	}
-	if pkt.DETH.QKey != q.qkey {
-		p.cnt.badQKey.Add(1)
-		return
-	}
-	if q.recvH == len(q.recvQ) && !q.awaitRecvLocked(cb) {
-		p.cnt.rcvDrop.Add(1)
-		return
+	for {
+		if !q.pkeyAdmitsLocked(pkt.BTH.PKey) {
+			return
+		}
+		if pkt.DETH.QKey != q.qkey {
+			p.cnt.badQKey.Add(1)
+			return
+		}
+		if q.recvH < len(q.recvQ) {
+			break
+		}
+		if !q.awaitRecvLocked(cb) {
+			p.cnt.rcvDrop.Add(1)
+			return
+		}
+		// The wait released q.mu: the consumer may have restarted the QP with another
+		// P_Key or Q_Key (its state the wait checked), and the new ring is not for a
+		// packet the old ones admitted.
 	}
 	wr, _, last := q.takeRecvLocked() // there is one (UD QPs have no SRQ)
 	if last {
