@@ -756,6 +756,10 @@ func (i *Interface) close() {
 		return
 	}
 	up := i.data().up
+	// Down before the groups are left, as SetUp(false) and the driver (which stops
+	// its join task first): a round of the task while the leaves were on their way
+	// joined again, and the membership outlived the interface at the SA.
+	i.setLocked(func(d *dataState) { d.up = false })
 	i.mu.Unlock()
 	if up {
 		i.stopDev()

@@ -100,3 +100,38 @@ func TestFlushRejoinsAfterItsLeaves(t *testing.T) {
 		t.Fatalf("a is not a full member of the broadcast group at the SA (join state %#x)", st)
 	}
 }
+
+// Closing an interface (delete_child) leaves its groups with no join started while
+// the leaves are on their way: the task ran a round then, joined again, and the
+// membership outlived the interface at the SA (TestChildren4000LeaveNothing, once).
+func TestCloseJoinsNothingWhileLeaving(t *testing.T) {
+	r := newRig(t)
+	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
+	var bcast verbs.GID // set before the interface comes up
+	var leaves atomic.Int32
+	h := &hookSA{
+		leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
+			if rec.MGID == bcast && leaves.Add(1) == 1 {
+				return holdUntil(ctx, leaveStarted, releaseLeave)
+			}
+			return nil
+		},
+	}
+	e := r.engine("a", 1, Options{wrapSA: h.wrap})
+	a := iface(t, e, "ib0")
+	bcast = a.Broadcast().GID()
+	_ = a.SetUp(true)
+	waitFor(t, "carrier", a.Carrier)
+	closed := make(chan struct{})
+	go func() { defer close(closed); a.close() }()
+	<-leaveStarted
+	a.mcastRound() // a round of the join task while the close's leave is on its way
+	if g, ok := groupOf(a, bcast); ok && g.joining || h.joinCalls(bcast) != 1 {
+		t.Fatalf("the broadcast group joined again while the interface closed (joining %v, %d joins)", g.joining, h.joinCalls(bcast))
+	}
+	close(releaseLeave)
+	<-closed
+	if st := r.joinState(bcast, a.HWAddr().GID()); st != 0 {
+		t.Fatalf("a closed interface is still a member of the broadcast group at the SA (join state %#x)", st)
+	}
+}

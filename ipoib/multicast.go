@@ -2,6 +2,7 @@ package ipoib
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"sync"
@@ -213,8 +214,14 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		// the same group would delete the membership that join just made.
 		// The leave is registered before mu is released: a round that runs in between
 		// would otherwise see no leave pending and send a join the leave then undoes.
-		if err == nil && !(cur != nil && up) {
-			i.leaveGroup(g.mgid, rec.JoinState)
+		// A join the interface's close cancelled may have reached the SA all the same:
+		// it is left too (a leave of no membership is refused, harmlessly).
+		if (err == nil || errors.Is(err, context.Canceled)) && !(cur != nil && up) {
+			state := uint8(mad.JoinFull)
+			if g.sendOnly {
+				state = mad.JoinSendOnlyFull
+			}
+			i.leaveGroup(g.mgid, state)
 		}
 		if testHookSuperseded != nil {
 			testHookSuperseded(i, g.mgid)
