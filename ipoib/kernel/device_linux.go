@@ -424,16 +424,26 @@ func (d *Device) SetMTU(mtu int) error { return d.setMTU(mtu, false) }
 func (d *Device) SetMTUIfChanged(mtu int) error { return d.setMTU(mtu, true) }
 
 func (d *Device) setMTU(mtu int, ifChanged bool) error {
+	return d.setLink(fmt.Sprintf("MTU %d", mtu), ifChanged,
+		func() bool { return d.mtu.Load() == int64(mtu) },
+		func() error { return d.h.LinkSetMTU(d.link, mtu) },
+		func() { d.mtu.Store(int64(mtu)) })
+}
+
+// setLink is the link setters' common part: under setMu, unless ifChanged and the
+// device holds the value as far as the package knows (holds), apply sets it and record
+// notes it as the package's own (what names it in the error).
+func (d *Device) setLink(what string, ifChanged bool, holds func() bool, apply func() error, record func()) error {
 	return d.control(func() error {
 		d.setMu.Lock()
 		defer d.setMu.Unlock()
-		if ifChanged && d.mtu.Load() == int64(mtu) {
+		if ifChanged && holds() {
 			return nil
 		}
-		if err := d.h.LinkSetMTU(d.link, mtu); err != nil {
-			return d.errorf("set MTU %d: %w", mtu, err)
+		if err := apply(); err != nil {
+			return d.errorf("set %s: %w", what, err)
 		}
-		d.mtu.Store(int64(mtu))
+		record()
 		return nil
 	})
 }
@@ -533,18 +543,10 @@ func (d *Device) SetTxQueueLen(n int) error { return d.setTxQueueLen(n, false) }
 func (d *Device) SetTxQueueLenIfChanged(n int) error { return d.setTxQueueLen(n, true) }
 
 func (d *Device) setTxQueueLen(n int, ifChanged bool) error {
-	return d.control(func() error {
-		d.setMu.Lock()
-		defer d.setMu.Unlock()
-		if ifChanged && d.txqKnown && d.txq == n {
-			return nil
-		}
-		if err := d.h.LinkSetTxQLen(d.link, n); err != nil {
-			return d.errorf("set txqueuelen %d: %w", n, err)
-		}
-		d.txq, d.txqKnown = n, true
-		return nil
-	})
+	return d.setLink(fmt.Sprintf("txqueuelen %d", n), ifChanged,
+		func() bool { return d.txqKnown && d.txq == n },
+		func() error { return d.h.LinkSetTxQLen(d.link, n) },
+		func() { d.txq, d.txqKnown = n, true })
 }
 
 // SetMulticast sets or clears IFF_MULTICAST on the kernel device (ip link set multicast).
@@ -554,24 +556,15 @@ func (d *Device) SetMulticast(on bool) error { return d.setMulticast(on, false) 
 func (d *Device) SetMulticastIfChanged(on bool) error { return d.setMulticast(on, true) }
 
 func (d *Device) setMulticast(on, ifChanged bool) error {
-	return d.control(func() error {
-		d.setMu.Lock()
-		defer d.setMu.Unlock()
-		if ifChanged && d.noMcast == !on {
-			return nil
-		}
-		var err error
-		if on {
-			err = d.h.LinkSetMulticastOn(d.link)
-		} else {
-			err = d.h.LinkSetMulticastOff(d.link)
-		}
-		if err != nil {
-			return d.errorf("set multicast %v: %w", on, err)
-		}
-		d.noMcast = !on
-		return nil
-	})
+	return d.setLink(fmt.Sprintf("multicast %v", on), ifChanged,
+		func() bool { return d.noMcast == !on },
+		func() error {
+			if on {
+				return d.h.LinkSetMulticastOn(d.link)
+			}
+			return d.h.LinkSetMulticastOff(d.link)
+		},
+		func() { d.noMcast = !on })
 }
 
 // SetUp sets or clears IFF_UP on the kernel device.
@@ -581,24 +574,15 @@ func (d *Device) SetUp(up bool) error { return d.setUp(up, false) }
 func (d *Device) SetUpIfChanged(up bool) error { return d.setUp(up, true) }
 
 func (d *Device) setUp(up, ifChanged bool) error {
-	return d.control(func() error {
-		d.setMu.Lock()
-		defer d.setMu.Unlock()
-		if ifChanged && d.up == up {
-			return nil
-		}
-		var err error
-		if up {
-			err = d.h.LinkSetUp(d.link)
-		} else {
-			err = d.h.LinkSetDown(d.link)
-		}
-		if err != nil {
-			return d.errorf("set up=%v: %w", up, err)
-		}
-		d.up = up
-		return nil
-	})
+	return d.setLink(fmt.Sprintf("up=%v", up), ifChanged,
+		func() bool { return d.up == up },
+		func() error {
+			if up {
+				return d.h.LinkSetUp(d.link)
+			}
+			return d.h.LinkSetDown(d.link)
+		},
+		func() { d.up = up })
 }
 
 // SetCarrier sets the carrier of the TUN (TUNSETCARRIER, Linux >= 5.0). An
