@@ -69,32 +69,7 @@ func TestRejoinWaitsForTheLeaveOfASupersededJoin(t *testing.T) {
 // that join deleted the membership it made, and the interface had carrier without
 // being a member (a flaky TestFlushesKeepSAMembership).
 func TestFlushRejoinsAfterItsLeaves(t *testing.T) {
-	r := newRig(t)
-	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
-	var bcast verbs.GID // set before the interface comes up
-	var leaves atomic.Int32
-	h := &hookSA{
-		leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
-			if rec.MGID == bcast && leaves.Add(1) == 1 { // the flush's leave of the broadcast group
-				return holdUntil(ctx, leaveStarted, releaseLeave)
-			}
-			return nil
-		},
-	}
-	e := r.engine("a", 1, Options{wrapSA: h.wrap})
-	a := iface(t, e, "ib0")
-	bcast = a.Broadcast().GID()
-	_ = a.SetUp(true)
-	waitFor(t, "carrier", a.Carrier)
-	flushed := make(chan struct{})
-	go func() { defer close(flushed); a.flush(flushNormal) }()
-	<-leaveStarted
-	a.mcastRound() // a round of the join task while the leave is on its way
-	if g, ok := groupOf(a, bcast); ok && g.joining || h.joinCalls(bcast) != 1 {
-		t.Fatalf("the broadcast group joined again while the flush's leave was on its way (joining %v, %d joins)", g.joining, h.joinCalls(bcast))
-	}
-	close(releaseLeave)
-	<-flushed
+	r, a, bcast := whileLeaving(t, "the flush's leave was on its way", func(a *Interface) { a.flush(flushNormal) })
 	waitFor(t, "carrier after the flush", a.Carrier)
 	if st := r.joinState(bcast, a.HWAddr().GID()); st&mad.JoinFull == 0 {
 		t.Fatalf("a is not a full member of the broadcast group at the SA (join state %#x)", st)
@@ -105,6 +80,18 @@ func TestFlushRejoinsAfterItsLeaves(t *testing.T) {
 // the leaves are on their way: the task ran a round then, joined again, and the
 // membership outlived the interface at the SA (TestChildren4000LeaveNothing, once).
 func TestCloseJoinsNothingWhileLeaving(t *testing.T) {
+	r, a, bcast := whileLeaving(t, "the interface closed", func(a *Interface) { a.close() })
+	if st := r.joinState(bcast, a.HWAddr().GID()); st != 0 {
+		t.Fatalf("a closed interface is still a member of the broadcast group at the SA (join state %#x)", st)
+	}
+}
+
+// whileLeaving brings ib0 up with carrier, runs act with the first leave of the
+// broadcast group held at the SA, and runs a round of the join task while it is held,
+// which must not join the group again (during names act in the failure). It returns
+// once act has returned after the leave was answered.
+func whileLeaving(t *testing.T, during string, act func(a *Interface)) (*rig, *Interface, verbs.GID) {
+	t.Helper()
 	r := newRig(t)
 	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
 	var bcast verbs.GID // set before the interface comes up
@@ -122,16 +109,14 @@ func TestCloseJoinsNothingWhileLeaving(t *testing.T) {
 	bcast = a.Broadcast().GID()
 	_ = a.SetUp(true)
 	waitFor(t, "carrier", a.Carrier)
-	closed := make(chan struct{})
-	go func() { defer close(closed); a.close() }()
+	done := make(chan struct{})
+	go func() { defer close(done); act(a) }()
 	<-leaveStarted
-	a.mcastRound() // a round of the join task while the close's leave is on its way
+	a.mcastRound() // a round of the join task while the leave is on its way
 	if g, ok := groupOf(a, bcast); ok && g.joining || h.joinCalls(bcast) != 1 {
-		t.Fatalf("the broadcast group joined again while the interface closed (joining %v, %d joins)", g.joining, h.joinCalls(bcast))
+		t.Fatalf("the broadcast group joined again while %s (joining %v, %d joins)", during, g.joining, h.joinCalls(bcast))
 	}
 	close(releaseLeave)
-	<-closed
-	if st := r.joinState(bcast, a.HWAddr().GID()); st != 0 {
-		t.Fatalf("a closed interface is still a member of the broadcast group at the SA (join state %#x)", st)
-	}
+	<-done
+	return r, a, bcast
 }
