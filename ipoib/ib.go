@@ -356,8 +356,7 @@ func (i *Interface) drainRxLocked() {
 	}
 	for {
 		i.rxMu.Lock()
-		n := i.rcq.Poll(r.wcs)
-		i.rxOut -= n // every completion on rcq is one of the QP's receive buffers
+		n := i.pollRxLocked(r.wcs)
 		if n == 0 {
 			i.rxMu.Unlock()
 			return
@@ -474,11 +473,24 @@ func (i *Interface) repostRecvLocked(wrs []verbs.RecvWR) {
 	if len(wrs) == 0 || !i.data().qpReady {
 		return
 	}
-	n, err := i.qp.PostRecv(wrs)
-	i.rxOut += n
-	if err != nil {
+	if _, err := i.postRxLocked(wrs); err != nil {
 		i.e.tracef(1, "%s: re-posting receive buffers: %v", i.Name(), err)
 	}
+}
+
+// postRxLocked and pollRxLocked post receive buffers and poll their completions,
+// keeping rxOut: every completion on rcq is one of the QP's receive buffers. Called
+// with rxMu held.
+func (i *Interface) postRxLocked(wrs []verbs.RecvWR) (int, error) {
+	n, err := i.qp.PostRecv(wrs)
+	i.rxOut += n
+	return n, err
+}
+
+func (i *Interface) pollRxLocked(wcs []verbs.WC) int {
+	n := i.rcq.Poll(wcs)
+	i.rxOut -= n
+	return n
 }
 
 // rxBatch is a batch of received packets copied out of the receive buffers.

@@ -609,9 +609,7 @@ func (i *Interface) restartQP() {
 	for k, b := range i.recvBufs {
 		wrs[k] = verbs.RecvWR{ID: recvWRID(gen, k), Buf: b}
 	}
-	n, err := i.qp.PostRecv(wrs)
-	i.rxOut += n
-	if err != nil {
+	if _, err := i.postRxLocked(wrs); err != nil {
 		i.e.log.Printf("%s: posting receive buffers: %v", i.Name(), err)
 		return
 	}
@@ -635,9 +633,7 @@ func (i *Interface) resetQPLocked() {
 		// A real HCA flushes in the background: wait for the buffers, 5 s at most
 		// (the driver's wait in ipoib_ib_dev_stop).
 		for deadline := time.Now().Add(5 * time.Second); i.rxOut > 0 && time.Now().Before(deadline); {
-			n := i.rcq.Poll(wcs[:])
-			i.rxOut -= n
-			if n == 0 {
+			if i.pollRxLocked(wcs[:]) == 0 {
 				time.Sleep(time.Millisecond)
 			}
 		}

@@ -217,11 +217,7 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		// A join the interface's close cancelled may have reached the SA all the same:
 		// it is left too (a leave of no membership is refused, harmlessly).
 		if (err == nil || errors.Is(err, context.Canceled)) && !(cur != nil && up) {
-			state := uint8(mad.JoinFull)
-			if g.sendOnly {
-				state = mad.JoinSendOnlyFull
-			}
-			i.leaveGroup(g.mgid, state)
+			i.leaveGroup(g.mgid, g.leaveState())
 		}
 		if testHookSuperseded != nil {
 			testHookSuperseded(i, g.mgid)
@@ -308,12 +304,14 @@ func (i *Interface) leaveAll() {
 	// they are on their way (a flush does not stop the QP) would otherwise join again,
 	// and a leave reaching the SA after that join deletes the membership it made.
 	var leaving []*mcastGroup
+	i.leaveMu.Lock()
 	for _, g := range groups {
 		if g.ah != nil {
-			i.leaveBegins(g.mgid)
+			i.leaveBeginsLocked(g.mgid)
 			leaving = append(leaving, g)
 		}
 	}
+	i.leaveMu.Unlock()
 	act := i.setCarrierLocked(false)
 	i.mu.Unlock()
 	act()
@@ -327,17 +325,8 @@ func (i *Interface) leaveAll() {
 	}
 	var wg sync.WaitGroup
 	for _, g := range leaving {
-		state := uint8(mad.JoinFull)
-		if g.sendOnly {
-			state = mad.JoinSendOnlyFull
-		}
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			i.leave(g.mgid, state)
-			i.leaveEnds(g.mgid) // each group's rejoin waits for its own leave only
-			i.wake()            // a round may have skipped its join for this leave
-		}()
+		go func() { defer wg.Done(); i.leaveMarked(g.mgid, g.leaveState()) }()
 	}
 	wg.Wait()
 }
@@ -356,12 +345,16 @@ func (i *Interface) forget(g *mcastGroup) {
 		_ = i.qp.DetachMcast(g.mgid, g.rec.MLID)
 	}
 	if g.ah != nil {
-		state := uint8(mad.JoinFull)
-		if g.sendOnly {
-			state = mad.JoinSendOnlyFull
-		}
-		i.leaveGroup(g.mgid, state)
+		i.leaveGroup(g.mgid, g.leaveState())
 	}
+}
+
+// leaveState is the join state a leave of the group gives up.
+func (g *mcastGroup) leaveState() uint8 {
+	if g.sendOnly {
+		return mad.JoinSendOnlyFull
+	}
+	return mad.JoinFull
 }
 
 // leaveGroup tells the SA we leave (best effort, in the background).
@@ -377,20 +370,20 @@ func (i *Interface) leaveGroup(mgid verbs.GID, state uint8) {
 	i.leaves.Add(1)
 	go func() {
 		defer i.leaves.Done()
-		i.leave(mgid, state)
-		i.leaveEnds(mgid)
-		i.wake() // a join of the group may be waiting for this leave
+		i.leaveMarked(mgid, state)
 	}()
 }
 
-// leaveBegins and leaveEnds bracket a leave of mgid on its way to the SA
-// (leavePending).
-func (i *Interface) leaveBegins(mgid verbs.GID) {
-	i.leaveMu.Lock()
-	defer i.leaveMu.Unlock()
-	i.leaveBeginsLocked(mgid)
+// leaveMarked sends the leave of a group marked pending (leaveBeginsLocked), then
+// clears the mark and wakes the task: a join of the group may be waiting for it.
+func (i *Interface) leaveMarked(mgid verbs.GID, state uint8) {
+	i.leave(mgid, state)
+	i.leaveEnds(mgid)
+	i.wake()
 }
 
+// leaveBeginsLocked and leaveEnds bracket a leave of mgid on its way to the SA
+// (leavePending). leaveBeginsLocked is called with leaveMu held.
 func (i *Interface) leaveBeginsLocked(mgid verbs.GID) {
 	if i.leaving == nil {
 		i.leaving = map[verbs.GID]int{}
