@@ -49,6 +49,7 @@ type hostState struct {
 	carrier bool
 	feat    Features
 	up      bool
+	noMcast bool
 }
 
 // state reads what the engine told the host, under the host's lock: the engine calls
@@ -56,7 +57,7 @@ type hostState struct {
 func (h *fakeHost) state() hostState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return hostState{h.mtu, h.carrier, h.feat, h.up}
+	return hostState{h.mtu, h.carrier, h.feat, h.up, h.noMcast}
 }
 
 // take returns and forgets the packets matching f.

@@ -57,6 +57,7 @@ func TestHostEndsWithTheEnginesValue(t *testing.T) {
 // overtake attaches a stallHost, sets two MTUs at once, the first one's push stalled,
 // and checks that the host ends with the MTU the engine holds.
 func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() int) {
+	t.Helper()
 	h := &stallHost{another: make(chan struct{})}
 	attach(h)
 	h.cmu.Lock()
@@ -65,23 +66,16 @@ func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() i
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = set(1500) }() // its push stalls in the host
-	for {
+	waitFor(t, "the first push in the host", func() bool {
 		h.cmu.Lock()
-		n := h.calls
-		h.cmu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer h.cmu.Unlock()
+		return h.calls == 1
+	})
 	if err := set(1400); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	h.mu.Lock()
-	got := h.mtu
-	h.mu.Unlock()
-	if want := mtu(); got != want {
+	if got, want := h.state().mtu, mtu(); got != want {
 		t.Fatalf("the host holds MTU %d, the engine %d", got, want)
 	}
 }
@@ -100,17 +94,11 @@ func TestAttachHostPushesTheCurrentState(t *testing.T) {
 	i.SetMulticast(false)
 	h := &fakeHost{}
 	i.AttachHost(h)
-	h.mu.Lock()
-	noMcast := h.noMcast
-	h.mu.Unlock()
-	if !noMcast {
+	if !h.state().noMcast {
 		t.Error("the new host has IFF_MULTICAST, the interface not")
 	}
 	i.SetMulticast(true) // pushed as it changes
-	h.mu.Lock()
-	noMcast = h.noMcast
-	h.mu.Unlock()
-	if noMcast {
+	if h.state().noMcast {
 		t.Error("SetMulticast(true) did not reach the host")
 	}
 	got := h.state()
