@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -43,9 +42,8 @@ type Device struct {
 	nsTag  string         // for error messages: "" or " (netns NAME)"
 	h      *netlink.Handle
 	index  int
-	link   netlink.Link    // index-only stub for netlink calls
-	q      []*Queue        // the TUN's queues; q[0] made the device
-	rc     syscall.RawConn // q[0]'s, for the device's ioctls and its poll for an error
+	link   netlink.Link // index-only stub for netlink calls
+	q      []*Queue     // the TUN's queues; q[0] made the device
 	batch  int
 	uso    bool // kernel accepts TUN_F_USO4|USO6
 
@@ -142,7 +140,7 @@ func Open(cfg Config) (_ *Device, err error) {
 		return nil, fail("TUN setup: %w", err)
 	}
 	d.q = append(d.q, q)
-	d.batch, d.rc = q.tun.BatchSize(), q.rc
+	d.batch = q.tun.BatchSize()
 	// The other queues attach before the offloads are set: each queue's setup sets
 	// the device's TUNSETOFFLOAD flags to wireguard's.
 	for k := 1; k < cfg.Queues; k++ {
@@ -366,7 +364,7 @@ func (d *Device) readIOErr(op string, err error) error {
 // its device is gone (tun_chr_poll), and for good.
 func (d *Device) unregistered() bool {
 	var gone bool
-	_ = d.rc.Control(func(fd uintptr) {
+	_ = d.q[0].rc.Control(func(fd uintptr) { // any queue's: the device's state
 		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		n, _ := unix.Poll(p, 0)
 		gone = n > 0 && p[0].Revents&unix.POLLERR != 0
@@ -403,7 +401,7 @@ func (d *Device) control(fn func() error) error {
 // ioctl runs fn on the TUN file descriptor.
 func (d *Device) ioctl(fn func(fd int) error) error {
 	var ierr error
-	if err := d.rc.Control(func(fd uintptr) { ierr = fn(int(fd)) }); err != nil {
+	if err := d.q[0].rc.Control(func(fd uintptr) { ierr = fn(int(fd)) }); err != nil { // the device's ioctls: any queue's
 		return err
 	}
 	return ierr
