@@ -246,6 +246,13 @@ type QPAttr struct {
 	// SRQ, when set, is where the QP's receive buffers come from (RC); the QP then has
 	// no receive queue of its own and PostRecv on it fails.
 	SRQ SRQ
+	// SourceQPN, when set on a UD QP, makes it a send-only queue whose packets carry
+	// that QP number, a UD QP of the same device and port, as their source: peers see
+	// and answer the owner of the number, and the new QP receives nothing (PostRecv
+	// fails; MaxRecvWR is ignored). This is the kernel's IB_QP_CREATE_SOURCE_QPN, with
+	// which IPoIB gives one address several send queues (the vendor's TSS). A device
+	// without it fails CreateQP with an error matching errors.ErrUnsupported.
+	SourceQPN QPN
 }
 
 // SRQDevice is a device with shared receive queues (ibv_create_srq). Optional: a

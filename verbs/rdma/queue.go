@@ -144,6 +144,7 @@ static int ipoibfs_mcast(struct ibv_qp *qp, const void *gid, int lid, int attach
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -389,6 +390,12 @@ func (d *Device) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	rcq, ok2 := attr.RecvCQ.(*CQ)
 	if !ok1 || !ok2 || attr.Port < 1 || attr.Port > len(d.ports) {
 		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: verbs.ErrInvalid}
+	}
+	if attr.SourceQPN != 0 {
+		// IBV_QP_CREATE_SOURCE_QPN is for the kernel's IPoIB underlay QPs on mlx5
+		// alone (rxe and the other providers refuse it), and there is no HCA here to
+		// try it on: one send QP per interface on real HCAs.
+		return nil, &verbs.Error{Op: "create_qp", Obj: d.name, Err: fmt.Errorf("source QPN: %w", errors.ErrUnsupported)}
 	}
 	var srq *SRQ
 	if attr.SRQ != nil {

@@ -23,6 +23,9 @@ type QP struct {
 	sigAll bool
 	maxS   int
 	maxR   int
+	// src, when set, is the QP number this send-only QP's packets carry as their
+	// source (verbs.QPAttr.SourceQPN); it receives nothing.
+	src verbs.QPN
 
 	mu     sync.Mutex
 	state  verbs.QPState
@@ -71,6 +74,12 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 		}
 		attr.MaxRecvWR = 1 // unused: receives come from the SRQ
 	}
+	if attr.SourceQPN != 0 {
+		if attr.Type != verbs.QPTypeUD {
+			return fail(fmt.Errorf("%w: a source QPN on a %v QP", verbs.ErrInvalid, attr.Type))
+		}
+		attr.MaxRecvWR = 1 // unused: it receives nothing
+	}
 	if attr.MaxSendWR <= 0 || attr.MaxRecvWR <= 0 || attr.MaxSendWR > 1<<16 || attr.MaxRecvWR > 1<<16 {
 		return fail(fmt.Errorf("%w: queue sizes %d/%d", verbs.ErrInvalid, attr.MaxSendWR, attr.MaxRecvWR))
 	}
@@ -78,6 +87,14 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	defer h.mu.Unlock()
 	if h.closed {
 		return fail(verbs.ErrClosed)
+	}
+	if attr.SourceQPN != 0 {
+		// The number must be a receiving UD QP of this port: the packets' answers go
+		// to it.
+		o := h.qps[attr.SourceQPN]
+		if o == nil || o.typ != verbs.QPTypeUD || o.src != 0 || o.port != h.ports[attr.Port-1] {
+			return fail(fmt.Errorf("%w: source QPN %#x is not a UD QP of port %d", verbs.ErrInvalid, uint32(attr.SourceQPN), attr.Port))
+		}
 	}
 	if srq != nil {
 		if err := srq.use(); err != nil {
@@ -88,7 +105,7 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 		h.nextQPN = (h.nextQPN + 1) & 0xfffffe // never 0xffffff (multicast)
 	}
 	q := &QP{posted: make(chan struct{}, 1), hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
-		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR, srq: srq}
+		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR, srq: srq, src: attr.SourceQPN}
 	if attr.Type == verbs.QPTypeRC {
 		q.rc = newRC()
 	}
@@ -253,6 +270,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	if q.srq != nil {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: fmt.Errorf("%w: the QP receives from a shared receive queue", verbs.ErrInvalid)}
 	}
+	if q.src != 0 {
+		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: fmt.Errorf("%w: a send-only QP (source QPN %#x) receives nothing", verbs.ErrInvalid, uint32(q.src))}
+	}
 	if q.state == verbs.QPReset || q.state == verbs.QPErr {
 		return 0, &verbs.Error{Op: "post_recv", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
@@ -367,7 +387,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 					op = wire.OpUDSendOnlyImm
 				}
 				off := len(q.scratch)
-				q.scratch = appendUD(q.scratch, op, uint16(pkey), uint32(wr.RemoteQPN), psn, rq, uint32(q.num), wr.Imm,
+				q.scratch = appendUD(q.scratch, op, uint16(pkey), uint32(wr.RemoteQPN), psn, rq, uint32(q.sourceQPN()), wr.Imm,
 					wr.Data, n, sgid, dgid, &ic)
 				spans = append(spans, udSpan{from, len(q.dgrams), off, len(q.scratch)})
 			}
@@ -398,6 +418,14 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 		q.sendCQ.push(c)
 	}
 	return len(wrs), nil
+}
+
+// sourceQPN is the QP number the QP's packets carry as their source.
+func (q *QP) sourceQPN() verbs.QPN {
+	if q.src != 0 {
+		return q.src
+	}
+	return q.num
 }
 
 // udSpan says which datagrams carry which bytes of the send buffer.
@@ -441,8 +469,8 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.state != verbs.QPRTR && q.state != verbs.QPRTS || q.rc != nil {
-		p.cnt.noQP.Add(1) // RC QPs take no datagrams
+	if q.state != verbs.QPRTR && q.state != verbs.QPRTS || q.rc != nil || q.src != 0 {
+		p.cnt.noQP.Add(1) // RC QPs take no datagrams, send-only ones nothing
 		return
 	}
 	for {
@@ -493,7 +521,7 @@ func writeGRH(b []byte, payload int, sgid, dgid verbs.GID) {
 
 // AttachMcast attaches the QP to a multicast group.
 func (q *QP) AttachMcast(gid verbs.GID, lid verbs.LID) error {
-	if !gid.IsMulticast() || !lid.IsMulticast() || q.rc != nil {
+	if !gid.IsMulticast() || !lid.IsMulticast() || q.rc != nil || q.src != 0 {
 		return &verbs.Error{Op: "attach_mcast", Obj: q.String(), Err: fmt.Errorf("%w: %v / %#x", verbs.ErrInvalid, gid, lid)}
 	}
 	p := q.port

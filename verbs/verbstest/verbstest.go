@@ -57,7 +57,7 @@ type Fixture struct {
 
 // Names are the subtests Run runs, in order (the rdma guest test expects a PASS line
 // for each).
-var Names = []string{"attrs", "cq", "qpstates", "ud", "qkey", "batch", "recvtoosmall", "oversize", "multicast", "flush", "rc", "rnr", "srq", "close"}
+var Names = []string{"attrs", "cq", "qpstates", "ud", "qkey", "batch", "recvtoosmall", "oversize", "multicast", "flush", "rc", "rnr", "srq", "sourceqpn", "close"}
 
 // Run runs the suite as subtests of t.
 func Run(t *testing.T, f Fixture) {
@@ -71,7 +71,7 @@ func Run(t *testing.T, f Fixture) {
 	tests := map[string]func(*testing.T){
 		"attrs": s.attrs, "cq": s.cq, "qpstates": s.qpStates, "ud": s.ud, "qkey": s.qkey,
 		"batch": s.batch, "recvtoosmall": s.recvTooSmall, "oversize": s.oversize, "multicast": s.multicast,
-		"flush": s.flush, "rc": s.rc, "rnr": s.rnr, "srq": s.srq, "close": s.close,
+		"flush": s.flush, "rc": s.rc, "rnr": s.rnr, "srq": s.srq, "sourceqpn": s.sourceQPN, "close": s.close,
 	}
 	for _, name := range Names {
 		t.Run(name, tests[name])
@@ -410,6 +410,70 @@ func (s *suite) ud(t *testing.T) {
 		if wcs := WaitWC(dst.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 			t.Errorf("direction %d: more completions %+v", dir, wcs)
 		}
+	}
+}
+
+// sourceQPN: a send-only UD QP made with another QP's number sends as that QP (the
+// receiver sees its number, and answers reach it) and receives nothing. A provider
+// without it must say so with errors.ErrUnsupported and make nothing.
+func (s *suite) sourceQPN(t *testing.T) {
+	p := s.pair(t)
+	owner, dst := p[0], p[1]
+	dev := owner.dev
+	scq := s.cqOn(t, 0, 64)
+	attr := verbs.QPAttr{Type: verbs.QPTypeUD, Port: s.f.Port, SendCQ: scq, RecvCQ: scq, MaxSendWR: 64, MaxRecvWR: 1,
+		SourceQPN: owner.qp.Num()}
+	qp, err := dev.CreateQP(attr)
+	if errors.Is(err, errors.ErrUnsupported) {
+		if qp != nil {
+			t.Errorf("CreateQP returned a QP with %v", err)
+		}
+		t.Logf("source QPN not supported by the provider: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("CreateQP with source QPN %#x: %v", uint32(owner.qp.Num()), err)
+	}
+	t.Cleanup(func() { qp.Close() })
+	so := &end{i: 0, dev: dev, qp: qp, scq: scq, rcq: scq, gid: owner.gid}
+	s.toRTS(t, so, s.f.QKey)
+	if n, err := qp.PostRecv([]verbs.RecvWR{{ID: 1, Buf: make([]byte, 256)}}); n != 0 || !errors.Is(err, verbs.ErrInvalid) {
+		t.Errorf("PostRecv on a send-only QP: %d, %v; want 0 and ErrInvalid", n, err)
+	}
+	for _, bad := range []verbs.QPAttr{
+		{Type: verbs.QPTypeUD, SourceQPN: qp.Num()},       // itself send-only
+		{Type: verbs.QPTypeUD, SourceQPN: 0x7ffff0},       // no such QP
+		{Type: verbs.QPTypeRC, SourceQPN: owner.qp.Num()}, // UD only
+	} {
+		bad.Port, bad.SendCQ, bad.RecvCQ, bad.MaxSendWR, bad.MaxRecvWR = s.f.Port, scq, scq, 8, 8
+		if q, err := dev.CreateQP(bad); err == nil {
+			q.Close()
+			t.Errorf("CreateQP(%v, source QPN %#x) succeeded", bad.Type, uint32(bad.SourceQPN))
+		}
+	}
+
+	// Out through the send-only QP: the receiver sees the owner's number.
+	dst.postRecv(t, 1, 200, grh+256)
+	s.send(t, so, verbs.SendWR{ID: 9, AH: s.ahTo(t, 1), RemoteQPN: dst.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("from the send queue")}})
+	wcs := WaitWC(dst.rcq, 1, s.f.Wait)
+	if len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].SrcQP != owner.qp.Num() {
+		t.Fatalf("receive completion %+v, want one from source QPN %#x", wcs, uint32(owner.qp.Num()))
+	}
+	// The answer to that number reaches the owner; one to the send-only QP's own
+	// number reaches nobody.
+	obufs := owner.postRecv(t, 2, 300, grh+256)
+	back := s.ahTo(t, 0)
+	s.send(t, dst, verbs.SendWR{ID: 10, AH: back, RemoteQPN: qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("to the send queue")}})
+	s.send(t, dst, verbs.SendWR{ID: 11, AH: back, RemoteQPN: wcs[0].SrcQP, RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("answer")}})
+	got := WaitWC(owner.rcq, 1, s.f.Wait)
+	if len(got) != 1 || got[0].WRID != 300 || string(obufs[0][grh:grh+got[0].ByteLen-grh]) != "answer" {
+		t.Fatalf("owner's receive completions %+v, want the answer alone", got)
+	}
+	if more := WaitWC(owner.rcq, 1, s.f.Quiet); len(more) != 0 {
+		t.Errorf("owner received %+v: a datagram to the send-only QP's number", more)
+	}
+	if more := WaitWC(scq, 1, s.f.Quiet); len(more) != 0 {
+		t.Errorf("send-only QP's CQ has %+v", more)
 	}
 }
 
