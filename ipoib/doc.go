@@ -43,7 +43,8 @@
 //     mode's) receive CQ at a time, the receive loop's or the completion handler's on
 //     the HCA's receive path, from the poll to the host's Deliver, so batches reach
 //     the host in order. Never one under the other.
-//  8. Interface.txMu: the UD send scratch slices; one UD post at a time.
+//  8. txLane.mu: a send queue's scratch slices (tss.go); one post at a time per
+//     queue, the queues in parallel. Never two of them at once.
 //  9. Interface.mu: the control path's fields (admin MTU, features, moderation,
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
 //     only with it held (setLocked), so a holder reads a state that stays current. A
@@ -90,14 +91,14 @@
 //   - The HCA: under Interface.mu on the control path (QP state, attach and detach,
 //     address handles, the receive ring, with rxMu where the ring is posted); on the
 //     data path recvLoop's PostRecv under rxMu.
-//     PostSend is made under txMu alone (post) or no lock.
+//     PostSend is made under a txLane.mu alone (post) or no lock.
 //   - Options.Event and the loggers: under any lock.
 //
 // Where a lock is dropped to call out: the ...Locked functions that change what a host
 // sees (setCarrierLocked, setMTULocked; a bond's selectActiveLocked,
 // changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
 // that the caller runs after unlocking; Transmit and resend resolve under dmu and post
-// after it, and hand the ICMP errors they made to the host after txMu; the receive
+// after it, and hand the ICMP errors they made to the host after txLane.mu; the receive
 // loops deliver with no lock but their rxState's (cmDrainRxLocked answers ARP and ND after dmu too); the
 // goroutines of joins, path queries and connections take the locks again to finish,
 // and cmConnect checks that its connection is still current before keeping what it

@@ -27,21 +27,26 @@ type outFrame struct {
 // Transmit sends IP packets the kernel routed out of this interface. Packets are
 // batched into one post; packets waiting for a neighbour, path or join are copied into
 // bounded queues, as the kernel driver does.
-func (i *Interface) Transmit(pkts [][]byte) {
-	// ICMP errors for packets too long go to the host once txMu is released: the
+func (i *Interface) Transmit(pkts [][]byte) { i.TransmitQueue(0, pkts) }
+
+// TransmitQueue is Transmit from the host's queue q (of SetSendQueues; a q beyond
+// them wraps): the queues post in parallel, each batch in order within its queue.
+func (i *Interface) TransmitQueue(q int, pkts [][]byte) {
+	// ICMP errors for packets too long go to the host once the queue is released: the
 	// host may be sending the next batch meanwhile.
-	i.deliverICMP(i.transmit(pkts))
+	i.deliverICMP(i.transmit(i.lane(q), pkts))
 }
 
-// transmit classifies, resolves and posts a batch and returns the ICMP errors it made.
-func (i *Interface) transmit(pkts [][]byte) (icmp [][]byte) {
-	i.txMu.Lock()
-	defer i.txMu.Unlock()
-	out := i.txOut[:0]
-	if cap(i.txHdr) < len(pkts) {
-		i.txHdr = make([][encapLen]byte, len(pkts))
+// transmit classifies, resolves and posts a batch on send queue l and returns the
+// ICMP errors it made.
+func (i *Interface) transmit(l *txLane, pkts [][]byte) (icmp [][]byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.out[:0]
+	if cap(l.hdr) < len(pkts) {
+		l.hdr = make([][encapLen]byte, len(pkts))
 	}
-	hdrs := i.txHdr[:len(pkts)]
+	hdrs := l.hdr[:len(pkts)]
 	fb := framePool.Get().(*[][]byte)
 	if cap(*fb) < 2*len(pkts) {
 		*fb = make([][]byte, 2*len(pkts))
@@ -114,9 +119,9 @@ func (i *Interface) transmit(pkts [][]byte) (icmp [][]byte) {
 	}
 	icmp, i.icmpOut = i.icmpOut, nil
 	i.dmu.Unlock()
-	i.post(out)
+	i.post(l, out)
 	clear(out)
-	i.txOut = out[:0]
+	l.out = out[:0]
 	return icmp
 }
 
@@ -140,13 +145,13 @@ func joinFrame(f [][]byte) []byte {
 	return b
 }
 
-// post sends frames in one batch. Called with txMu held.
-func (i *Interface) post(out []outFrame) {
+// post sends frames in one batch on send queue l. Called with l.mu held.
+func (i *Interface) post(l *txLane, out []outFrame) {
 	if len(out) == 0 {
 		return
 	}
 	qkey := i.data().qkey
-	wrs := i.txWRs[:0]
+	wrs := l.wrs[:0]
 	var bytes uint64
 	for k := 0; k < len(out); k++ {
 		o := out[k]
@@ -171,7 +176,7 @@ func (i *Interface) post(out []outFrame) {
 	if dataDebug {
 		i.e.dtracef("%s: tx %d frames, %d bytes", i.Name(), len(wrs), bytes)
 	}
-	n, err := i.qp.PostSend(wrs)
+	n, err := l.qp.PostSend(wrs)
 	if err != nil {
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
@@ -179,7 +184,7 @@ func (i *Interface) post(out []outFrame) {
 	i.stats.txPackets.Add(uint64(n))
 	i.stats.txBytes.Add(bytes)
 	clear(wrs)
-	i.txWRs = wrs[:0]
+	l.wrs = wrs[:0]
 }
 
 // sendFrames posts already-encapsulated frames (flushed queues, ARP and ND replies).
@@ -191,9 +196,9 @@ func (i *Interface) sendFrames(frames [][]byte, ah verbs.AH, qpn verbs.QPN) {
 	for k, f := range frames {
 		out[k] = outFrame{ah: ah, qpn: qpn, frame: [][]byte{f}, size: len(f)}
 	}
-	i.txMu.Lock()
-	i.post(out)
-	i.txMu.Unlock()
+	i.tx0.mu.Lock()
+	i.post(&i.tx0, out)
+	i.tx0.mu.Unlock()
 }
 
 // reapSendCQ collects send completions (only errors and signalled sends produce them).

@@ -136,10 +136,10 @@ type Interface struct {
 	tx           map[HWAddr]*cmTx // under dmu, as the connections' fields
 	rx           map[verbs.QPN]*cmRx
 
-	txMu  sync.Mutex // serialises posting so these scratch slices are reused
-	txWRs []verbs.SendWR
-	txHdr [][encapLen]byte
-	txOut []outFrame
+	// The send queues (tss.go): tx0 posts on qp; lanes holds it and the others,
+	// replaced whole under mu.
+	tx0   txLane
+	lanes atomic.Pointer[[]*txLane]
 }
 
 // dataState is what the data path reads of an interface: the receive and transmit
@@ -218,6 +218,8 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		return nil, err
 	}
 	i.hw = MakeHWAddr(0, i.qp.Num(), gid)
+	i.tx0.qp = i.qp
+	i.lanes.Store(&[]*txLane{&i.tx0})
 	if mgr := e.cms[port]; mgr != nil {
 		if err := i.cmInit(mgr); err != nil {
 			return nil, err
@@ -613,6 +615,7 @@ func (i *Interface) restartQP() {
 		i.e.log.Printf("%s: posting receive buffers: %v", i.Name(), err)
 		return
 	}
+	i.lanesUpLocked()
 	i.setLocked(func(d *dataState) { d.qpReady = true })
 }
 
@@ -643,6 +646,7 @@ func (i *Interface) resetQPLocked() {
 		i.reapSendCQ() // the sends it flushed give the provider's send slots back
 	}
 	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
+	i.lanesDownLocked()
 	i.setLocked(func(d *dataState) { d.qpReady = false })
 	for i.rcq.Poll(wcs[:]) > 0 {
 	}
@@ -777,6 +781,7 @@ func (i *Interface) close() {
 	i.cancel()
 	i.wg.Wait()
 	i.waitLeaves()
+	i.closeLanes()
 	_ = i.qp.Close()
 	_ = i.scq.Close()
 	_ = i.rcq.Close()

@@ -67,7 +67,7 @@ var lockOrder = []string{
 	"Engine.mu",
 	"Interface.hostMu",
 	"rxState.mu",
-	"Interface.txMu",
+	"txLane.mu",
 	"Interface.mu",
 	"Interface.rxMu",
 	"Interface.dmu",
@@ -123,7 +123,7 @@ func TestLockOrder(t *testing.T) {
 
 	// The walk must see what is known to be there, or it is blind.
 	for _, want := range []struct{ held, what, holder string }{
-		{"Interface.txMu", "Interface.dmu", "Interface.transmit"},
+		{"txLane.mu", "Interface.dmu", "Interface.transmit"},
 		{"Interface.mu", "Interface.dmu", "Interface.SetMode"},
 		{"Interface.rxMu", "Interface.dmu", "Interface.restartQP"}, // through setLocked
 		{"Engine.mu", "Interface.mu", "Interface.deleteChild"},

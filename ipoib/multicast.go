@@ -233,6 +233,7 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 	if err == nil && isBcast {
 		i.setLocked(func(d *dataState) { d.qkey = rec.QKey })
 		err = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: rec.QKey})
+		i.lanesQKeyLocked(rec.QKey)
 	}
 	attached := false
 	if err == nil && !g.sendOnly {

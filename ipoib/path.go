@@ -221,9 +221,9 @@ func (i *Interface) resend(hw HWAddr, frames [][]byte) {
 	icmp := i.icmpOut
 	i.icmpOut = nil
 	i.dmu.Unlock()
-	i.txMu.Lock()
-	i.post(out)
-	i.txMu.Unlock()
+	i.tx0.mu.Lock()
+	i.post(&i.tx0, out)
+	i.tx0.mu.Unlock()
 	i.deliverICMP(icmp)
 }
 

@@ -110,6 +110,11 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	if err != nil {
 		return nil, err
 	}
+	// A send queue per device queue, so that the readers post in parallel (the
+	// engine falls back on one where the HCA cannot: verbs/rdma).
+	if err := i.SetSendQueues(queues); err != nil {
+		log.Printf("%s: %v", i.Name(), err)
+	}
 	b := &bridge{i: i, dev: dev, bs: bs, done: make(chan struct{})}
 	// The kernel must not invent a random link-local address: IPoIB's comes from the GUID.
 	if err := dev.SetLinkLocal(i.LinkLocal()); err != nil {
@@ -235,7 +240,7 @@ func (b *bridge) startReader() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				readLoop(b.dev, b.dev.Queue(k), b.i.Name, b.i.MTU, b.i.Transmit)
+				readLoop(b.dev, b.dev.Queue(k), b.i.Name, b.i.MTU, func(p [][]byte) { b.i.TransmitQueue(k, p) })
 			}()
 		}
 		go func() { wg.Wait(); close(b.done) }()

@@ -1,0 +1,143 @@
+package ipoib
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"ipoibfs/verbs"
+)
+
+// Send queues (the vendor's TSS): a host that transmits from several queues at once
+// (a multi-queue TUN device, a reader per queue) gives the interface as many send
+// queues, so that their batches are encoded and posted in parallel instead of one at a
+// time. Queue 0 posts on the interface's own QP; the others on send-only QPs that carry
+// its number (verbs.QPAttr.SourceQPN), so peers see one address whichever queue a
+// packet left from. A flow stays in its host queue, so its packets keep their order.
+// What the queues share (the tables, under dmu) is held only to classify and resolve a
+// batch; the post, where the HCA encodes and sends, is the queue's own.
+
+// maxSendQueues bounds SetSendQueues: the kernel's TUN device has at most 256 queues.
+const maxSendQueues = 256
+
+// txLane is one send queue. Its mu serialises the queue's posts, so the scratch slices
+// are reused.
+type txLane struct {
+	mu    sync.Mutex
+	qp    verbs.QP    // the interface's own QP for queue 0
+	ready atomic.Bool // queues after the first: in RTS (set under the interface's mu)
+	wrs   []verbs.SendWR
+	hdr   [][encapLen]byte
+	out   []outFrame
+}
+
+// SetSendQueues gives the interface n send queues for TransmitQueue. It only adds: a
+// count at or below the current one changes nothing. A device that cannot send under
+// another QP's number (errors.ErrUnsupported) leaves the interface with one queue and
+// the error says so; packets of any queue still go out, through the first.
+func (i *Interface) SetSendQueues(n int) error {
+	if n < 1 || n > maxSendQueues {
+		return &Error{Op: "set_send_queues", If: i.Name(), Err: syscall.EINVAL,
+			Detail: fmt.Sprintf("%d send queues outside 1..%d", n, maxSendQueues)}
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.closed {
+		return &Error{Op: "set_send_queues", If: i.Name(), Err: syscall.ENODEV}
+	}
+	lanes := *i.lanes.Load()
+	if n <= len(lanes) {
+		return nil
+	}
+	grown := append([]*txLane(nil), lanes...)
+	var err error
+	for len(grown) < n {
+		var qp verbs.QP
+		qp, err = i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: i.port, SendCQ: i.scq, RecvCQ: i.scq,
+			MaxSendWR: i.e.params.SendQueueSize, MaxRecvWR: 1, SourceQPN: i.qp.Num()})
+		if err != nil {
+			break
+		}
+		l := &txLane{qp: qp}
+		if i.data().qpReady {
+			l.ready.Store(i.laneUpLocked(l))
+		}
+		grown = append(grown, l)
+	}
+	i.lanes.Store(&grown)
+	if err != nil {
+		e := &Error{Op: "set_send_queues", If: i.Name(), Err: err,
+			Detail: fmt.Sprintf("%d of %d send queues made", len(grown), n)}
+		if errors.Is(err, errors.ErrUnsupported) {
+			e.Detail += "; the HCA cannot send as another QP"
+		}
+		return e
+	}
+	return nil
+}
+
+// SendQueues returns the number of send queues.
+func (i *Interface) SendQueues() int { return len(*i.lanes.Load()) }
+
+// lane returns the send queue for host queue q: the first when that queue's QP is not
+// ready (it follows the interface's QP, and a restart may have failed for it alone).
+func (i *Interface) lane(q int) *txLane {
+	lanes := *i.lanes.Load()
+	if l := lanes[uint(q)%uint(len(lanes))]; l.ready.Load() {
+		return l
+	}
+	return lanes[0]
+}
+
+// lanesUpLocked brings the queues after the first up with the interface's QP.
+// Called with mu held.
+func (i *Interface) lanesUpLocked() {
+	for _, l := range (*i.lanes.Load())[1:] {
+		l.ready.Store(i.laneUpLocked(l))
+	}
+}
+
+// lanesDownLocked resets the queues after the first with the interface's QP. Called
+// with mu held.
+func (i *Interface) lanesDownLocked() {
+	for _, l := range (*i.lanes.Load())[1:] {
+		l.ready.Store(false)
+		_ = l.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
+	}
+}
+
+// lanesQKeyLocked gives the queues after the first the interface's new Q_Key (a
+// send with a controlled Q_Key uses the QP's own). Called with mu held.
+func (i *Interface) lanesQKeyLocked(qkey uint32) {
+	for _, l := range (*i.lanes.Load())[1:] {
+		_ = l.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskQKey, QKey: qkey})
+	}
+}
+
+// closeLanes destroys the queues' QPs after the first, as close destroys the
+// interface's.
+func (i *Interface) closeLanes() {
+	for _, l := range (*i.lanes.Load())[1:] {
+		l.ready.Store(false)
+		_ = l.qp.Close()
+	}
+}
+
+// laneUpLocked takes a send queue's QP to RTS with the interface's P_Key index and
+// Q_Key, and reports whether it got there. Called with mu held.
+func (i *Interface) laneUpLocked(l *txLane) bool {
+	for _, m := range []verbs.QPModify{
+		{Mask: verbs.QPMaskState, State: verbs.QPReset},
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: i.pkeyIndex, QKey: i.data().qkey},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
+		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
+	} {
+		if err := l.qp.Modify(m); err != nil {
+			i.e.log.Printf("%s: send queue QP %#x to %v: %v", i.Name(), uint32(l.qp.Num()), m.State, err)
+			return false
+		}
+	}
+	return true
+}
