@@ -191,13 +191,10 @@ type udpEndpoint struct {
 	addr netip.AddrPort
 	gro  bool // UDP_GRO is on: a received message may carry a run of datagrams
 
-	mu    sync.Mutex // guards the fields below (one sender at a time per socket)
-	gso   bool       // merge runs into UDP_SEGMENT messages; cleared for good when refused
-	msgs  []ipv4.Message
-	uas   []net.UDPAddr
-	ip4s  [][4]byte // uas[k].IP is ip4s[k][:]
-	first []int     // msgs[k] starts with datagram first[k] of the batch being sent
-	oob   []byte    // UDP_SEGMENT control messages, udpGSOCmsgSpace bytes per message
+	gso atomic.Bool // merge runs into UDP_SEGMENT messages; cleared for good when refused
+	// sends holds *udpSend: senders (a QP each, the send queues of one interface among
+	// them) go to the socket in parallel, each with its own message vectors.
+	sends sync.Pool
 
 	// Offload statistics.
 	gsoSends    atomic.Uint64 // messages sent with UDP_SEGMENT
@@ -220,7 +217,7 @@ func (UDPNetwork) Listen(addr netip.AddrPort) (Endpoint, error) {
 	setSockBufs(c, 8<<20)
 	la := c.LocalAddr().(*net.UDPAddr).AddrPort()
 	e := &udpEndpoint{conn: c, pc: ipv4.NewPacketConn(c), addr: netip.AddrPortFrom(la.Addr().Unmap(), la.Port())}
-	e.gso = udpGSOSupported(c)
+	e.gso.Store(udpGSOSupported(c))
 	e.gro = setUDPGRO(c, true) == nil
 	return e, nil
 }
@@ -235,22 +232,39 @@ func setSockBufs(c *net.UDPConn, n int) {
 
 func (e *udpEndpoint) Addr() netip.AddrPort { return e.addr }
 
-func (e *udpEndpoint) Send(batch []Datagram) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.msgs == nil {
-		e.msgs = make([]ipv4.Message, udpBatch)
-		e.uas = make([]net.UDPAddr, udpBatch)
-		e.ip4s = make([][4]byte, udpBatch)
-		e.first = make([]int, udpBatch)
-		e.oob = make([]byte, udpBatch*udpGSOCmsgSpace)
-		for k := range e.uas {
-			e.uas[k].IP = e.ip4s[k][:]
-		}
+// udpSend is one sender's message vectors.
+type udpSend struct {
+	msgs  []ipv4.Message
+	uas   []net.UDPAddr
+	ip4s  [][4]byte // uas[k].IP is ip4s[k][:]
+	first []int     // msgs[k] starts with datagram first[k] of the batch being sent
+	oob   []byte    // UDP_SEGMENT control messages, udpGSOCmsgSpace bytes per message
+}
+
+func newUDPSend() *udpSend {
+	s := &udpSend{msgs: make([]ipv4.Message, udpBatch), uas: make([]net.UDPAddr, udpBatch),
+		ip4s: make([][4]byte, udpBatch), first: make([]int, udpBatch), oob: make([]byte, udpBatch*udpGSOCmsgSpace)}
+	for k := range s.uas {
+		s.uas[k].IP = s.ip4s[k][:]
 	}
+	return s
+}
+
+func (e *udpEndpoint) Send(batch []Datagram) error {
+	s, _ := e.sends.Get().(*udpSend)
+	if s == nil {
+		s = newUDPSend()
+	}
+	defer func() {
+		for k := range s.msgs { // the batch's buffers are the caller's
+			clear(s.msgs[k].Buffers)
+			s.msgs[k].Buffers = s.msgs[k].Buffers[:0]
+		}
+		e.sends.Put(s)
+	}()
 	for len(batch) > 0 {
-		n, used := e.pack(batch)
-		msgs := e.msgs[:n]
+		n, used := s.pack(batch, e.gso.Load())
+		msgs := s.msgs[:n]
 		for k := 0; k < n; {
 			sent, err := e.pc.WriteBatch(msgs[k:], 0)
 			sent = max(0, min(sent, n-k))
@@ -271,9 +285,9 @@ func (e *udpEndpoint) Send(batch []Datagram) error {
 				// The kernel will not segment for us (EIO: a device without tx
 				// checksumming; EINVAL, ENOPROTOOPT): send plain datagrams from now
 				// on, beginning with the ones of the refused message.
-				e.gso = false
+				e.gso.Store(false)
 				e.gsoRefusals.Add(1)
-				used = e.first[k]
+				used = s.first[k]
 				break
 			}
 			// An error (ECONNREFUSED left by an ICMP from an earlier send, an
@@ -285,23 +299,23 @@ func (e *udpEndpoint) Send(batch []Datagram) error {
 	return nil
 }
 
-// pack fills e.msgs from the head of batch and returns the number of messages and of
-// datagrams they hold. With GSO on, consecutive datagrams to the same destination of
+// pack fills s.msgs from the head of batch and returns the number of messages and of
+// datagrams they hold. With gso, consecutive datagrams to the same destination of
 // the same length, the last possibly shorter, share one message with a UDP_SEGMENT
 // control message; their Data become the message's iovecs, without copying.
-func (e *udpEndpoint) pack(batch []Datagram) (n, used int) {
+func (s *udpSend) pack(batch []Datagram, gso bool) (n, used int) {
 	for used < len(batch) && n < udpBatch {
 		d := batch[used]
-		e.first[n] = used
-		e.ip4s[n] = d.Addr.Addr().Unmap().As4()
-		e.uas[n].Port = int(d.Addr.Port())
-		m := &e.msgs[n]
-		m.Addr = &e.uas[n]
+		s.first[n] = used
+		s.ip4s[n] = d.Addr.Addr().Unmap().As4()
+		s.uas[n].Port = int(d.Addr.Port())
+		m := &s.msgs[n]
+		m.Addr = &s.uas[n]
 		m.Buffers = append(m.Buffers[:0], d.Data)
 		m.OOB = nil
 		used++
 		// Port 0 is refused with EINVAL, which must not be taken for a GSO refusal.
-		if size := len(d.Data); e.gso && size > 0 && d.Addr.Port() != 0 {
+		if size := len(d.Data); gso && size > 0 && d.Addr.Port() != 0 {
 			total := size
 			for used < len(batch) && len(m.Buffers) < udpGSOMaxSegs {
 				next := batch[used]
@@ -318,7 +332,7 @@ func (e *udpEndpoint) pack(batch []Datagram) (n, used int) {
 			}
 			if len(m.Buffers) > 1 {
 				o := n * udpGSOCmsgSpace
-				m.OOB = putUDPGSOSize(e.oob[o:o:o+udpGSOCmsgSpace], size)
+				m.OOB = putUDPGSOSize(s.oob[o:o:o+udpGSOCmsgSpace], size)
 			}
 		}
 		n++

@@ -167,8 +167,8 @@ func udpPair(t *testing.T) (r1, r2 *udpEndpoint, rx map[netip.AddrPort]*udpRx) {
 
 func requireOffload(t *testing.T, e *udpEndpoint) {
 	t.Helper()
-	if !e.gso || !e.gro {
-		testenv.Missing(t, fmt.Sprintf("kernel UDP GSO/GRO (gso %v, gro %v)", e.gso, e.gro))
+	if !e.gso.Load() || !e.gro {
+		testenv.Missing(t, fmt.Sprintf("kernel UDP GSO/GRO (gso %v, gro %v)", e.gso.Load(), e.gro))
 	}
 }
 
@@ -181,19 +181,17 @@ func TestUDPPackGSO(t *testing.T) {
 	// Port 0 is never merged (its EINVAL must not look like a GSO refusal).
 	zero := netip.MustParseAddrPort("127.0.0.1:0")
 	batch = append(batch, Datagram{zero, make([]byte, 10)}, Datagram{zero, make([]byte, 10)})
-	e.Send(nil) // allocates the message arrays
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	sv := newUDPSend()
 	rest, merged := batch, 0
 	for len(rest) > 0 {
-		n, used := e.pack(rest)
+		n, used := sv.pack(rest, true)
 		if n == 0 || n > udpBatch || used > len(rest) {
 			t.Fatalf("pack: %d messages, %d datagrams of %d", n, used, len(rest))
 		}
 		k := 0
-		for i, m := range e.msgs[:n] {
-			if e.first[i] != k {
-				t.Fatalf("message %d starts at %d, want %d", i, e.first[i], k)
+		for i, m := range sv.msgs[:n] {
+			if sv.first[i] != k {
+				t.Fatalf("message %d starts at %d, want %d", i, sv.first[i], k)
 			}
 			total := 0
 			for j, buf := range m.Buffers {
@@ -278,9 +276,7 @@ func TestUDPGSOAndGRO(t *testing.T) {
 // TestUDPGSOForcedOff sends without GSO: every datagram is its own message.
 func TestUDPGSOForcedOff(t *testing.T) {
 	s := listenUDP(t)
-	s.mu.Lock()
-	s.gso = false
-	s.mu.Unlock()
+	s.gso.Store(false)
 	r1, r2, rx := udpPair(t)
 	r1.Start(rx[r1.Addr()].handle)
 	r2.Start(rx[r2.Addr()].handle)
@@ -341,9 +337,7 @@ func TestUDPGSORefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkReceived(t, s, want, rx)
-	s.mu.Lock()
-	gso := s.gso
-	s.mu.Unlock()
+	gso := s.gso.Load()
 	if gso || s.gsoRefusals.Load() != 1 || s.gsoSends.Load() != 0 {
 		t.Errorf("after a refusal: gso %v, %d refusals, %d GSO messages", gso, s.gsoRefusals.Load(), s.gsoSends.Load())
 	}
