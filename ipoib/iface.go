@@ -369,11 +369,14 @@ func (i *Interface) Flags() uint32 {
 	if i.data().up {
 		f |= iffUp
 	}
+	if i.bond.Load() != nil {
+		f |= iffSlave // bond_enslave sets it, __bond_release_one clears it
+	}
 	return f
 }
 
 // The dev->flags bits an IPoIB netdev shows (include/uapi/linux/if.h).
-const iffUp, iffBroadcast, iffMulticast = 0x1, 0x2, 0x1000
+const iffUp, iffBroadcast, iffSlave, iffMulticast = 0x1, 0x2, 0x800, 0x1000
 
 // SetFlags applies a write of flags as dev_change_flags does for an IPoIB netdev:
 // IFF_MULTICAST is taken as written and IFF_UP opens or stops the interface; the
