@@ -24,8 +24,13 @@ type QP struct {
 	maxS   int
 	maxR   int
 	// src, when set, is the QP number this send-only QP's packets carry as their
-	// source (verbs.QPAttr.SourceQPN); it receives nothing.
-	src verbs.QPN
+	// source (verbs.QPAttr.SourceQPN), owner the QP that has it; it receives nothing.
+	src   verbs.QPN
+	owner *QP
+	// shadows are the send-only QPs sending as this one (under hca.mu); closed is set
+	// when it is destroyed, after which they cannot be brought up again.
+	shadows []*QP
+	closed  atomic.Bool
 
 	mu     sync.Mutex
 	state  verbs.QPState
@@ -88,11 +93,12 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	if h.closed {
 		return fail(verbs.ErrClosed)
 	}
+	var owner *QP
 	if attr.SourceQPN != 0 {
 		// The number must be a receiving UD QP of this port: the packets' answers go
 		// to it.
-		o := h.qps[attr.SourceQPN]
-		if o == nil || o.typ != verbs.QPTypeUD || o.src != 0 || o.port != h.ports[attr.Port-1] {
+		owner = h.qps[attr.SourceQPN]
+		if owner == nil || owner.typ != verbs.QPTypeUD || owner.src != 0 || owner.port != h.ports[attr.Port-1] {
 			return fail(fmt.Errorf("%w: source QPN %#x is not a UD QP of port %d", verbs.ErrInvalid, uint32(attr.SourceQPN), attr.Port))
 		}
 	}
@@ -105,12 +111,15 @@ func (h *HCA) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 		h.nextQPN = (h.nextQPN + 1) & 0xfffffe // never 0xffffff (multicast)
 	}
 	q := &QP{posted: make(chan struct{}, 1), hca: h, port: h.ports[attr.Port-1], num: h.nextQPN, typ: attr.Type, sendCQ: scq,
-		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR, srq: srq, src: attr.SourceQPN}
+		recvCQ: rcq, sigAll: attr.SigAll, maxS: attr.MaxSendWR, maxR: attr.MaxRecvWR, srq: srq, src: attr.SourceQPN, owner: owner}
 	if attr.Type == verbs.QPTypeRC {
 		q.rc = newRC()
 	}
 	h.nextQPN++
 	h.qps[q.num] = q
+	if owner != nil {
+		owner.shadows = append(owner.shadows, q)
+	}
 	return q, nil
 }
 
@@ -151,6 +160,9 @@ func (q *QP) Modify(m verbs.QPModify) error {
 		ok = true
 	case q.state == verbs.QPReset && next == verbs.QPInit:
 		ok = m.Mask&verbs.QPMaskPKeyIndex != 0 && m.Mask&verbs.QPMaskQKey != 0
+		if q.owner != nil && q.owner.closed.Load() {
+			return fail("the QP %#x it sends as is destroyed", uint32(q.src))
+		}
 	case q.state == verbs.QPInit && (next == verbs.QPInit || next == verbs.QPRTR):
 		ok = true
 	case q.state == verbs.QPRTR && next == verbs.QPRTS:
@@ -574,12 +586,26 @@ func (q *QP) Close() error {
 		}
 	}
 	p.mu.Unlock()
+	q.closed.Store(true)
 	q.hca.mu.Lock()
 	live := q.hca.qps[q.num] == q // a second Close must not remove a QP that took the number since
 	if live {
 		delete(q.hca.qps, q.num)
 	}
+	shadows := q.shadows
+	q.shadows = nil
+	if o := q.owner; o != nil {
+		o.shadows = slices.DeleteFunc(o.shadows, func(s *QP) bool { return s == q })
+	}
 	q.hca.mu.Unlock()
+	// What sent as this QP stops: its number may go to another QP.
+	for _, s := range shadows {
+		s.mu.Lock()
+		if s.state != verbs.QPReset {
+			s.state = verbs.QPErr
+		}
+		s.mu.Unlock()
+	}
 	if live && q.srq != nil {
 		q.srq.release()
 	}

@@ -256,9 +256,10 @@ func (e *udpEndpoint) Send(batch []Datagram) error {
 		s = newUDPSend()
 	}
 	defer func() {
-		for k := range s.msgs { // the batch's buffers are the caller's
-			clear(s.msgs[k].Buffers)
-			s.msgs[k].Buffers = s.msgs[k].Buffers[:0]
+		for k := range s.msgs { // the batch's buffers are the caller's, a re-pack's too
+			b := s.msgs[k].Buffers
+			clear(b[:cap(b)])
+			s.msgs[k].Buffers = b[:0]
 		}
 		e.sends.Put(s)
 	}()
