@@ -465,7 +465,12 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 		i.e.cmdtracef("%s: cm tx %d messages, %d bytes to %s", i.Name(), len(wrs), bytes, t.hw)
 	}
 	n, err := qp.PostSend(wrs)
-	if err != nil {
+	switch {
+	case errors.Is(err, verbs.ErrQueueFull):
+		// The connection is busy, not broken (the driver stops its queue until
+		// completions make room): what did not fit is dropped, TCP sends it again.
+		i.stats.txDropped.Add(uint64(len(wrs) - n))
+	case err != nil:
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
 		i.cmTxFailed(t)

@@ -147,3 +147,32 @@ func TestConnectedModeDeliversFramesInPlace(t *testing.T) {
 		t.Fatalf("DeliverFrames called %d times, %d frames with less than 10 bytes of headroom", fh.calls.Load(), fh.short.Load())
 	}
 }
+
+// TestConnectedFullSendQueueKeepsConnection: a burst larger than the connection's send
+// queue drops what does not fit, as a stopped queue would, and keeps the connection
+// (it was torn down and rebuilt under load).
+func TestConnectedFullSendQueueKeepsConnection(t *testing.T) {
+	a, b := connectedPair(t)
+	a.ib0.dmu.Lock()
+	tx := a.ib0.tx[b.ib0.HWAddr()]
+	a.ib0.dmu.Unlock()
+	if tx == nil || !tx.up {
+		t.Fatalf("no connection to b after a ping: %+v", tx)
+	}
+	burst := make([][]byte, 3*a.ib0.e.params.SendQueueSize)
+	for k := range burst {
+		burst[k] = icmp4("10.0.0.1", "10.0.0.2", 8, uint16(100+k), 1000)
+	}
+	dropped := a.ib0.Stats().TxDropped
+	a.ib0.Transmit(burst)
+	if d := a.ib0.Stats().TxDropped - dropped; d == 0 {
+		t.Fatalf("a burst of %d into a send queue of %d dropped nothing", len(burst), a.ib0.e.params.SendQueueSize)
+	}
+	a.ib0.dmu.Lock()
+	now := a.ib0.tx[b.ib0.HWAddr()]
+	a.ib0.dmu.Unlock()
+	if now != tx {
+		t.Fatalf("the connection was torn down by a full send queue")
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 7)
+}

@@ -201,10 +201,18 @@ func (i *Interface) sendFrames(frames [][]byte, ah verbs.AH, qpn verbs.QPN) {
 	i.tx0.mu.Unlock()
 }
 
-// reapSendCQ collects send completions (only errors and signalled sends produce them).
+// reapSendCQ collects the send completions of the interface's send queues (only
+// errors and signalled sends produce them).
 func (i *Interface) reapSendCQ() {
+	for _, l := range *i.lanes.Load() {
+		i.reapCQ(l.scq)
+	}
+}
+
+// reapCQ collects the completions of a UD send CQ, counting the errors.
+func (i *Interface) reapCQ(cq verbs.CQ) {
 	var wc [32]verbs.WC
-	for n := i.scq.Poll(wc[:]); n > 0; n = i.scq.Poll(wc[:]) {
+	for n := cq.Poll(wc[:]); n > 0; n = cq.Poll(wc[:]) {
 		for _, c := range wc[:n] {
 			if c.Status != verbs.WCSuccess {
 				i.stats.txErrors.Add(1)

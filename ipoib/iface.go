@@ -218,7 +218,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		return nil, err
 	}
 	i.hw = MakeHWAddr(0, i.qp.Num(), gid)
-	i.tx0.qp = i.qp
+	i.tx0.qp, i.tx0.scq = i.qp, i.scq
 	i.lanes.Store(&[]*txLane{&i.tx0})
 	if mgr := e.cms[port]; mgr != nil {
 		if err := i.cmInit(mgr); err != nil {

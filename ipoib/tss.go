@@ -27,6 +27,7 @@ const maxSendQueues = 256
 type txLane struct {
 	mu    sync.Mutex
 	qp    verbs.QP    // the interface's own QP for queue 0
+	scq   verbs.CQ    // its send CQ (the interface's for queue 0)
 	ready atomic.Bool // queues after the first: in RTS (set under the interface's mu)
 	wrs   []verbs.SendWR
 	hdr   [][encapLen]byte
@@ -54,13 +55,20 @@ func (i *Interface) SetSendQueues(n int) error {
 	grown := append([]*txLane(nil), lanes...)
 	var err error
 	for len(grown) < n {
-		var qp verbs.QP
-		qp, err = i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: i.port, SendCQ: i.scq, RecvCQ: i.scq,
-			MaxSendWR: i.e.params.SendQueueSize, MaxRecvWR: 1, SourceQPN: i.qp.Num()})
-		if err != nil {
+		// A CQ each: one shared by the queues would overflow with their error
+		// completions, sized for one queue's sends.
+		var cq verbs.CQ
+		if cq, err = i.e.dev.CreateCQ(verbs.CQAttr{Entries: i.e.params.SendQueueSize}); err != nil {
 			break
 		}
-		l := &txLane{qp: qp}
+		var qp verbs.QP
+		qp, err = i.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeUD, Port: i.port, SendCQ: cq, RecvCQ: cq,
+			MaxSendWR: i.e.params.SendQueueSize, MaxRecvWR: 1, SourceQPN: i.qp.Num()})
+		if err != nil {
+			_ = cq.Close()
+			break
+		}
+		l := &txLane{qp: qp, scq: cq}
 		if i.data().qpReady {
 			l.ready.Store(i.laneUpLocked(l))
 		}
@@ -99,11 +107,14 @@ func (i *Interface) lanesUpLocked() {
 	}
 }
 
-// lanesDownLocked resets the queues after the first with the interface's QP. Called
-// with mu held.
+// lanesDownLocked takes the queues after the first down with the interface's QP, as
+// resetQPLocked does: error state, their flushed sends reaped (a provider's send
+// slots come back with them), reset. Called with mu held.
 func (i *Interface) lanesDownLocked() {
 	for _, l := range (*i.lanes.Load())[1:] {
 		l.ready.Store(false)
+		_ = l.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr})
+		i.reapCQ(l.scq)
 		_ = l.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
 	}
 }
@@ -122,6 +133,7 @@ func (i *Interface) closeLanes() {
 	for _, l := range (*i.lanes.Load())[1:] {
 		l.ready.Store(false)
 		_ = l.qp.Close()
+		_ = l.scq.Close()
 	}
 }
 

@@ -1,6 +1,7 @@
 package ipoib
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -167,6 +168,17 @@ func TestSendQueues(t *testing.T) {
 	}
 	check(1)
 
+	// A broadcast from queue 2 loops back to a carrying ib0's number, which a drops as
+	// its own (under another number a's kernel would get its own broadcast back).
+	bc := icmp4("10.0.0.1", "10.0.0.255", 8, 77, 20)
+	waitFor(t, "the broadcast at b", func() bool {
+		a.ib0.TransmitQueue(2, [][]byte{bc})
+		return len(b.host.take(isICMP4(77))) > 0
+	})
+	if got := a.host.take(isICMP4(77)); len(got) != 0 {
+		t.Errorf("a's broadcast from queue 2 came back to a's host")
+	}
+
 	// Down and up: the queues' QPs are reset with ib0's and brought back with it.
 	if err := a.ib0.SetUp(false); err != nil {
 		t.Fatal(err)
@@ -199,9 +211,52 @@ func TestSendQueues(t *testing.T) {
 		return countEchoes(b.host, 1000, 3*per) == 3*per
 	})
 
+	// Connected mode: the queues post to one connection at once, each queue's packets
+	// in order.
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pingQueue(t, a.ib0, 1, b.host, 2000)
+	b.host.take(func([]byte) bool { return true })
+	for q := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range per {
+				a.ib0.TransmitQueue(q, [][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(3000+q*per+k), 1400)})
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "the parallel echoes in connected mode", func() bool {
+		return countEchoes(b.host, 3000, 3*per) == 3*per
+	})
+	next := [3]int{}
+	for _, p := range b.host.take(isICMP4Range(3000, 3*per)) {
+		seq := int(binary.BigEndian.Uint16(p[26:])) - 3000
+		if q := seq / per; seq%per != next[q] {
+			t.Errorf("queue %d: echo %d after %d", q, seq%per, next[q]-1)
+		} else {
+			next[q]++
+		}
+	}
+
 	ea.Close()
 	if open := ld.open(); len(open) != 0 {
 		t.Errorf("send-only QPs left open after close: %v", open)
+	}
+}
+
+// isICMP4Range matches echo requests with sequence numbers from..from+n-1.
+func isICMP4Range(from, n int) func([]byte) bool {
+	return func(p []byte) bool {
+		if len(p) < 28 || p[9] != 1 || p[20] != 8 {
+			return false
+		}
+		s := int(binary.BigEndian.Uint16(p[26:]))
+		return s >= from && s < from+n
 	}
 }
 
@@ -210,11 +265,10 @@ func countEchoes(h *fakeHost, from, n int) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	seen := map[uint16]bool{}
+	match := isICMP4Range(from, n)
 	for _, p := range h.pkts {
-		if len(p) >= 28 && p[9] == 1 && p[20] == 8 {
-			if s := int(p[26])<<8 | int(p[27]); s >= from && s < from+n {
-				seen[uint16(s)] = true
-			}
+		if match(p) {
+			seen[binary.BigEndian.Uint16(p[26:])] = true
 		}
 	}
 	return len(seen)
