@@ -565,11 +565,17 @@ func (i *Interface) open() {
 	i.wake()
 }
 
-// restartQP (re)initialises the QP for the current P_Key. Called without i.mu.
+// restartQP (re)initialises the QP for the current P_Key. Called without i.mu. It
+// does nothing on an interface that is down or closed: a port event's flush that found
+// the interface up, or an open, may come after a stop or close took the QP down, and
+// must not bring it back (receiving, its buffers posted) under them.
 func (i *Interface) restartQP() {
 	p, _ := i.e.dev.Port(i.port)
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	if i.closed || !i.data().up {
+		return
+	}
 	if i.parent == nil {
 		// The parent follows whatever is at index 0.
 		if tab := p.PKeyTable(); len(tab) > 0 && tab[0].Valid() {

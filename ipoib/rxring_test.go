@@ -259,3 +259,36 @@ func TestRestartDropsTheOldRingsCompletions(t *testing.T) {
 	}
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2)
 }
+
+// TestLateRestartLeavesQPDown: a restart that comes after the interface was taken down
+// or closed (a port event's flush that found it up, an open overtaken by a stop) leaves
+// the QP as the stop left it: in reset, no buffers posted.
+func TestLateRestartLeavesQPDown(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	if i.qp.State() != verbs.QPRTS {
+		t.Fatalf("ib0's QP %v while up", i.qp.State())
+	}
+	if err := i.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	i.restartQP()
+	if st, ready := i.qp.State(), i.data().qpReady; st != verbs.QPReset || ready {
+		t.Errorf("after a restart on a down interface: QP %v, ready %v; want RESET, not ready", st, ready)
+	}
+	i.rxMu.Lock()
+	out := i.rxOut
+	i.rxMu.Unlock()
+	if out != 0 {
+		t.Errorf("%d receive buffers posted on a down interface", out)
+	}
+	if err := i.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "carrier", i.Carrier)
+	nodes[0].e.Close()
+	i.restartQP()
+	if i.data().qpReady {
+		t.Errorf("a restart after close made the QP ready")
+	}
+}
