@@ -259,7 +259,9 @@ func (c *CQ) Poll(wc []verbs.WC) int {
 				out.Imm = uint32(C.ipoibfs_wc_imm(w))
 			}
 			if qp := c.dev.qpByNum(uint32(w.qp_num)); qp != nil {
-				qp.complete(uint64(w.wr_id), out)
+				if !qp.complete(uint64(w.wr_id), out) {
+					continue // a request a reset dropped: its slot is posted anew
+				}
 			} else {
 				out.WRID = uint64(w.wr_id)
 			}
@@ -305,9 +307,16 @@ const (
 	rcSlotSize = 65536
 )
 
-// recvBit marks receive work request IDs (the slot index is below it): flushed
-// completions do not say their opcode.
+// recvBit marks receive work request IDs: flushed completions do not say their
+// opcode. Below it, bits 32-62 are the generation of the slots the request was posted
+// in (slotGen) and bits 0-31 its slot.
 const recvBit = 1 << 63
+
+// slotID is the hardware work request ID of slot k posted in generation gen.
+func slotID(gen uint32, k int) uint64 { return uint64(gen&0x7fffffff)<<32 | uint64(uint32(k)) }
+
+// slotOf splits a hardware work request ID (recvBit cleared) into generation and slot.
+func slotOf(id uint64) (gen uint32, k int) { return uint32(id>>32) & 0x7fffffff, int(uint32(id)) }
 
 // recvSlots are registered receive slots and the caller's buffers posted in them: a
 // QP's own receive queue or an SRQ's. The caller's lock guards them.
@@ -317,6 +326,10 @@ type recvSlots struct {
 	free []int
 	id   []uint64
 	buf  [][]byte
+	// gen bumps when a reset takes every slot back (a QP moved to RESET drops its
+	// posted requests without completing them): a completion polled later for a
+	// request of an older generation is not the slot's current one.
+	gen uint32
 }
 
 func newRecvSlots(mem unsafe.Pointer, n, size int) recvSlots {
@@ -327,15 +340,15 @@ func newRecvSlots(mem unsafe.Pointer, n, size int) recvSlots {
 	return r
 }
 
-// post posts a free slot for each buffer through postC (work request ID: the slot
-// number with recvBit) and returns how many were posted.
+// post posts a free slot for each buffer through postC (work request ID: slotID with
+// recvBit) and returns how many were posted.
 func (r *recvSlots) post(wrs []verbs.RecvWR, obj string, postC func(id uint64, addr unsafe.Pointer, n int) C.int) (int, error) {
 	for i, wr := range wrs {
 		if len(r.free) == 0 {
 			return i, &verbs.Error{Op: "post_recv", Obj: obj, Err: verbs.ErrQueueFull}
 		}
 		k := r.free[len(r.free)-1]
-		if e := postC(uint64(k)|recvBit, unsafe.Add(r.mem, k*r.size), min(len(wr.Buf), r.size)); e != 0 {
+		if e := postC(slotID(r.gen, k)|recvBit, unsafe.Add(r.mem, k*r.size), min(len(wr.Buf), r.size)); e != 0 {
 			return i, &verbs.Error{Op: "ibv_post_recv", Obj: obj, Err: syscall.Errno(e)}
 		}
 		r.free = r.free[:len(r.free)-1]
@@ -345,11 +358,12 @@ func (r *recvSlots) post(wrs []verbs.RecvWR, obj string, postC func(id uint64, a
 }
 
 // complete turns a receive's work request ID back into the caller's, copies the data
-// into the caller's buffer and frees the slot.
-func (r *recvSlots) complete(id uint64, wc *verbs.WC) {
-	k := int(id &^ recvBit)
-	if k >= len(r.id) {
-		return
+// into the caller's buffer and frees the slot. It reports false for a completion of
+// an older generation, whose slot a reset took back already: the caller drops it.
+func (r *recvSlots) complete(id uint64, wc *verbs.WC) bool {
+	gen, k := slotOf(id &^ recvBit)
+	if k >= len(r.id) || gen != r.gen&0x7fffffff {
+		return false
 	}
 	wc.Opcode, wc.WRID = verbs.WCRecv, r.id[k]
 	if wc.Status == verbs.WCSuccess {
@@ -357,6 +371,18 @@ func (r *recvSlots) complete(id uint64, wc *verbs.WC) {
 	}
 	r.buf[k] = nil
 	r.free = append(r.free, k)
+	return true
+}
+
+// reset takes every slot back, as a QP moved to RESET drops what was posted.
+func (r *recvSlots) reset() {
+	r.gen++
+	r.free = r.free[:0]
+	for k := range r.id {
+		r.free = append(r.free, k)
+	}
+	clear(r.id)
+	clear(r.buf)
 }
 
 // QP is a UD queue pair with one registered memory region of send and receive slots.
@@ -378,6 +404,7 @@ type QP struct {
 	sendFree []int
 	sendQ    []int     // slots in posting order (unsignaled sends free with the next completion)
 	sendID   []uint64  // by slot
+	sendGen  uint32    // as recvSlots.gen, for the send slots
 	recv     recvSlots // its own receive queue (none with an SRQ)
 	closed   bool
 }
@@ -531,6 +558,9 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	if mask&C.IBV_QP_QKEY != 0 {
 		q.qkey = m.QKey
 	}
+	if !keep && m.State == verbs.QPReset {
+		q.resetSlotsLocked()
+	}
 	q.mu.Unlock()
 	return nil
 }
@@ -578,6 +608,9 @@ func (q *QP) modifyRC(m verbs.QPModify) error {
 	}
 	q.mu.Lock()
 	q.state = m.State
+	if m.State == verbs.QPReset {
+		q.resetSlotsLocked()
+	}
 	q.mu.Unlock()
 	return nil
 }
@@ -627,7 +660,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 		if rqkey&0x80000000 != 0 {
 			rqkey = q.qkey
 		}
-		r := C.ipoibfs_post_send(q.qp, C.uint64_t(s), q.slot(s), C.uint32_t(n), q.mr.lkey, cah,
+		r := C.ipoibfs_post_send(q.qp, C.uint64_t(slotID(q.sendGen, s)), q.slot(s), C.uint32_t(n), q.mr.lkey, cah,
 			C.uint32_t(wr.RemoteQPN), C.uint32_t(rqkey), C.int(sig), C.int(imm), C.uint32_t(wr.Imm))
 		if r != 0 {
 			return i, &verbs.Error{Op: "ibv_post_send", Obj: q.String(), Err: syscall.Errno(r)}
@@ -660,25 +693,26 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 
 // complete turns a hardware work request ID back into the caller's, frees the slot
 // and, for a receive, copies the data out.
-func (q *QP) complete(id uint64, wc *verbs.WC) {
+// complete turns a completion's work request ID back into the caller's and frees its
+// slot; it reports false for a completion of a request a reset dropped (the poll
+// leaves it out).
+func (q *QP) complete(id uint64, wc *verbs.WC) bool {
 	if q.typ == verbs.QPTypeRC {
 		// RoCE devices flag every receive that came with a GRH, but an RC receive
 		// never puts it in the buffer, which is what WC.GRH says.
 		wc.GRH = false
 	}
 	if id&recvBit != 0 && q.srq != nil {
-		q.srq.complete(id, wc)
-		return
+		return q.srq.complete(id, wc)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if id&recvBit != 0 {
-		q.recv.complete(id, wc)
-		return
+		return q.recv.complete(id, wc)
 	}
-	s := int(id)
-	if s >= len(q.sendID) {
-		return
+	gen, s := slotOf(id)
+	if s >= len(q.sendID) || gen != q.sendGen&0x7fffffff {
+		return false
 	}
 	wc.Opcode, wc.WRID = verbs.WCSend, q.sendID[s]
 	// This completion also retires every unsignaled send posted before it.
@@ -689,6 +723,23 @@ func (q *QP) complete(id uint64, wc *verbs.WC) {
 		if f == s {
 			break
 		}
+	}
+	return true
+}
+
+// resetSlotsLocked takes every send slot and the QP's own receive slots back after a
+// move to RESET, which drops the posted requests without completing them (after ERR
+// they come back flushed, but a consumer may reset directly). Called with q.mu held.
+func (q *QP) resetSlotsLocked() {
+	q.sendGen++
+	q.sendQ = q.sendQ[:0]
+	q.sendFree = q.sendFree[:0]
+	for k := range q.sendID {
+		q.sendFree = append(q.sendFree, k)
+	}
+	clear(q.sendID)
+	if q.srq == nil {
+		q.recv.reset()
 	}
 }
 
@@ -798,12 +849,10 @@ func (s *SRQ) PostRecv(wrs []verbs.RecvWR) (int, error) {
 }
 
 // complete turns the slot back into the caller's work request ID and copies the data.
-func (s *SRQ) complete(id uint64, wc *verbs.WC) {
+func (s *SRQ) complete(id uint64, wc *verbs.WC) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.closed {
-		s.slots.complete(id, wc)
-	}
+	return !s.closed && s.slots.complete(id, wc)
 }
 
 // Close destroys the SRQ once no QP uses it (the kernel says EBUSY otherwise).

@@ -57,7 +57,7 @@ type Fixture struct {
 
 // Names are the subtests Run runs, in order (the rdma guest test expects a PASS line
 // for each).
-var Names = []string{"attrs", "cq", "qpstates", "ud", "qkey", "batch", "recvtoosmall", "oversize", "multicast", "flush", "rc", "rnr", "srq", "sourceqpn", "close"}
+var Names = []string{"attrs", "cq", "qpstates", "ud", "qkey", "batch", "recvtoosmall", "oversize", "multicast", "flush", "reset", "rc", "rnr", "srq", "sourceqpn", "close"}
 
 // Run runs the suite as subtests of t.
 func Run(t *testing.T, f Fixture) {
@@ -71,7 +71,7 @@ func Run(t *testing.T, f Fixture) {
 	tests := map[string]func(*testing.T){
 		"attrs": s.attrs, "cq": s.cq, "qpstates": s.qpStates, "ud": s.ud, "qkey": s.qkey,
 		"batch": s.batch, "recvtoosmall": s.recvTooSmall, "oversize": s.oversize, "multicast": s.multicast,
-		"flush": s.flush, "rc": s.rc, "rnr": s.rnr, "srq": s.srq, "sourceqpn": s.sourceQPN, "close": s.close,
+		"flush": s.flush, "reset": s.reset, "rc": s.rc, "rnr": s.rnr, "srq": s.srq, "sourceqpn": s.sourceQPN, "close": s.close,
 	}
 	for _, name := range Names {
 		t.Run(name, tests[name])
@@ -707,6 +707,57 @@ func (s *suite) flush(t *testing.T) {
 	}
 	if more := WaitWC(e.rcq, 1, s.f.Quiet/5); len(more) != 0 {
 		t.Errorf("completions after the flush: %+v", more)
+	}
+}
+
+// reset: a QP moved to RESET with every receive and send slot in use (nothing flushed
+// first) takes a full queue of each again once back in RTS, and what arrives then
+// completes with the new requests' IDs. A provider that keeps slots of its own must
+// take them back at the reset (verbs/rdma lost them, and the next ring found the
+// queue full).
+func (s *suite) reset(t *testing.T) {
+	b := s.pair(t)[1]
+	const nsend, nrecv = 4, 8
+	e := s.newQP(t, 0, nsend, nrecv)
+	s.toRTS(t, e, s.f.QKey)
+	e.postRecv(t, nrecv, 500, grh+64)
+	ah := s.ahTo(t, 1)
+	wrs := make([]verbs.SendWR, nsend) // unsignaled: their slots free with a later completion
+	for k := range wrs {
+		wrs[k] = verbs.SendWR{ID: uint64(600 + k), AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("before the reset")}}
+	}
+	if n, err := e.qp.PostSend(wrs); n != nsend || err != nil {
+		t.Fatalf("PostSend of %d: %d, %v", nsend, n, err)
+	}
+	if wcs := WaitWC(e.scq, 1, s.f.Quiet); len(wcs) != 0 {
+		t.Fatalf("unsignaled sends completed: %+v", wcs)
+	}
+	if err := e.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset}); err != nil {
+		t.Fatal(err)
+	}
+	for _, cq := range []verbs.CQ{e.rcq, e.scq} {
+		if wcs := WaitWC(cq, 1, s.f.Quiet/5); len(wcs) != 0 {
+			t.Errorf("completions after a reset: %+v", wcs)
+		}
+	}
+	s.toRTS(t, e, s.f.QKey)
+	bufs := e.postRecv(t, nrecv, 700, grh+64)
+	for k := range wrs {
+		wrs[k].ID, wrs[k].Signaled = uint64(800+k), true
+	}
+	if n, err := e.qp.PostSend(wrs); n != nsend || err != nil {
+		t.Fatalf("PostSend of %d after the reset: %d, %v", nsend, n, err)
+	}
+	if wcs := WaitWC(e.scq, nsend, s.f.Wait); len(wcs) != nsend {
+		t.Errorf("%d send completions after the reset, want %d: %+v", len(wcs), nsend, wcs)
+	}
+	s.send(t, b, verbs.SendWR{ID: 1, AH: s.ahTo(t, 0), RemoteQPN: e.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("after")}})
+	wcs := WaitWC(e.rcq, 1, s.f.Wait)
+	if len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].WRID < 700 || wcs[0].WRID >= 700+nrecv {
+		t.Fatalf("receive after the reset: %+v, want one of WRIDs 700-%d", wcs, 700+nrecv-1)
+	}
+	if got := string(bufs[wcs[0].WRID-700][grh : grh+5]); got != "after" {
+		t.Errorf("received %q into the buffer of WRID %d", got, wcs[0].WRID)
 	}
 }
 
