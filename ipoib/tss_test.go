@@ -196,17 +196,20 @@ func TestSendQueues(t *testing.T) {
 
 	// The queues post in parallel; every packet arrives.
 	const per = 40
-	var wg sync.WaitGroup
-	for q := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := range per {
-				a.ib0.TransmitQueue(q, [][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(1000+q*per+k), 56)})
-			}
-		}()
+	burst := func(from, size int) {
+		var wg sync.WaitGroup
+		for q := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := range per {
+					a.ib0.TransmitQueue(q, [][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(from+q*per+k), size)})
+				}
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	burst(1000, 56)
 	waitFor(t, "the parallel echoes", func() bool {
 		return countEchoes(b.host, 1000, 3*per) == 3*per
 	})
@@ -220,16 +223,7 @@ func TestSendQueues(t *testing.T) {
 	}
 	pingQueue(t, a.ib0, 1, b.host, 2000)
 	b.host.take(func([]byte) bool { return true })
-	for q := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := range per {
-				a.ib0.TransmitQueue(q, [][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, uint16(3000+q*per+k), 1400)})
-			}
-		}()
-	}
-	wg.Wait()
+	burst(3000, 1400)
 	waitFor(t, "the parallel echoes in connected mode", func() bool {
 		return countEchoes(b.host, 3000, 3*per) == 3*per
 	})
