@@ -36,29 +36,32 @@
 //  4. Bond.mu: a bond's configuration and slaves (bond.go); releaseGone looks names
 //     up in the engine holding it.
 //  5. Engine.mu: the interface table, the watchers and the device maker.
-//  6. Interface.hostMu: one push of the interface's state to its host at a time, each
+//  6. Interface.upMu: one SetUp or close of the interface at a time, from its state
+//     change to the open or stop it makes (a parent's is released before its
+//     children's SetUps).
+//  7. Interface.hostMu: one push of the interface's state to its host at a time, each
 //     sending the value current when its turn comes (host.go), so the device ends
 //     with the engine's latest whatever order the pushes run in.
-//  7. Interface.udRx.mu and cmRxS.mu (rxState.mu): one drain of the UD (connected
+//  8. Interface.udRx.mu and cmRxS.mu (rxState.mu): one drain of the UD (connected
 //     mode's) receive CQ at a time, the receive loop's or the completion handler's on
 //     the HCA's receive path, from the poll to the host's Deliver, so batches reach
 //     the host in order. Never one under the other.
-//  8. txLane.mu: a send queue's scratch slices (tss.go); one post at a time per
+//  9. txLane.mu: a send queue's scratch slices (tss.go); one post at a time per
 //     queue, the queues in parallel. Never two of them at once.
-//  9. Interface.mu: the control path's fields (admin MTU, features, moderation,
+//  10. Interface.mu: the control path's fields (admin MTU, features, moderation,
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
 //     only with it held (setLocked), so a holder reads a state that stays current. A
 //     child's is taken before its parent's (SetUp reads the parent's), never after.
-//  10. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
+//  11. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
 //     posting the ring afresh, so no buffer is handed to the HCA while its packet is
 //     copied; a buffer's work request ID carries the ring generation it was posted
 //     in, and a completion of an older ring is dropped, its buffer posted already.
-//  11. Interface.dmu: the tables, and the moment a new dataState is published
+//  12. Interface.dmu: the tables, and the moment a new dataState is published
 //     (setLocked takes it; publishLocked is for a holder), so that Transmit, which
 //     holds it over a batch, routes on the mode and addresses its tables were made
 //     for; SetMode changes the mode and empties the tables in one step.
-//  12. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
-//  13. Interface.loopMu: whether the interface's goroutines have started (they start at
+//  13. Interface.leaveMu: leavesDone, against close waiting for the background leaves.
+//  14. Interface.loopMu: whether the interface's goroutines have started (they start at
 //     its first open or connection) and whether close has begun, so none starts after
 //     close waits for them.
 //
@@ -78,7 +81,7 @@
 //
 // Calls out, and the locks held while they are made:
 //   - Host methods: none, except Interface.hostMu and Bond.hostMu (every push of state,
-//     and AttachHost), childOps (a child closed or its mode set while it is
+//     and AttachHost), Interface.upMu (SetUp's and close's pushes), childOps (a child closed or its mode set while it is
 //     created or deleted), udRx.mu and cmRxS.mu (Deliver, so received batches keep their order)
 //     and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
 //     state, which calls the slave's own host; a bond's own host is called after

@@ -85,6 +85,7 @@ type Interface struct {
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
 	childOps      sync.Mutex    // serialises CreateChild and DeleteChild of a parent
 	hostMu        sync.Mutex    // one push to the host at a time (host.go)
+	upMu          sync.Mutex    // one SetUp or close at a time, the open or stop it makes included
 	ifIndex       atomic.Int32  // the kernel device's index (SetIfIndex); 0: none
 	leaveMu       sync.Mutex    // guards leavesDone against leaves.Add racing close's Wait
 	leaves        sync.WaitGroup
@@ -527,9 +528,13 @@ func (i *Interface) LinkLocal() netip.Addr { return linkLocal(i.HWAddr().GID().G
 // SetUp sets the administrative state. Bringing a parent up or down does the same to its
 // children, as the kernel driver does.
 func (i *Interface) SetUp(up bool) error {
+	// Two SetUps at once ran their opens and stops in either order: a stop that
+	// came last left the interface up with its QP reset and no carrier.
+	i.upMu.Lock()
 	i.mu.Lock()
 	if i.closed {
 		i.mu.Unlock()
+		i.upMu.Unlock()
 		return &Error{Op: "set_up", If: i.Name(), Err: syscall.ENODEV}
 	}
 	changed := i.data().up != up
@@ -549,6 +554,7 @@ func (i *Interface) SetUp(up bool) error {
 			i.stopDev()
 		}
 	}
+	i.upMu.Unlock()
 	for _, c := range kids {
 		_ = c.SetUp(up)
 	}
@@ -759,9 +765,11 @@ func (i *Interface) wake() {
 
 // close destroys the interface for good.
 func (i *Interface) close() {
+	i.upMu.Lock() // no SetUp opens the interface while it is stopped and closed
 	i.mu.Lock()
 	if i.closed {
 		i.mu.Unlock()
+		i.upMu.Unlock()
 		return
 	}
 	up := i.data().up
@@ -777,6 +785,7 @@ func (i *Interface) close() {
 	i.closed = true
 	i.setLocked(func(d *dataState) { d.up = false })
 	i.mu.Unlock()
+	i.upMu.Unlock()
 	i.loopMu.Lock()
 	i.loopsDone = true
 	i.loopMu.Unlock()

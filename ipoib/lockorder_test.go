@@ -65,6 +65,7 @@ var lockOrder = []string{
 	"Bond.hostMu",
 	"Bond.mu",
 	"Engine.mu",
+	"Interface.upMu",
 	"Interface.hostMu",
 	"rxState.mu",
 	"txLane.mu",
@@ -77,7 +78,7 @@ var lockOrder = []string{
 
 // calloutAllowed lists, per kind of callout, the locks it may be made under.
 var calloutAllowed = map[string][]string{
-	"Host":        {"Interface.childOps", "Bond.hostMu", "Interface.hostMu", "rxState.mu"}, // rxState.mu: Deliver, in order
+	"Host":        {"Interface.childOps", "Interface.upMu", "Bond.hostMu", "Interface.hostMu", "rxState.mu"}, // rxState.mu: Deliver, in order
 	"Devices":     {"Interface.childOps"},
 	"BondDevices": {"Bonds.mu"},
 	"SA":          nil,

@@ -292,3 +292,28 @@ func TestLateRestartLeavesQPDown(t *testing.T) {
 		t.Errorf("a restart after close made the QP ready")
 	}
 }
+
+// TestConcurrentSetUpEndsConsistent: an up and a down at once end with the QP as the
+// final state says (a stop that ran after the open it raced left an up interface with
+// its QP reset and no carrier).
+func TestConcurrentSetUpEndsConsistent(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	for round := range 200 {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, up := range []bool{true, false} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_ = i.SetUp(up)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if up, ready := i.IsUp(), i.data().qpReady; up != ready {
+			t.Fatalf("round %d: up %v with the QP ready %v (QP %v)", round, up, ready, i.qp.State())
+		}
+	}
+}
