@@ -309,7 +309,7 @@ const (
 
 // recvBit marks receive work request IDs: flushed completions do not say their
 // opcode. Below it, bits 32-62 are the generation of the slots the request was posted
-// in (slotGen) and bits 0-31 its slot.
+// in (recvSlots.gen, QP.sendGen) and bits 0-31 its slot.
 const recvBit = 1 << 63
 
 // slotID is the hardware work request ID of slot k posted in generation gen.
@@ -497,6 +497,10 @@ func (q *QP) slot(i int) unsafe.Pointer { return unsafe.Add(q.mem, i*q.slotSz) }
 func (q *QP) State() verbs.QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.stateLocked()
+}
+
+func (q *QP) stateLocked() verbs.QPState {
 	if !q.closed {
 		s := C.ipoibfs_qp_state(q.qp)
 		for v, c := range qpStates {
@@ -515,13 +519,21 @@ var qpStates = map[verbs.QPState]C.int{verbs.QPReset: C.IBV_QPS_RESET, verbs.QPI
 // Q_Key (and the port it was created on), RTS starts the send PSN at 0. Without
 // QPMaskState the QP stays in its state and only the Q_Key (or P_Key index) changes,
 // as the engine sets the broadcast group's Q_Key on a QP in RTS (RTS to RTS).
+//
+// The QP's lock is held over the device's transition, so that no post comes between
+// a move to RESET and the slots it takes back (resetSlotsLocked).
 func (q *QP) Modify(m verbs.QPModify) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: verbs.ErrClosed}
+	}
 	if q.typ == verbs.QPTypeRC {
-		return q.modifyRC(m)
+		return q.modifyRCLocked(m)
 	}
 	keep := m.Mask&verbs.QPMaskState == 0
 	if keep {
-		m.State = q.State()
+		m.State = q.stateLocked()
 	}
 	st, ok := qpStates[m.State]
 	if !ok || keep && m.Mask&(verbs.QPMaskQKey|verbs.QPMaskPKeyIndex) == 0 {
@@ -549,11 +561,10 @@ func (q *QP) Modify(m verbs.QPModify) error {
 		if !keep && r == C.EINVAL {
 			// A transition the state machine does not allow (RESET to RTR ...): the
 			// same error kind as verbs/soft's.
-			err = fmt.Errorf("%w: %v -> %v (%w)", verbs.ErrInvalidState, q.State(), m.State, err)
+			err = fmt.Errorf("%w: %v -> %v (%w)", verbs.ErrInvalidState, q.stateLocked(), m.State, err)
 		}
 		return &verbs.Error{Op: "ibv_modify_qp", Obj: fmt.Sprintf("%s to %v", q, m.State), Err: err}
 	}
-	q.mu.Lock()
 	q.state = m.State
 	if mask&C.IBV_QP_QKEY != 0 {
 		q.qkey = m.QKey
@@ -561,15 +572,15 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	if !keep && m.State == verbs.QPReset {
 		q.resetSlotsLocked()
 	}
-	q.mu.Unlock()
 	return nil
 }
 
-// modifyRC moves an RC queue pair as the CM does: INIT takes the port and P_Key
+// modifyRCLocked moves an RC queue pair as the CM does: INIT takes the port and P_Key
 // index, RTR the peer (QPN, address, path MTU, receive PSN), RTS the send PSN and the
 // retry parameters; the attributes each transition needs come from m whatever its
-// mask says, since the device refuses a transition without them.
-func (q *QP) modifyRC(m verbs.QPModify) error {
+// mask says, since the device refuses a transition without them. Called with q.mu
+// held.
+func (q *QP) modifyRCLocked(m verbs.QPModify) error {
 	if m.Mask&verbs.QPMaskState == 0 {
 		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: fmt.Errorf("%w: an RC QP changes only with its state", verbs.ErrInvalid)}
 	}
@@ -578,7 +589,7 @@ func (q *QP) modifyRC(m verbs.QPModify) error {
 		return &verbs.Error{Op: "modify_qp", Obj: q.String(), Err: verbs.ErrInvalid}
 	}
 	mask := C.int(C.IBV_QP_STATE)
-	cur := q.State()
+	cur := q.stateLocked()
 	switch {
 	case m.State == verbs.QPInit && cur == verbs.QPReset:
 		mask |= C.IBV_QP_PKEY_INDEX | C.IBV_QP_PORT | C.IBV_QP_ACCESS_FLAGS
@@ -606,12 +617,10 @@ func (q *QP) modifyRC(m verbs.QPModify) error {
 		}
 		return &verbs.Error{Op: "ibv_modify_qp", Obj: fmt.Sprintf("%s to %v", q, m.State), Err: err}
 	}
-	q.mu.Lock()
 	q.state = m.State
 	if m.State == verbs.QPReset {
 		q.resetSlotsLocked()
 	}
-	q.mu.Unlock()
 	return nil
 }
 
@@ -692,10 +701,8 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
 }
 
 // complete turns a hardware work request ID back into the caller's, frees the slot
-// and, for a receive, copies the data out.
-// complete turns a completion's work request ID back into the caller's and frees its
-// slot; it reports false for a completion of a request a reset dropped (the poll
-// leaves it out).
+// and, for a receive, copies the data out. It reports false for a completion of a request a reset dropped, or of a QP
+// closed since the poll found it (its slots are freed memory): the poll leaves it out.
 func (q *QP) complete(id uint64, wc *verbs.WC) bool {
 	if q.typ == verbs.QPTypeRC {
 		// RoCE devices flag every receive that came with a GRH, but an RC receive
@@ -707,6 +714,9 @@ func (q *QP) complete(id uint64, wc *verbs.WC) bool {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.closed {
+		return false
+	}
 	if id&recvBit != 0 {
 		return q.recv.complete(id, wc)
 	}
@@ -729,7 +739,11 @@ func (q *QP) complete(id uint64, wc *verbs.WC) bool {
 
 // resetSlotsLocked takes every send slot and the QP's own receive slots back after a
 // move to RESET, which drops the posted requests without completing them (after ERR
-// they come back flushed, but a consumer may reset directly). Called with q.mu held.
+// they come back flushed, but a consumer may reset directly). An SRQ's slots stay as
+// they are: what a reset of one of its QPs drops on the device (mlx5 gives the
+// entries of completions it cleans back to the SRQ) is not known here, so a QP on an
+// SRQ must be moved to ERR and drained before a reset, as the engine's connected mode
+// destroys its QPs instead. Called with q.mu held.
 func (q *QP) resetSlotsLocked() {
 	q.sendGen++
 	q.sendQ = q.sendQ[:0]

@@ -714,7 +714,8 @@ func (s *suite) flush(t *testing.T) {
 // first) takes a full queue of each again once back in RTS, and what arrives then
 // completes with the new requests' IDs. A provider that keeps slots of its own must
 // take them back at the reset (verbs/rdma lost them, and the next ring found the
-// queue full).
+// queue full), and a completion made before the reset and polled after it must not
+// come back under a request posted since (the slot's new owner).
 func (s *suite) reset(t *testing.T) {
 	b := s.pair(t)[1]
 	const nsend, nrecv = 4, 8
@@ -732,24 +733,39 @@ func (s *suite) reset(t *testing.T) {
 	if wcs := WaitWC(e.scq, 1, s.f.Quiet); len(wcs) != 0 {
 		t.Fatalf("unsignaled sends completed: %+v", wcs)
 	}
+	// One datagram received and left on the CQ, unpolled, over the reset.
+	s.send(t, b, verbs.SendWR{ID: 2, AH: s.ahTo(t, 0), RemoteQPN: e.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("before")}})
+	time.Sleep(s.f.Quiet)
 	if err := e.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset}); err != nil {
 		t.Fatal(err)
 	}
-	for _, cq := range []verbs.CQ{e.rcq, e.scq} {
-		if wcs := WaitWC(cq, 1, s.f.Quiet/5); len(wcs) != 0 {
-			t.Errorf("completions after a reset: %+v", wcs)
-		}
-	}
 	s.toRTS(t, e, s.f.QKey)
 	bufs := e.postRecv(t, nrecv, 700, grh+64)
+	// Nothing was sent since: the datagram's completion, if the provider reports it
+	// at all, names its own request.
+	for _, wc := range WaitWC(e.rcq, 1, s.f.Quiet/5) {
+		if wc.WRID >= 700 {
+			t.Errorf("a completion from before the reset came back as request %d, posted after it: %+v", wc.WRID, wc)
+		}
+	}
+	if wcs := WaitWC(e.scq, 1, s.f.Quiet/5); len(wcs) != 0 {
+		t.Errorf("send completions after a reset: %+v", wcs)
+	}
 	for k := range wrs {
 		wrs[k].ID, wrs[k].Signaled = uint64(800+k), true
 	}
 	if n, err := e.qp.PostSend(wrs); n != nsend || err != nil {
 		t.Fatalf("PostSend of %d after the reset: %d, %v", nsend, n, err)
 	}
-	if wcs := WaitWC(e.scq, nsend, s.f.Wait); len(wcs) != nsend {
-		t.Errorf("%d send completions after the reset, want %d: %+v", len(wcs), nsend, wcs)
+	sent := map[uint64]bool{}
+	for _, wc := range WaitWC(e.scq, nsend, s.f.Wait) {
+		if wc.Status != verbs.WCSuccess || wc.WRID < 800 || wc.WRID >= 800+nsend || sent[wc.WRID] {
+			t.Errorf("send completion after the reset: %+v", wc)
+		}
+		sent[wc.WRID] = true
+	}
+	if len(sent) != nsend {
+		t.Errorf("%d send completions after the reset, want %d", len(sent), nsend)
 	}
 	s.send(t, b, verbs.SendWR{ID: 1, AH: s.ahTo(t, 0), RemoteQPN: e.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{[]byte("after")}})
 	wcs := WaitWC(e.rcq, 1, s.f.Wait)
