@@ -264,7 +264,7 @@ func TestRestartDropsTheOldRingsCompletions(t *testing.T) {
 // or closed (a port event's flush that found it up, an open overtaken by a stop) leaves
 // the QP as the stop left it: in reset, no buffers posted.
 func TestLateRestartLeavesQPDown(t *testing.T) {
-	_, nodes := testFabric(t, "", "a")
+	ld, _, nodes := laneNodes(t, false)
 	i := nodes[0].ib0
 	if i.qp.State() != verbs.QPRTS {
 		t.Fatalf("ib0's QP %v while up", i.qp.State())
@@ -287,9 +287,10 @@ func TestLateRestartLeavesQPDown(t *testing.T) {
 	}
 	waitFor(t, "carrier", i.Carrier)
 	nodes[0].e.Close()
+	mods := ld.modifiesOf(i.qp.Num())
 	i.restartQP()
-	if i.data().qpReady {
-		t.Errorf("a restart after close made the QP ready")
+	if n := ld.modifiesOf(i.qp.Num()) - mods; n != 0 || i.data().qpReady {
+		t.Errorf("a restart after close modified the destroyed QP %d times (ready %v)", n, i.data().qpReady)
 	}
 }
 

@@ -21,6 +21,7 @@ type laneDev struct {
 	made   []verbs.QPN             // send-only QPs in the order made
 	src    map[verbs.QPN]verbs.QPN // open send-only QP -> the number it sends as
 	posts  map[verbs.QPN]int       // PostSend calls per QP
+	mods   map[verbs.QPN]int       // Modify calls per QP
 }
 
 func (d *laneDev) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
@@ -52,6 +53,13 @@ func (q *laneQP) PostSend(wrs []verbs.SendWR) (int, error) {
 	return q.QP.PostSend(wrs)
 }
 
+func (q *laneQP) Modify(m verbs.QPModify) error {
+	q.d.mu.Lock()
+	q.d.mods[q.Num()]++
+	q.d.mu.Unlock()
+	return q.QP.Modify(m)
+}
+
 func (q *laneQP) Close() error {
 	q.d.mu.Lock()
 	delete(q.d.src, q.Num())
@@ -63,6 +71,12 @@ func (d *laneDev) postsOn(n verbs.QPN) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.posts[n]
+}
+
+func (d *laneDev) modifiesOf(n verbs.QPN) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mods[n]
 }
 
 func (d *laneDev) open() map[verbs.QPN]verbs.QPN {
@@ -91,7 +105,7 @@ func laneNodes(t *testing.T, refuse bool) (*laneDev, *Engine, [2]*node) {
 		waitFor(t, name+" port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
 		var dev verbs.Device = h
 		if k == 0 {
-			ld = &laneDev{Device: h, refuse: refuse, src: map[verbs.QPN]verbs.QPN{}, posts: map[verbs.QPN]int{}}
+			ld = &laneDev{Device: h, refuse: refuse, src: map[verbs.QPN]verbs.QPN{}, posts: map[verbs.QPN]int{}, mods: map[verbs.QPN]int{}}
 			dev = ld
 		}
 		e, err := New(dev, Options{})
