@@ -17,6 +17,14 @@ func defaultQueues() int { return min(runtime.NumCPU(), 8) }
 // keep their order, and a write is where GRO coalesces a flow's segments, so
 // interleaved flows are not cut into writes of one packet each. write must not keep
 // the slice it is given.
+//
+// The writes of a batch that spans several queues run at once (receive side scaling):
+// the first on the caller's goroutine, each other on one of its own. A TUN write runs
+// the kernel's receive path (GRO, IP, TCP) in the writer's system call, so flows on
+// different queues go through the stack on different CPUs. spread returns when all are
+// written, so a flow, which stays in one queue, keeps its order across batches too; a
+// batch of one flow (a single stream, a ping) is written by the caller with no
+// hand-off. write must be safe for calls on different queues at once.
 func spread(n int, pkts [][]byte, offset int, write func(q int, pkts [][]byte)) {
 	if n <= 1 || len(pkts) == 0 {
 		write(0, pkts)
@@ -37,27 +45,46 @@ func spread(n int, pkts [][]byte, offset int, write func(q int, pkts [][]byte)) 
 		return
 	}
 	var done [kernel.MaxQueues]bool
+	groups, gq := s.groups, s.gq[:0]
 	for k, q := range qs {
 		if done[q] {
 			continue
 		}
 		done[q] = true
-		out := s.out[:0]
+		if len(gq) == len(groups) {
+			groups = append(groups, nil)
+		}
+		out := groups[len(gq)][:0]
 		for j := k; j < len(pkts); j++ {
 			if qs[j] == q {
 				out = append(out, pkts[j])
 			}
 		}
-		write(int(q), out)
-		clear(out) // the pool keeps no packet alive
-		s.out = out
+		groups[len(gq)] = out
+		gq = append(gq, q)
 	}
+	var wg sync.WaitGroup
+	for g := 1; g < len(gq); g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			write(int(gq[g]), groups[g])
+		}()
+	}
+	write(int(gq[0]), groups[0])
+	wg.Wait()
+	for g := range gq {
+		clear(groups[g]) // the pool keeps no packet alive
+	}
+	s.groups, s.gq = groups, gq
 }
 
-// spreadBufs is spread's scratch: the queue of each packet, and one queue's packets.
+// spreadBufs is spread's scratch: the queue of each packet, and each queue's packets
+// with the queue they go to.
 type spreadBufs struct {
-	qs  []uint8
-	out [][]byte
+	qs     []uint8
+	groups [][][]byte
+	gq     []uint8
 }
 
 var spreadScratch = sync.Pool{New: func() any { return new(spreadBufs) }}

@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 // ip4 is an IPv4 packet of protocol proto from src:sport to dst:dport (ports written
@@ -124,13 +127,17 @@ func TestSpreadGroupsByQueue(t *testing.T) {
 		pos []byte
 	}
 	var got []write
+	var mu sync.Mutex
 	spread(n, pkts, 0, func(q int, ps [][]byte) {
 		w := write{q: q}
 		for _, p := range ps {
 			w.pos = append(w.pos, p[39])
 		}
+		mu.Lock()
 		got = append(got, w)
+		mu.Unlock()
 	})
+	slices.SortFunc(got, func(a, b write) int { return int(a.pos[0]) - int(b.pos[0]) }) // written at once, in any order
 	want := []write{
 		{flowQueue(flows[0], 0, n), []byte{0, 2, 5}},
 		{flowQueue(flows[1], 0, n), []byte{1, 4}},
@@ -149,5 +156,42 @@ func TestSpreadGroupsByQueue(t *testing.T) {
 	spread(1, pkts, 0, func(q int, ps [][]byte) { got = append(got, write{q: q, pos: []byte{byte(len(ps))}}) })
 	if fmt.Sprint(got) != fmt.Sprint([]write{{0, []byte{6}}}) {
 		t.Fatalf("one queue: writes %v", got)
+	}
+}
+
+// spread writes the queues of a batch at once: each queue's write here waits until
+// every other has begun, which only writes made in parallel can all do.
+func TestSpreadWritesQueuesAtOnce(t *testing.T) {
+	const n = 4
+	var pkts [][]byte
+	seen := map[int]bool{}
+	for port := uint16(1); len(seen) < n; port++ {
+		p := ip4("10.0.0.1", "10.0.0.2", 6, port, 80, 0)
+		if q := flowQueue(p, 0, n); !seen[q] {
+			seen[q] = true
+			pkts = append(pkts, p, p)
+		}
+	}
+	var begun sync.WaitGroup
+	begun.Add(n)
+	all := make(chan struct{})
+	go func() { begun.Wait(); close(all) }()
+	var mu sync.Mutex
+	wrote := map[int]int{}
+	spread(n, pkts, 0, func(q int, ps [][]byte) {
+		begun.Done()
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
+			t.Errorf("queue %d's write waited 10 s for the others to begin: the writes are not made at once", q)
+		}
+		mu.Lock()
+		wrote[q] += len(ps)
+		mu.Unlock()
+	})
+	for q := range n { // spread returned: every write is done
+		if wrote[q] != 2 {
+			t.Errorf("queue %d got %d packets, want 2: %v", q, wrote[q], wrote)
+		}
 	}
 }
