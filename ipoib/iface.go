@@ -555,8 +555,11 @@ func (i *Interface) SetUp(up bool) error {
 		}
 	}
 	i.upMu.Unlock()
+	// The parent's state when each child's turn comes, not this call's: of two
+	// SetUps of the parent at once, the loop that runs last must not leave the
+	// children opposite to the parent.
 	for _, c := range kids {
-		_ = c.SetUp(up)
+		_ = c.SetUp(i.IsUp())
 	}
 	return nil
 }

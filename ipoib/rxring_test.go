@@ -300,6 +300,14 @@ func TestLateRestartLeavesQPDown(t *testing.T) {
 func TestConcurrentSetUpEndsConsistent(t *testing.T) {
 	_, nodes := testFabric(t, "", "a")
 	i := nodes[0].ib0
+	var kids []*Interface // several, so that two parents' loops over them overlap
+	for k := range 8 {
+		c, err := i.CreateChild(int64(0x8001 + k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids = append(kids, c)
+	}
 	for round := range 200 {
 		var wg sync.WaitGroup
 		start := make(chan struct{})
@@ -315,6 +323,11 @@ func TestConcurrentSetUpEndsConsistent(t *testing.T) {
 		wg.Wait()
 		if up, ready := i.IsUp(), i.data().qpReady; up != ready {
 			t.Fatalf("round %d: up %v with the QP ready %v (QP %v)", round, up, ready, i.qp.State())
+		}
+		for _, c := range kids {
+			if up, cup := i.IsUp(), c.IsUp(); up != cup {
+				t.Fatalf("round %d: parent up %v, its child %s up %v", round, up, c.Name(), cup)
+			}
 		}
 	}
 }

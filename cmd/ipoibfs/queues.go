@@ -64,6 +64,7 @@ func spread(n int, pkts [][]byte, offset int, write func(q int, pkts [][]byte)) 
 		gq = append(gq, q)
 	}
 	var wg sync.WaitGroup
+	defer wg.Wait() // should the caller's write panic, the scratch goes back to the pool after the others
 	for g := 1; g < len(gq); g++ {
 		wg.Add(1)
 		go func() {
