@@ -38,7 +38,9 @@
 //  5. Engine.mu: the interface table, the watchers and the device maker.
 //  6. Interface.upMu: one SetUp or close of the interface at a time, from its state
 //     change to the open or stop it makes (a parent's is released before its
-//     children's SetUps).
+//     children's SetUps). A stop holds it over the SA leaves and the QP's flush (a
+//     few seconds at worst), and a SetUp waits that long: a bond's Enslave under
+//     Bond.mu, the device's link callback.
 //  7. Interface.hostMu: one push of the interface's state to its host at a time, each
 //     sending the value current when its turn comes (host.go), so the device ends
 //     with the engine's latest whatever order the pushes run in.
