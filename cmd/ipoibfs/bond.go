@@ -118,7 +118,7 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	}
 	if l.MTUChanged {
 		var err error
-		br.adopt(adoption{mtu: &l.MTU}, func() { err = br.b.SetMTU(l.MTU) })
+		br.adopt(attrMTU, l.MTU, func() { err = br.b.SetMTU(l.MTU) })
 		if err != nil {
 			log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, br.b.MTU(), err)
 			br.b.PushMTU()
@@ -128,7 +128,7 @@ func (br *bondBridge) onLink(l kernel.Link) {
 		br.b.SetUp(l.Up)
 	}
 	if l.MulticastChanged {
-		br.adopt(adoption{multicast: &l.Multicast}, func() { br.b.SetMulticast(l.Multicast) })
+		br.adopt(attrMulticast, l.Multicast, func() { br.b.SetMulticast(l.Multicast) })
 	}
 	if l.Up && (l.UpChanged || l.MTUChanged) {
 		br.ensureLinkLocal()
@@ -181,21 +181,13 @@ func (br *bondBridge) Deliver(pkts [][]byte) {
 }
 
 func (br *bondBridge) SetMTU(mtu int) {
-	if br.adoptedMTU(mtu) {
-		br.logErr(br.dev.SetMTUIfChanged(mtu))
-		return
-	}
-	br.logErr(br.dev.SetMTU(mtu))
+	br.logErr(push(&br.adopter, attrMTU, mtu, br.dev.SetMTU, br.dev.SetMTUIfChanged))
 }
 func (br *bondBridge) SetCarrier(on bool) { br.logErr(br.dev.SetCarrier(on)) }
 
 // SetMulticast follows the bond's IFF_MULTICAST (a flags write).
 func (br *bondBridge) SetMulticast(on bool) {
-	if br.adoptedMulticast(on) {
-		br.logErr(br.dev.SetMulticastIfChanged(on))
-		return
-	}
-	br.logErr(br.dev.SetMulticast(on))
+	br.logErr(push(&br.adopter, attrMulticast, on, br.dev.SetMulticast, br.dev.SetMulticastIfChanged))
 }
 
 var _ ipoib.MulticastHost = (*bondBridge)(nil)

@@ -48,18 +48,28 @@ type adopter struct {
 	adopting adoption
 }
 
-// adoption is a device's state the engine is being made to follow; nil: none.
+// attr names a device attribute onLink adopts.
+type attr uint8
+
+const (
+	attrUp attr = iota
+	attrMTU
+	attrTxq
+	attrMulticast
+)
+
+// adoption is a device's attribute and the value the engine is being made to follow;
+// a nil value: none.
 type adoption struct {
-	up        *bool
-	mtu       *int
-	txq       *uint32
-	multicast *bool
+	attr  attr
+	value any
 }
 
-// adopt runs f with a as what is being adopted (onLink's calls into the engine).
-func (d *adopter) adopt(a adoption, f func()) {
+// adopt runs f with the attribute's value v as what is being adopted (onLink's calls
+// into the engine).
+func (d *adopter) adopt(a attr, v any, f func()) {
 	d.adoptMu.Lock()
-	d.adopting = a
+	d.adopting = adoption{a, v}
 	d.adoptMu.Unlock()
 	defer func() {
 		d.adoptMu.Lock()
@@ -69,30 +79,16 @@ func (d *adopter) adopt(a adoption, f func()) {
 	f()
 }
 
-// adopted reports whether the Host call about to push a value is one of onLink's
-// adoptions.
-func (d *adopter) adopted(match func(a adoption) bool) bool {
+// push is a Host call's push of the attribute's value v to the device: through
+// ifChanged when v is the value onLink is adopting, else through set.
+func push[T comparable](d *adopter, a attr, v T, set, ifChanged func(T) error) error {
 	d.adoptMu.Lock()
-	defer d.adoptMu.Unlock()
-	return match(d.adopting)
-}
-
-// adoptedMTU, adoptedUp and adoptedTxq report whether the value is the one being
-// adopted.
-func (d *adopter) adoptedMTU(mtu int) bool {
-	return d.adopted(func(a adoption) bool { return a.mtu != nil && *a.mtu == mtu })
-}
-
-func (d *adopter) adoptedUp(up bool) bool {
-	return d.adopted(func(a adoption) bool { return a.up != nil && *a.up == up })
-}
-
-func (d *adopter) adoptedTxq(n uint32) bool {
-	return d.adopted(func(a adoption) bool { return a.txq != nil && *a.txq == n })
-}
-
-func (d *adopter) adoptedMulticast(on bool) bool {
-	return d.adopted(func(a adoption) bool { return a.multicast != nil && *a.multicast == on })
+	adopted := d.adopting.value != nil && d.adopting.attr == a && d.adopting.value == any(v)
+	d.adoptMu.Unlock()
+	if adopted {
+		return ifChanged(v)
+	}
+	return set(v)
 }
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
@@ -168,7 +164,7 @@ func (b *bridge) onLink(l kernel.Link) {
 		log.Printf("%s: carrier changed outside ipoibfs, put back to %v (the port's and the broadcast group's)", name, b.i.Carrier())
 	}
 	if l.MTUChanged {
-		b.adopt(adoption{mtu: &l.MTU}, func() {
+		b.adopt(attrMTU, l.MTU, func() {
 			if err := b.i.SetMTU(l.MTU); err != nil {
 				log.Printf("%s: MTU %d set on the device refused, put back to %d: %v", name, l.MTU, b.i.MTU(), err)
 			}
@@ -178,12 +174,11 @@ func (b *bridge) onLink(l kernel.Link) {
 		}
 	}
 	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
-		q := uint32(l.TxQLen)
-		b.adopt(adoption{txq: &q}, func() { b.i.SetTxQueueLen(q) }) // ip link set txqueuelen: adopted as is
+		b.adopt(attrTxq, l.TxQLen, func() { b.i.SetTxQueueLen(uint32(l.TxQLen)) }) // ip link set txqueuelen: adopted as is
 	}
 	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
-		b.adopt(adoption{multicast: &l.Multicast}, func() { b.i.SetMulticast(l.Multicast) })
+		b.adopt(attrMulticast, l.Multicast, func() { b.i.SetMulticast(l.Multicast) })
 	}
 	if l.FeaturesChanged {
 		// ethtool -K on the device: the request the engine keeps; the mode's
@@ -197,7 +192,7 @@ func (b *bridge) onLink(l kernel.Link) {
 		b.startReader()
 	}
 	if l.UpChanged {
-		b.adopt(adoption{up: &l.Up}, func() {
+		b.adopt(attrUp, l.Up, func() {
 			if err := b.i.SetUp(l.Up); err != nil {
 				log.Printf("%s: set %s: %v", name, map[bool]string{true: "up", false: "down"}[l.Up], err)
 			}
@@ -414,11 +409,7 @@ func (b *bridge) DeliverFrames(frames [][]byte, offset int) {
 }
 
 func (b *bridge) SetMTU(mtu int) {
-	if b.adoptedMTU(mtu) {
-		b.logErr(b.dev.SetMTUIfChanged(mtu))
-		return
-	}
-	b.logErr(b.dev.SetMTU(mtu))
+	b.logErr(push(&b.adopter, attrMTU, mtu, b.dev.SetMTU, b.dev.SetMTUIfChanged))
 }
 
 func (b *bridge) SetCarrier(on bool) {
@@ -427,20 +418,12 @@ func (b *bridge) SetCarrier(on bool) {
 
 // SetTxQueueLen follows a tx_queue_len write.
 func (b *bridge) SetTxQueueLen(n uint32) {
-	if b.adoptedTxq(n) {
-		b.logErr(b.dev.SetTxQueueLenIfChanged(int(n)))
-		return
-	}
-	b.logErr(b.dev.SetTxQueueLen(int(n)))
+	b.logErr(push(&b.adopter, attrTxq, int(n), b.dev.SetTxQueueLen, b.dev.SetTxQueueLenIfChanged))
 }
 
 // SetMulticast follows the interface's IFF_MULTICAST (a flags write).
 func (b *bridge) SetMulticast(on bool) {
-	if b.adoptedMulticast(on) {
-		b.logErr(b.dev.SetMulticastIfChanged(on))
-		return
-	}
-	b.logErr(b.dev.SetMulticast(on))
+	b.logErr(push(&b.adopter, attrMulticast, on, b.dev.SetMulticast, b.dev.SetMulticastIfChanged))
 }
 
 // SetAdminUp follows the interface's own up/down (a child following its parent).
@@ -448,11 +431,7 @@ func (b *bridge) SetAdminUp(up bool) {
 	if up {
 		b.startReader()
 	}
-	if b.adoptedUp(up) {
-		b.logErr(b.dev.SetUpIfChanged(up))
-		return
-	}
-	b.logErr(b.dev.SetUp(up))
+	b.logErr(push(&b.adopter, attrUp, up, b.dev.SetUp, b.dev.SetUpIfChanged))
 }
 
 func (b *bridge) SetOffloads(f ipoib.Features) {
