@@ -5,9 +5,10 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/prometheus/procfs"
 )
 
 // Caller is who makes a request into the tree, as the front end established it: the
@@ -157,15 +158,20 @@ func ProcNetAdmin(pid uint32) bool {
 	if err != nil || ns != ownUserNS() {
 		return false
 	}
-	b, err := os.ReadFile(dir + "/status")
+	caps, err := procCapEff(pid)
+	return err == nil && caps&(1<<capNetAdmin) != 0
+}
+
+// procCapEff reads a process's effective capabilities (prometheus/procfs: the status
+// file's parser, not one of our own).
+func procCapEff(pid uint32) (uint64, error) {
+	p, err := procfs.NewProc(int(pid))
 	if err != nil {
-		return false
+		return 0, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<capNetAdmin) != 0
-		}
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, err
 	}
-	return false
+	return st.CapEff, nil
 }

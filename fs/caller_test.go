@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,13 +125,7 @@ func TestProcNetAdminCountsOnlyTheDaemonsUserNamespace(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	var capEff uint64
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
-			capEff, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-		}
-	}
+	capEff, err := procCapEff(pid)
 	if err != nil || capEff&(1<<capNetAdmin) == 0 {
 		t.Fatalf("the namespaced process's CapEff %#x (%v): no CAP_NET_ADMIN to ignore", capEff, err)
 	}

@@ -1027,24 +1027,12 @@ func TestReadKeepsAPacketLargerThanItsBuffers(t *testing.T) {
 
 // udp4ChecksumOK verifies the UDP checksum of an IPv4 packet with a 20-byte header.
 func udp4ChecksumOK(p []byte) bool {
-	var sum uint32
-	add := func(b []byte) {
-		for len(b) >= 2 {
-			sum += uint32(binary.BigEndian.Uint16(b))
-			b = b[2:]
-		}
-		if len(b) == 1 {
-			sum += uint32(b[0]) << 8
-		}
-	}
 	udp := p[20:]
-	add(p[12:20]) // source and destination addresses
-	sum += 17 + uint32(len(udp))
-	add(udp)
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return sum == 0xffff
+	pseudo := make([]byte, 12, 12+len(udp)) // addresses, zero, protocol, UDP length
+	copy(pseudo, p[12:20])
+	pseudo[9] = 17
+	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(udp)))
+	return inetChecksum(append(pseudo, udp...)) == 0
 }
 
 // Delete returns once the device is gone from its namespace (ip link does not show
@@ -1307,9 +1295,7 @@ func TestSetIfChanged(t *testing.T) {
 	name := d.Name()
 	ip := func(args ...string) {
 		t.Helper()
-		if out, err := exec.Command("ip", append([]string{"-n", ns, "link", "set", name}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip link set %v: %v %s", args, err, out)
-		}
+		ipMust(t, append([]string{"-n", ns, "link", "set", name}, args...)...)
 	}
 	ip("mtu", "2000") // someone's, not seen by the package (no watch)
 	if err := d.SetMTUIfChanged(2044); err != nil {
