@@ -111,7 +111,7 @@ func transfer(t *testing.T, nsA, nsB, addr string, n int) {
 // the RC packets and the CM handshake.
 func TestConnectedModeEndToEnd(t *testing.T) {
 	requireE2E(t)
-	iperf := testenv.Tool(t, "iperf3")
+	testenv.Tool(t, "iperf3") // before the daemons start
 	tshark := testenv.Tool(t, "tshark")
 	pcap := filepath.Join(t.TempDir(), "rc.pcap")
 	capture := exec.Command(tshark, "-n", "-i", "lo", "-f", "udp port 4791 and net 127.0.1.32/30", "-w", pcap, "-c", "3000")
@@ -158,16 +158,8 @@ func TestConnectedModeEndToEnd(t *testing.T) {
 	mustRun(t, "ip", "netns", "exec", nsA, "ping", "-c", "3", "-i", "0.2", "-W", "3", "-s", "60000", "10.71.0.2")
 	mustRun(t, "ip", "netns", "exec", nsB, "ping", "-c", "3", "-i", "0.2", "-W", "3", "-s", "60000", "10.71.0.1")
 
-	srv := exec.Command("ip", "netns", "exec", nsB, iperf, "-s", "-1", "-p", "5301")
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitListening(t, nsB, 5301)
-	out, err := run(t, 60*time.Second, "ip", "netns", "exec", nsA, iperf, "-c", "10.71.0.2", "-p", "5301", "-t", "2", "-J")
-	_ = srv.Process.Kill()
-	_ = srv.Wait()
-	if err != nil || !strings.Contains(out, `"sum_received"`) {
-		t.Fatalf("iperf3 in connected mode: %v\n%s", err, out)
+	if out := iperf3(t, nsA, nsB, "10.71.0.2", 5301, "-t", "2"); !strings.Contains(out, `"sum_received"`) {
+		t.Fatalf("iperf3 in connected mode did not complete:\n%s", out)
 	}
 
 	sh(t, "echo 'loss 2% reorder 2%' > "+mA+"/sm/faults")

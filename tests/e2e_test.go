@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -225,21 +226,30 @@ func linkLocal(t *testing.T, ns, dev string) string {
 
 func TestIperf3TCP(t *testing.T) {
 	requireE2E(t)
-	iperf := testenv.Tool(t, "iperf3")
 	nsA, nsB := twoNodes(t, "127.0.1.11:4791", "127.0.1.12:4791", "10.62.0")
-	srv := exec.Command("ip", "netns", "exec", nsB, iperf, "-s", "-1", "-p", "5299")
+	if out := iperf3(t, nsA, nsB, "10.62.0.2", 5299, "-t", "3"); !strings.Contains(out, `"sum_received"`) || strings.Contains(out, `"error"`) {
+		t.Fatalf("iperf3 did not complete:\n%s", out)
+	}
+}
+
+// iperf3 runs an iperf3 server for one test in namespace server on port and a client
+// to dst:port in client with the extra arguments, and returns the client's JSON
+// report; it fails the test if the client fails.
+func iperf3(t *testing.T, client, server, dst string, port int, args ...string) string {
+	t.Helper()
+	iperf := testenv.Tool(t, "iperf3")
+	p := strconv.Itoa(port)
+	srv := exec.Command("ip", "netns", "exec", server, iperf, "-s", "-1", "-p", p)
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	waitListening(t, nsB, 5299)
-	out, err := run(t, 60*time.Second, "ip", "netns", "exec", nsA, iperf, "-c", "10.62.0.2", "-p", "5299", "-t", "3", "-J")
+	waitListening(t, server, port)
+	out, err := run(t, 60*time.Second, "ip", append([]string{"netns", "exec", client, iperf, "-c", dst, "-p", p, "-J"}, args...)...)
 	if err != nil {
-		t.Fatalf("iperf3: %v\n%s", err, out)
+		t.Fatalf("iperf3 to %s:%d: %v\n%s", dst, port, err, out)
 	}
-	if !strings.Contains(out, `"sum_received"`) || strings.Contains(out, `"error"`) {
-		t.Fatalf("iperf3 did not complete:\n%s", out)
-	}
+	return out
 }
 
 // TestTsharkDecodesARPAndICMP captures the fabric on loopback while the nodes ping and

@@ -3,11 +3,9 @@ package tests
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"ipoibfs/internal/testenv"
 )
@@ -19,7 +17,7 @@ import (
 // queue nobody read would stall the streams on it.
 func TestParallelStreamsOverQueues(t *testing.T) {
 	requireE2E(t)
-	iperf := testenv.Tool(t, "iperf3")
+	testenv.Tool(t, "iperf3") // before the daemons start
 	tc := testenv.Tool(t, "tc")
 	mnt := t.TempDir()
 	nsA, nsB := twoNodes(t, "127.0.1.101:4791", "127.0.1.102:4791", "10.65.0", "-queues", "4", "-mount", mnt)
@@ -34,16 +32,7 @@ func TestParallelStreamsOverQueues(t *testing.T) {
 	if out := mustRun(t, "ip", "-n", nsA, "-d", "link", "show", "ib0.8001"); strings.Contains(out, "multi_queue") {
 		t.Fatalf("ib0.8001 is a multi-queue TUN:\n%s", out)
 	}
-	srv := exec.Command("ip", "netns", "exec", nsB, iperf, "-s", "-1", "-p", "5298")
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
-	waitListening(t, nsB, 5298)
-	out, err := run(t, 60*time.Second, "ip", "netns", "exec", nsA, iperf, "-c", "10.65.0.2", "-p", "5298", "-t", "2", "-P", "8", "-J")
-	if err != nil {
-		t.Fatalf("iperf3: %v\n%s", err, out)
-	}
+	out := iperf3(t, nsA, nsB, "10.65.0.2", 5298, "-t", "2", "-P", "8")
 	var res struct {
 		End struct {
 			Streams []struct {
