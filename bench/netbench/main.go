@@ -310,7 +310,9 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool, daemons []
 			}
 		}
 	}
-	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "3", "-W", "2", "10.99.0.2"); err != nil {
+	// The path is up once a reply comes: one echo a second until then (under -loss a
+	// lost ARP, path query or CM message costs its retry's timeout first).
+	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "1", "-w", "15", "10.99.0.2"); err != nil {
 		return result{}, err
 	}
 	srv := exec.Command("ip", "netns", "exec", nsB, "iperf3", "-s", "-1", "-p", "5399")

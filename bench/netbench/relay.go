@@ -118,7 +118,7 @@ func measureRelay(mtu int) (float64, error) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "3", "-W", "2", "10.99.0.2"); err != nil {
+	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "1", "-w", "15", "10.99.0.2"); err != nil {
 		return 0, err
 	}
 	return pingRTT(nsA)
