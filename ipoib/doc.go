@@ -7,13 +7,15 @@
 //
 // The kernel side of an interface (a TUN device in the daemon, a fake in tests) is a
 // Host: the engine hands it received IP packets and learns its addresses from it;
-// outgoing IP packets enter through Interface.Transmit.
+// outgoing IP packets enter through Interface.Transmit, or TransmitQueue from a host
+// with several queues (each posts through a send queue of its own: tss.go).
 //
 // Files follow the kernel driver's split: engine.go (ipoib_main: engine, interfaces,
 // attributes), ib.go (UD data path), multicast.go, path.go (neighbours and path
 // records), gidmode.go (RoCE ports: groups and paths from GIDs, no SA), arp.go and
 // ndisc.go (address resolution, done here because a TUN device has no link layer),
-// vlan.go (P_Key children), fs.go (debugfs text), ethtool.go, params.go.
+// vlan.go (P_Key children), tss.go (send queues), fs.go (debugfs text), ethtool.go,
+// params.go.
 //
 // # Locking
 //
