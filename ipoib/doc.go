@@ -84,12 +84,14 @@
 // with none held), the event log's and the loggers'.
 //
 // Calls out, and the locks held while they are made:
-//   - Host methods: none, except Interface.hostMu and Bond.hostMu (every push of state,
-//     and AttachHost), Interface.upMu (SetUp's and close's pushes), childOps (a child closed or its mode set while it is
-//     created or deleted), udRx.mu and cmRxS.mu (Deliver, so received batches keep their order)
-//     and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and
-//     state, which calls the slave's own host; a bond's own host is called after
-//     Bond.mu). A Host must not call the engine from these methods.
+//   - Host methods: none, except Interface.hostMu and Bond.hostMu (every push of
+//     state, and AttachHost), Interface.upMu (SetUp's and close's pushes), childOps
+//     (a child closed or its mode set while it is created or deleted), udRx.mu and
+//     cmRxS.mu (Deliver, so received batches keep their order), Interface.rxMu (the UD
+//     drain's Deliver from the receive buffers, which a restart must not post again
+//     meanwhile) and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and state,
+//     which calls the slave's own host; a bond's own host is called after Bond.mu). A
+//     Host must not call the engine from these methods, nor keep what Deliver gives it.
 //   - Devices.Create and Delete: childOps or none; their implementations take
 //     Interface.mu and what is below it. BondDevices.CreateBond: Bonds.mu; its
 //     implementation takes the new bond's Bond.mu. DeleteBond: none.

@@ -37,7 +37,8 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // Host is the kernel side of an interface.
 type Host interface {
-	// Deliver hands received IP packets (no link header) to the kernel.
+	// Deliver hands received IP packets (no link header) to the kernel. The packets
+	// may be the HCA's receive buffers: they are the host's until Deliver returns.
 	Deliver(pkts [][]byte)
 	// SetMTU follows the interface MTU.
 	SetMTU(mtu int)

@@ -353,15 +353,20 @@ type rxState struct {
 // drainRxLocked is the receive completion handler (ipoib_ib_handle_rx_wc): it polls
 // the CQ until it is empty, and hands each batch to the host. Called with udRx.mu held.
 //
-// Received packets are copied out of the receive buffers, the buffers go straight
-// back to the receive queue, and the copies go to the host. While the host takes a
-// batch the HCA has every other buffer of the queue (and waits briefly for more
-// before it drops, see verbs/soft).
+// The host takes the packets where they are, in the receive buffers, and copies them
+// (a TUN write copies into the large buffers its GRO coalesces in, which the ring's
+// MTU-sized buffers could not be), and the buffers go back to the receive queue
+// after: one copy of each packet less than copying them out first, which was a third
+// of the receiver's memmove (netbench -profile). While the host takes a batch the HCA
+// has every other buffer of the queue (and waits briefly for more before it drops,
+// see verbs/soft). A batch with ARP or ND in it is copied out as before, so that they
+// are handled before its IP packets go up, as they came, and after rxMu is released
+// (answering sends).
 //
-// A batch is polled, copied and re-posted under rxMu, so that a QP restart, which
-// posts the whole ring afresh, cannot hand a buffer to the HCA while its packet is
-// being copied out; completions of a ring from before a restart (their WR IDs carry
-// its generation) are dropped, their buffers posted again already.
+// A batch is polled, delivered (or copied) and re-posted under rxMu, so that a QP
+// restart, which posts the whole ring afresh, cannot hand a buffer to the HCA while
+// its packet is being read; completions of a ring from before a restart (their WR IDs
+// carry its generation) are dropped, their buffers posted again already.
 func (i *Interface) drainRxLocked() {
 	r := &i.udRx
 	if r.wcs == nil {
@@ -376,6 +381,14 @@ func (i *Interface) drainRxLocked() {
 		}
 		var c rxCounts
 		r.repost, r.local, c = i.sortRxLocked(r.wcs[:n], &r.b, r.repost[:0], r.local[:0])
+		host := i.upperHost() // its own, or its bond's (bond.go)
+		if len(r.local) == 0 && len(r.b.pkts) > 0 && host != nil {
+			host.Deliver(r.b.pkts) // in the receive buffers
+			clear(r.b.pkts)
+			r.b.pkts = r.b.pkts[:0]
+		} else if len(r.b.pkts) > 0 {
+			r.b.copyOut() // ARP or ND come first, without rxMu
+		}
 		i.repostRecvLocked(r.repost)
 		i.rxMu.Unlock()
 		c.add(&i.stats)
@@ -383,7 +396,7 @@ func (i *Interface) drainRxLocked() {
 		if len(r.b.pkts) == 0 {
 			continue
 		}
-		if host := i.upperHost(); host != nil { // its own, or its bond's (bond.go)
+		if host != nil {
 			host.Deliver(r.b.pkts)
 		} else {
 			i.stats.rxDropped.Add(uint64(len(r.b.pkts)))
@@ -408,14 +421,11 @@ func (c *rxCounts) add(s *stats) {
 }
 
 // sortRxLocked sorts a batch of UD receive completions: the IP packets for the host
-// are copied into b, ARP and ND into local (copies too), and the buffers of the
-// current ring go into repost. Called with rxMu held.
+// go into b (in their receive buffers: copyOut copies them), ARP and ND into local
+// (copies), and the buffers of the current ring into repost. Called with rxMu held.
 func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.RecvWR, local []rxLocal) ([]verbs.RecvWR, []rxLocal, rxCounts) {
 	var c rxCounts
 	b.arena, b.pkts = b.arena[:0], b.pkts[:0]
-	if need := len(wcs) * i.maxIBMTU; cap(b.arena) < need {
-		b.arena = make([]byte, 0, need) // appends below never move it
-	}
 	d := i.data()
 	ownQPN, ownGID, bgid := i.hw.QPN(), i.hw.GID(), d.bcast.GID()
 	p, _ := i.e.dev.Port(i.port)
@@ -445,11 +455,8 @@ func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.Recv
 			c.dropped++
 			continue
 		}
-		off := len(b.arena)
-		b.arena = append(b.arena, pkt...)
-		cp := b.arena[off:len(b.arena):len(b.arena)]
 		if kind != rxUp { // ARP and ND: handled once rxMu is released (they send)
-			local = append(local, rxLocal{et, cp})
+			local = append(local, rxLocal{et, b.copy(pkt)})
 			continue
 		}
 		if dgid.IsMulticast() && dgid != bgid {
@@ -457,7 +464,7 @@ func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.Recv
 		}
 		c.pkts++
 		c.bytes += uint64(len(pkt))
-		b.pkts = append(b.pkts, cp)
+		b.pkts = append(b.pkts, pkt[:len(pkt):len(pkt)])
 	}
 	return repost, local, c
 }
@@ -506,8 +513,27 @@ func (i *Interface) pollRxLocked(wcs []verbs.WC) int {
 	return n
 }
 
-// rxBatch is a batch of received packets copied out of the receive buffers.
+// rxBatch is a batch of received packets, in the receive buffers or (copyOut) copied
+// out of them into arena.
 type rxBatch struct {
 	arena []byte
 	pkts  [][]byte
+}
+
+// copy appends a copy of p to the arena and returns it. A full arena is replaced, not
+// grown: the copies already made keep the old one.
+func (b *rxBatch) copy(p []byte) []byte {
+	if len(b.arena)+len(p) > cap(b.arena) {
+		b.arena = make([]byte, 0, max(2*cap(b.arena), 64<<10, len(p)))
+	}
+	off := len(b.arena)
+	b.arena = append(b.arena, p...)
+	return b.arena[off:len(b.arena):len(b.arena)]
+}
+
+// copyOut replaces the batch's packets by copies in the arena.
+func (b *rxBatch) copyOut() {
+	for k, p := range b.pkts {
+		b.pkts[k] = b.copy(p)
+	}
 }

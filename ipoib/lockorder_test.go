@@ -78,7 +78,7 @@ var lockOrder = []string{
 
 // calloutAllowed lists, per kind of callout, the locks it may be made under.
 var calloutAllowed = map[string][]string{
-	"Host":        {"Interface.childOps", "Interface.upMu", "Bond.hostMu", "Interface.hostMu", "rxState.mu"}, // rxState.mu: Deliver, in order
+	"Host":        {"Interface.childOps", "Interface.upMu", "Bond.hostMu", "Interface.hostMu", "rxState.mu", "Interface.rxMu"}, // rxState.mu: Deliver, in order; rxMu: from the receive buffers
 	"Devices":     {"Interface.childOps"},
 	"BondDevices": {"Bonds.mu"},
 	"SA":          nil,

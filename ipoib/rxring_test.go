@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"ipoibfs/verbs"
 )
@@ -329,5 +332,71 @@ func TestConcurrentSetUpEndsConsistent(t *testing.T) {
 				t.Fatalf("round %d: parent up %v, its child %s up %v", round, up, c.Name(), cup)
 			}
 		}
+	}
+}
+
+// holdHost checks, for every packet it is given, that the packet stays as it was for
+// as long as Deliver has it (a receive buffer posted to the HCA again during Deliver
+// would be overwritten under it), and records whether it was given the receive
+// buffers themselves.
+type holdHost struct {
+	*fakeHost
+	ring              []byte // the interface's receive ring
+	inPlace, changed  atomic.Int64
+	delivered, copied atomic.Int64
+}
+
+func (h *holdHost) Deliver(pkts [][]byte) {
+	snap := make([][]byte, len(pkts))
+	for k, p := range pkts {
+		snap[k] = slices.Clone(p)
+		if inRange(h.ring, p) {
+			h.inPlace.Add(1)
+		} else {
+			h.copied.Add(1)
+		}
+	}
+	time.Sleep(200 * time.Microsecond) // the sender goes on meanwhile
+	for k, p := range pkts {
+		if !bytes.Equal(p, snap[k]) {
+			h.changed.Add(1)
+		}
+	}
+	h.delivered.Add(int64(len(pkts)))
+	h.fakeHost.Deliver(pkts)
+}
+
+// inRange reports whether p lies in buf's memory.
+func inRange(buf, p []byte) bool {
+	if len(buf) == 0 || len(p) == 0 {
+		return false
+	}
+	b0 := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	p0 := uintptr(unsafe.Pointer(unsafe.SliceData(p)))
+	return p0 >= b0 && p0 < b0+uintptr(len(buf))
+}
+
+// TestDeliverFromReceiveBuffers: the host is given IP packets in the receive buffers
+// themselves (no copy), and no buffer goes back to the HCA until Deliver returns:
+// under a flood, nothing the host holds changes.
+func TestDeliverFromReceiveBuffers(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	addressNodes(nodes)
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	r0 := b.ib0.recvBufs[0]
+	ring := unsafe.Slice(unsafe.SliceData(r0), len(b.ib0.recvBufs)*cap(r0)) // one slab
+	h := &holdHost{fakeHost: &fakeHost{}, ring: ring}
+	b.ib0.AttachHost(h)
+	tr := startTraffic(2, func(k int, seq uint32) {
+		a.ib0.Transmit([][]byte{udp4("10.0.0.1", "10.0.0.2", 9, binary.BigEndian.AppendUint32([]byte{byte(k)}, seq))})
+	})
+	waitFor(t, "2000 datagrams delivered", func() bool { return h.delivered.Load() >= 2000 })
+	tr.stop()
+	if h.inPlace.Load() == 0 {
+		t.Errorf("no packet was delivered in its receive buffer (%d copied)", h.copied.Load())
+	}
+	if n := h.changed.Load(); n != 0 {
+		t.Errorf("%d packets changed while the host held them: their buffers went back to the HCA first", n)
 	}
 }
