@@ -56,10 +56,11 @@
 //     children, the host's groups, the P_Key index, closed). The dataState is replaced
 //     only with it held (setLocked), so a holder reads a state that stays current. A
 //     child's is taken before its parent's (SetUp reads the parent's), never after.
-//  11. Interface.rxMu: a received UD batch (poll, copy out, re-post) against restartQP
-//     posting the ring afresh, so no buffer is handed to the HCA while its packet is
-//     copied; a buffer's work request ID carries the ring generation it was posted
-//     in, and a completion of an older ring is dropped, its buffer posted already.
+//  11. Interface.rxMu: a received UD batch (poll, delivery from the receive buffers,
+//     re-post) against restartQP posting the ring afresh, so no buffer is handed to
+//     the HCA while the host reads its packet; a buffer's work request ID carries the
+//     ring generation it was posted in, and a completion of an older ring is dropped,
+//     its buffer posted already.
 //  12. Interface.dmu: the tables, and the moment a new dataState is published
 //     (setLocked takes it; publishLocked is for a holder), so that Transmit, which
 //     holds it over a batch, routes on the mode and addresses its tables were made
@@ -107,8 +108,10 @@
 // sees (setCarrierLocked, setMTULocked; a bond's selectActiveLocked,
 // changeActiveLocked, carrierLocked, hostSetupLocked, releaseLocked) return closures
 // that the caller runs after unlocking; Transmit and resend resolve under dmu and post
-// after it, and hand the ICMP errors they made to the host after txLane.mu; the receive
-// loops deliver with no lock but their rxState's (cmDrainRxLocked answers ARP and ND after dmu too); the
+// after it, and hand the ICMP errors they made to the host after txLane.mu; the
+// connected-mode drain delivers with no lock but its rxState's (and answers ARP and
+// ND after dmu), the UD drain with its rxState's and rxMu (from the receive buffers;
+// a batch with ARP or ND is copied and goes after rxMu, its ARP and ND first); the
 // goroutines of joins, path queries and connections take the locks again to finish,
 // and cmConnect checks that its connection is still current before keeping what it
 // made. Engine.Close, eventLoop and SetDevices copy the interface list under Engine.mu

@@ -38,7 +38,9 @@ func (e *Error) Unwrap() error { return e.Err }
 // Host is the kernel side of an interface.
 type Host interface {
 	// Deliver hands received IP packets (no link header) to the kernel. The packets
-	// may be the HCA's receive buffers: they are the host's until Deliver returns.
+	// may be the HCA's receive buffers: they are the host's until Deliver returns,
+	// and the control path (a QP restart) waits for it, so Deliver must not wait on
+	// anything that calls the engine.
 	Deliver(pkts [][]byte)
 	// SetMTU follows the interface MTU.
 	SetMTU(mtu int)

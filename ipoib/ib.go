@@ -382,24 +382,25 @@ func (i *Interface) drainRxLocked() {
 		var c rxCounts
 		r.repost, r.local, c = i.sortRxLocked(r.wcs[:n], &r.b, r.repost[:0], r.local[:0])
 		host := i.upperHost() // its own, or its bond's (bond.go)
-		if len(r.local) == 0 && len(r.b.pkts) > 0 && host != nil {
+		switch {
+		case len(r.b.pkts) == 0:
+		case host == nil: // an inactive bond slave's broadcasts: nobody takes them
+			i.stats.rxDropped.Add(uint64(len(r.b.pkts)))
+			clear(r.b.pkts)
+			r.b.pkts = r.b.pkts[:0]
+		case len(r.local) == 0:
 			host.Deliver(r.b.pkts) // in the receive buffers
 			clear(r.b.pkts)
 			r.b.pkts = r.b.pkts[:0]
-		} else if len(r.b.pkts) > 0 {
+		default:
 			r.b.copyOut() // ARP or ND come first, without rxMu
 		}
 		i.repostRecvLocked(r.repost)
 		i.rxMu.Unlock()
 		c.add(&i.stats)
 		i.handleLocal(r.local)
-		if len(r.b.pkts) == 0 {
-			continue
-		}
-		if host != nil {
-			host.Deliver(r.b.pkts)
-		} else {
-			i.stats.rxDropped.Add(uint64(len(r.b.pkts)))
+		if len(r.b.pkts) > 0 {
+			host.Deliver(r.b.pkts) // the copies of a batch with ARP or ND
 		}
 	}
 }
