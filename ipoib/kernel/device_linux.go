@@ -59,8 +59,7 @@ type Device struct {
 	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
 	featKnown bool
 	carrier   bool // as last set (under setMu): a device starts without one
-	txq       int  // txqueuelen as last set or seen (under setMu), once txqKnown
-	txqKnown  bool
+	txq       int  // txqueuelen as last set or seen (under setMu); from the device at Open
 
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
@@ -164,6 +163,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	}
 	d.index = l.Attrs().Index
 	d.noMcast = l.Attrs().RawFlags&unix.IFF_MULTICAST == 0
+	d.txq = l.Attrs().TxQLen
 	d.link = &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: d.index, Name: d.name}}
 	d.mtu.Store(int64(l.Attrs().MTU))
 	// Never let the kernel build a super-packet with more segments than one Read can
@@ -542,9 +542,9 @@ func (d *Device) SetTxQueueLenIfChanged(n int) error { return d.setTxQueueLen(n,
 
 func (d *Device) setTxQueueLen(n int, ifChanged bool) error {
 	return d.setLink(fmt.Sprintf("txqueuelen %d", n), ifChanged,
-		func() bool { return d.txqKnown && d.txq == n },
+		func() bool { return d.txq == n },
 		func() error { return d.h.LinkSetTxQLen(d.link, n) },
-		func() { d.txq, d.txqKnown = n, true })
+		func() { d.txq = n })
 }
 
 // SetMulticast sets or clears IFF_MULTICAST on the kernel device (ip link set multicast).

@@ -207,7 +207,7 @@ func (d *Device) linkState() (Link, error) {
 		l.Multicast = a.RawFlags&unix.IFF_MULTICAST != 0
 		l.MulticastChanged = l.Multicast == d.noMcast
 		d.noMcast = !l.Multicast
-		d.txq, d.txqKnown = a.TxQLen, true
+		d.txq = a.TxQLen
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
 			l.FeaturesChanged = d.featKnown && f != d.feat
