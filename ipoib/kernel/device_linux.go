@@ -365,9 +365,7 @@ func (d *Device) readIOErr(op string, err error) error {
 func (d *Device) unregistered() bool {
 	var gone bool
 	_ = d.q[0].rc.Control(func(fd uintptr) { // any queue's: the device's state
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(p, 0)
-		gone = n > 0 && p[0].Revents&unix.POLLERR != 0
+		gone = pollNow(fd)&unix.POLLERR != 0
 	})
 	return gone
 }

@@ -279,6 +279,16 @@ func (q *Queue) writeVecLocked(vec [][]byte, offset int, gro bool, errs []error)
 	return errs, nil
 }
 
+// pollNow polls fd for input without waiting and returns the events it reports (0:
+// none yet).
+func pollNow(fd uintptr) int16 {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, _ := unix.Poll(p, 0); n > 0 {
+		return p[0].Revents
+	}
+	return 0
+}
+
 // WaitReadable returns when the kernel has a packet for Read, or with an error wrapping
 // os.ErrClosed once the device is closed: a reader can hold no buffers while its device
 // is idle (a child created and never used).
@@ -289,9 +299,7 @@ func (q *Queue) WaitReadable() error {
 	err := q.rc.Read(func(fd uintptr) bool {
 		// Readable now? (The poller waits for the next edge otherwise; a packet left
 		// queued by an earlier Read makes no new one.)
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(p, 0)
-		return n > 0
+		return pollNow(fd) != 0
 	})
 	if err != nil {
 		return q.d.readIOErr("wait", err) // the file's "use of closed file" is not os.ErrClosed
