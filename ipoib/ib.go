@@ -389,7 +389,14 @@ func (i *Interface) drainRxLocked() {
 			clear(r.b.pkts)
 			r.b.pkts = r.b.pkts[:0]
 		case len(r.local) == 0:
-			host.Deliver(r.b.pkts) // in the receive buffers
+			// In the receive buffers; a FrameHost writes them from there with its
+			// header in the GRH's room (a TUN device: only the packets its GRO
+			// coalesces into are copied, into larger buffers).
+			if fh, ok := host.(FrameHost); ok && fh.FrameHeadroom() <= udFrameOff {
+				fh.DeliverFrames(r.b.frames, udFrameOff)
+			} else {
+				host.Deliver(r.b.pkts)
+			}
 			clear(r.b.pkts)
 			r.b.pkts = r.b.pkts[:0]
 		default:
@@ -426,7 +433,8 @@ func (c *rxCounts) add(s *stats) {
 // (copies), and the buffers of the current ring into repost. Called with rxMu held.
 func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.RecvWR, local []rxLocal) ([]verbs.RecvWR, []rxLocal, rxCounts) {
 	var c rxCounts
-	b.arena, b.pkts = b.arena[:0], b.pkts[:0]
+	clear(b.frames)
+	b.arena, b.pkts, b.frames = b.arena[:0], b.pkts[:0], b.frames[:0]
 	d := i.data()
 	ownQPN, ownGID, bgid := i.hw.QPN(), i.hw.GID(), d.bcast.GID()
 	p, _ := i.e.dev.Port(i.port)
@@ -466,9 +474,14 @@ func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.Recv
 		c.pkts++
 		c.bytes += uint64(len(pkt))
 		b.pkts = append(b.pkts, pkt[:len(pkt):len(pkt)])
+		b.frames = append(b.frames, buf[:wc.ByteLen]) // the whole buffer's capacity: GRO may extend the packet in it
 	}
 	return repost, local, c
 }
+
+// udFrameOff is where a UD receive buffer's packet starts: after the GRH and the
+// IPoIB header, room a FrameHost may write its own header into.
+const udFrameOff = grhLen + encapLen
 
 // rxLocal is a received ARP or ND packet, for the engine itself.
 type rxLocal struct {
@@ -517,8 +530,9 @@ func (i *Interface) pollRxLocked(wcs []verbs.WC) int {
 // rxBatch is a batch of received packets, in the receive buffers or (copyOut) copied
 // out of them into arena.
 type rxBatch struct {
-	arena []byte
-	pkts  [][]byte
+	arena  []byte
+	pkts   [][]byte
+	frames [][]byte // the packets' receive buffers, each up to its packet's end (udFrameOff)
 }
 
 // copy appends a copy of p to the arena and returns it. A full arena is replaced, not

@@ -1347,3 +1347,22 @@ func TestSetIfChanged(t *testing.T) {
 		t.Errorf("SetMulticastIfChanged(true) after the package's own off: %s, want on", linkShow(t, ns, name))
 	}
 }
+
+// GRO coalesces packets written in place from buffers that hold one packet each (as the
+// engine's receive buffers do): a flow's head gets a larger buffer when the next
+// segment joins it (growGRO, the wireguard fork's sixth patch), and the stream arrives
+// intact (transfer checks a SHA-256).
+func TestWriteInPlaceCoalesces(t *testing.T) {
+	prereqs(t)
+	const mtu = 2044
+	p := newPairRead(t, mtu, Offloads{TxChecksum: true, TSO: true, GRO: true}, 0, readShape{ReadBufferLen(mtu), ReadHeadroom})
+	p.ab.reset()
+	rx0 := rxPackets(t, p.nsB, p.b.Name())
+	transfer(t, p.nsA, p.nsB, "10.77.0.2", 8<<20)
+	rx := rxPackets(t, p.nsB, p.b.Name()) - rx0
+	pkts := p.ab.pkts.Load()
+	t.Logf("%d packets written in place into B from %d-byte buffers became %d skbs", pkts, ReadBufferLen(mtu), rx)
+	if pkts < 1000 || rx*3/2 > uint64(pkts) {
+		t.Errorf("%d packets written in place into B became %d skbs, want coalescing", pkts, rx)
+	}
+}

@@ -75,6 +75,31 @@ type tcpGROTable struct {
 	lastKey   tcpFlowKey
 	lastItems []tcpGROItem
 	lastOK    bool
+	// ipoibfs patch: grow (NativeTun.SetGrow) gives a packet about to be coalesced
+	// into, whose buffer is too small, a larger one; nil: such a packet is not.
+	grow GrowFunc
+}
+
+// GrowFunc returns a buffer of at least need bytes' capacity holding b (its length
+// and contents: the bytes before the offset included), or nil when it has none.
+// ipoibfs patch: a caller's buffers then need only fit their packets, and only the
+// packets GRO coalesces into are copied.
+type GrowFunc func(b []byte, need int) []byte
+
+// growFor gives bufs[i] at least need bytes' capacity through grow, if it can.
+func growFor(grow GrowFunc, bufs [][]byte, i, need int) bool {
+	if cap(bufs[i]) >= need {
+		return true
+	}
+	if grow == nil {
+		return false
+	}
+	nb := grow(bufs[i], need)
+	if nb == nil || cap(nb) < need || len(nb) != len(bufs[i]) {
+		return false
+	}
+	bufs[i] = nb
+	return true
 }
 
 func newTCPGROTable() *tcpGROTable {
@@ -194,6 +219,7 @@ type udpFlowKey struct {
 type udpGROTable struct {
 	itemsByFlow map[udpFlowKey][]udpGROItem
 	itemsPool   [][]udpGROItem
+	grow        GrowFunc // ipoibfs patch: as tcpGROTable's
 }
 
 func newUDPGROTable() *udpGROTable {
@@ -428,10 +454,14 @@ const (
 
 // coalesceUDPPackets attempts to coalesce pkt with the packet described by
 // item, and returns the outcome.
-func coalesceUDPPackets(pkt []byte, item *udpGROItem, bufs [][]byte, bufsOffset int, isV6 bool) coalesceResult {
-	pktHead := bufs[item.bufsIndex][bufsOffset:] // the packet that will end up at the front
+func coalesceUDPPackets(pkt []byte, item *udpGROItem, bufs [][]byte, bufsOffset int, isV6 bool, grow GrowFunc) coalesceResult {
 	headersLen := item.iphLen + udphLen
 	coalescedLen := len(bufs[item.bufsIndex][bufsOffset:]) + len(pkt) - int(headersLen)
+	// ipoibfs patch: a head too small for the coalesced packet may be given a larger
+	// buffer first (the check below is upstream's, which compares the packet's
+	// capacity less the offset once more: kept, so that the results are the same).
+	growFor(grow, bufs, int(item.bufsIndex), 2*bufsOffset+coalescedLen)
+	pktHead := bufs[item.bufsIndex][bufsOffset:] // the packet that will end up at the front
 
 	if cap(pktHead)-bufsOffset < coalescedLen {
 		// We don't want to allocate a new underlying array if capacity is
@@ -460,10 +490,20 @@ func coalesceUDPPackets(pkt []byte, item *udpGROItem, bufs [][]byte, bufsOffset 
 // item, and returns the outcome. This function may swap bufs elements in the
 // event of a prepend as item's bufs index is already being tracked for writing
 // to a Device.
-func coalesceTCPPackets(mode canCoalesce, pkt []byte, pktBuffsIndex int, gsoSize uint16, seq uint32, pshSet bool, item *tcpGROItem, bufs [][]byte, bufsOffset int, isV6 bool) coalesceResult {
+func coalesceTCPPackets(mode canCoalesce, pkt []byte, pktBuffsIndex int, gsoSize uint16, seq uint32, pshSet bool, item *tcpGROItem, bufs [][]byte, bufsOffset int, isV6 bool, grow GrowFunc) coalesceResult {
 	var pktHead []byte // the packet that will end up at the front
 	headersLen := item.iphLen + item.tcphLen
 	coalescedLen := len(bufs[item.bufsIndex][bufsOffset:]) + len(pkt) - int(headersLen)
+
+	// ipoibfs patch: the packet that ends up at the front may be given a larger buffer
+	// first, as in coalesceUDPPackets.
+	if mode == coalescePrepend {
+		if growFor(grow, bufs, pktBuffsIndex, 2*bufsOffset+coalescedLen) {
+			pkt = bufs[pktBuffsIndex][bufsOffset:]
+		}
+	} else {
+		growFor(grow, bufs, int(item.bufsIndex), 2*bufsOffset+coalescedLen)
+	}
 
 	// Copy data
 	if mode == coalescePrepend {
@@ -623,7 +663,7 @@ func tcpGRO(bufs [][]byte, offset int, pktI int, table *tcpGROTable, isV6 bool) 
 		item := items[i]
 		can := tcpPacketsCanCoalesce(pkt, uint8(iphLen), uint8(tcphLen), seq, pshSet, gsoSize, item, bufs, offset)
 		if can != coalesceUnavailable {
-			result := coalesceTCPPackets(can, pkt, pktI, gsoSize, seq, pshSet, &item, bufs, offset, isV6)
+			result := coalesceTCPPackets(can, pkt, pktI, gsoSize, seq, pshSet, &item, bufs, offset, isV6, table.grow)
 			switch result {
 			case coalesceSuccess:
 				table.updateAt(item, i)
@@ -855,7 +895,7 @@ func udpGRO(bufs [][]byte, offset int, pktI int, table *udpGROTable, isV6 bool) 
 	can := udpPacketsCanCoalesce(pkt, uint8(iphLen), gsoSize, item, bufs, offset)
 	var pktCSumKnownInvalid bool
 	if can == coalesceAppend {
-		result := coalesceUDPPackets(pkt, &item, bufs, offset, isV6)
+		result := coalesceUDPPackets(pkt, &item, bufs, offset, isV6, table.grow)
 		switch result {
 		case coalesceSuccess:
 			table.updateAt(item, len(items)-1)

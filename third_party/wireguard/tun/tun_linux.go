@@ -55,6 +55,17 @@ type NativeTun struct {
 	toWrite     []int
 	tcpGROTable *tcpGROTable
 	udpGROTable *udpGROTable
+	grow        GrowFunc // ipoibfs patch: SetGrow's, under writeOpMu
+}
+
+// SetGrow makes Write's GRO give a packet it coalesces into, whose buffer lacks the
+// capacity, the larger buffer grow returns (ipoibfs patch). grow is called during
+// Write only, with the write lock held; what it returns must stay valid until Write
+// returns.
+func (tun *NativeTun) SetGrow(grow GrowFunc) {
+	tun.writeOpMu.Lock()
+	tun.grow = grow
+	tun.writeOpMu.Unlock()
 }
 
 func (tun *NativeTun) File() *os.File {
@@ -340,6 +351,7 @@ func (tun *NativeTun) Write(bufs [][]byte, offset int) (int, error) {
 		tun.tcpGROTable, tun.udpGROTable = newTCPGROTable(), newUDPGROTable()
 		tun.toWrite = make([]int, 0, conn.IdealBatchSize) // and the write list (1 KiB)
 	}
+	tun.tcpGROTable.grow, tun.udpGROTable.grow = tun.grow, tun.grow // ipoibfs patch
 	defer func() {
 		tun.tcpGROTable.reset()
 		tun.udpGROTable.reset()
