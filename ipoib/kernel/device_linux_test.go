@@ -1366,3 +1366,86 @@ func TestWriteInPlaceCoalesces(t *testing.T) {
 		t.Errorf("%d packets written in place into B became %d skbs, want coalescing", pkts, rx)
 	}
 }
+
+// A stream written in place from one-packet buffers is coalesced by GRO into packets
+// of at most 64 KiB: a grown buffer has the room for more, and a packet past 65535
+// bytes would carry a wrapped IP length (the kernel trims it to that). The packets the
+// device hands up (an AF_PACKET socket on it sees them before IP trims anything) each
+// say their own length.
+func TestWriteInPlaceKeepsLengths(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "g")
+	d := open(t, Config{Name: uniq("g"), MTU: 2044, NetNS: ns, Offloads: Offloads{TxChecksum: true, TSO: true, GRO: true}})
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetCarrier(true); err != nil {
+		t.Fatal(err)
+	}
+	addAddr(t, ns, d.Name(), "10.78.0.1/24")
+	const ethPAll = 0x0300 // htons(ETH_P_ALL)
+	fd := testenv.InNetns(t, ns, func() (int, error) {
+		return unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, ethPAll)
+	})
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: ethPAll, Ifindex: d.Index()}); err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
+
+	// 40 segments of one TCP flow, 1992 bytes of payload each, valid checksums, each
+	// in a buffer that holds it and the frame offset, no more.
+	const off, segs, payload = 44, 40, 1992
+	src, dst := [4]byte{10, 78, 0, 2}, [4]byte{10, 78, 0, 1}
+	frames := make([][]byte, segs)
+	for k := range frames {
+		f := make([]byte, off+40+payload)
+		p := f[off:]
+		p[0], p[8], p[9] = 0x45, 64, 6
+		binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+		copy(p[12:], src[:])
+		copy(p[16:], dst[:])
+		binary.BigEndian.PutUint16(p[10:], inetChecksum(p[:20]))
+		tcp := p[20:]
+		binary.BigEndian.PutUint16(tcp[0:], 40000)
+		binary.BigEndian.PutUint16(tcp[2:], 5201)
+		binary.BigEndian.PutUint32(tcp[4:], uint32(1000+k*payload))
+		binary.BigEndian.PutUint32(tcp[8:], 1)
+		tcp[12], tcp[13] = 5<<4, 0x10 // 20-byte header, ACK
+		binary.BigEndian.PutUint16(tcp[14:], 65535)
+		for j := range payload {
+			tcp[20+j] = byte(k + j)
+		}
+		pseudo := make([]byte, 12, 12+len(tcp))
+		copy(pseudo, p[12:20])
+		pseudo[9] = 6
+		binary.BigEndian.PutUint16(pseudo[10:], uint16(len(tcp)))
+		binary.BigEndian.PutUint16(tcp[16:], inetChecksum(append(pseudo, tcp...)))
+		frames[k] = f[:len(f):len(f)]
+	}
+	if _, err := d.WriteOffset(frames, off); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<17)
+	total, largest := 0, 0
+	for total < segs*payload {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			t.Fatalf("after %d of %d payload bytes: %v", total, segs*payload, err)
+		}
+		p := buf[:n]
+		if n < 40 || p[0]>>4 != 4 || p[9] != 6 || binary.BigEndian.Uint16(p[20:]) != 40000 {
+			continue // not ours (an RST the stack sends back goes out, not up)
+		}
+		if l := int(binary.BigEndian.Uint16(p[2:])); l != n {
+			t.Fatalf("a %d-byte packet handed up says it has %d (coalesced past 64 KiB?)", n, l)
+		}
+		total += n - 40
+		largest = max(largest, n)
+	}
+	if largest <= 2*(40+payload) {
+		t.Errorf("largest packet handed up %d bytes: nothing coalesced", largest)
+	}
+	t.Logf("%d segments handed up as packets of up to %d bytes", segs, largest)
+}

@@ -219,7 +219,9 @@ const WriteHeadroom = vnetHdrLen
 // they are written in place, the virtio-net header put before each (the bytes before
 // offset are overwritten, and with GRO a packet may grow into the capacity after it),
 // sparing Write's copy of every packet (7% of a connected-mode receiver's CPU, for 64
-// KiB packets); with less headroom it is Write.
+// KiB packets); with less headroom it is Write. GRO may replace frames' entries (a
+// flow head it coalesces into gets one of the queue's larger buffers, valid until the
+// next write; entries are also swapped): the caller does not use them after.
 func (q *Queue) WriteOffset(frames [][]byte, offset int) (n int, err error) {
 	if offset < WriteHeadroom {
 		pkts := make([][]byte, len(frames))
@@ -261,9 +263,9 @@ func (q *Queue) writeLocked(frames [][]byte, offset int, prep func([][]byte) [][
 	return n, nil
 }
 
-// growGROSize is the size of a buffer growGRO hands out: the largest packet, and
-// twice the largest headroom the engine's frames have before their packets (GRO's
-// capacity check counts the offset twice).
+// growGROSize is the size of a buffer growGRO hands out: the largest packet and twice
+// the engine's frame offsets (GRO's capacity check counts the offset twice; the fork
+// limits a grown buffer's capacity so that no packet passes 65535 bytes).
 const growGROSize = maxPacket + 1024
 
 // growGRO gives GRO a larger buffer, holding b, for a packet written in place that

@@ -86,19 +86,24 @@ type tcpGROTable struct {
 // packets GRO coalesces into are copied.
 type GrowFunc func(b []byte, need int) []byte
 
-// growFor gives bufs[i] at least need bytes' capacity through grow, if it can.
-func growFor(grow GrowFunc, bufs [][]byte, i, need int) bool {
+// growFor gives bufs[i] the capacity upstream's check asks of a packet at off that
+// is to hold coalescedLen bytes (twice the offset, and the bytes), through grow, if
+// it can. Upstream's bound on a coalesced packet is its buffer's capacity alone, 64
+// KiB at most there; a grown buffer's capacity is limited to keep that bound, so that
+// no packet outgrows the 16-bit length fields GRO writes.
+func growFor(grow GrowFunc, bufs [][]byte, i, off, coalescedLen int) bool {
+	need := 2*off + coalescedLen
 	if cap(bufs[i]) >= need {
 		return true
 	}
-	if grow == nil {
+	if grow == nil || coalescedLen > maxUint16 {
 		return false
 	}
 	nb := grow(bufs[i], need)
 	if nb == nil || cap(nb) < need || len(nb) != len(bufs[i]) {
 		return false
 	}
-	bufs[i] = nb
+	bufs[i] = nb[:len(nb):min(cap(nb), 2*off+maxUint16)]
 	return true
 }
 
@@ -460,7 +465,7 @@ func coalesceUDPPackets(pkt []byte, item *udpGROItem, bufs [][]byte, bufsOffset 
 	// ipoibfs patch: a head too small for the coalesced packet may be given a larger
 	// buffer first (the check below is upstream's, which compares the packet's
 	// capacity less the offset once more: kept, so that the results are the same).
-	growFor(grow, bufs, int(item.bufsIndex), 2*bufsOffset+coalescedLen)
+	growFor(grow, bufs, int(item.bufsIndex), bufsOffset, coalescedLen)
 	pktHead := bufs[item.bufsIndex][bufsOffset:] // the packet that will end up at the front
 
 	if cap(pktHead)-bufsOffset < coalescedLen {
@@ -498,11 +503,11 @@ func coalesceTCPPackets(mode canCoalesce, pkt []byte, pktBuffsIndex int, gsoSize
 	// ipoibfs patch: the packet that ends up at the front may be given a larger buffer
 	// first, as in coalesceUDPPackets.
 	if mode == coalescePrepend {
-		if growFor(grow, bufs, pktBuffsIndex, 2*bufsOffset+coalescedLen) {
+		if growFor(grow, bufs, pktBuffsIndex, bufsOffset, coalescedLen) {
 			pkt = bufs[pktBuffsIndex][bufsOffset:]
 		}
 	} else {
-		growFor(grow, bufs, int(item.bufsIndex), 2*bufsOffset+coalescedLen)
+		growFor(grow, bufs, int(item.bufsIndex), bufsOffset, coalescedLen)
 	}
 
 	// Copy data
