@@ -382,12 +382,11 @@ func (i *Interface) drainRxLocked() {
 		var c rxCounts
 		r.repost, r.local, c = i.sortRxLocked(r.wcs[:n], &r.b, r.repost[:0], r.local[:0])
 		host := i.upperHost() // its own, or its bond's (bond.go)
+		r.b.pkts = r.b.pkts[:0]
 		switch {
-		case len(r.b.pkts) == 0:
+		case len(r.b.frames) == 0:
 		case host == nil: // an inactive bond slave's broadcasts: nobody takes them
-			i.stats.rxDropped.Add(uint64(len(r.b.pkts)))
-			clear(r.b.pkts)
-			r.b.pkts = r.b.pkts[:0]
+			i.stats.rxDropped.Add(uint64(len(r.b.frames)))
 		case len(r.local) == 0:
 			// In the receive buffers; a FrameHost writes them from there with its
 			// header in the GRH's room (a TUN device: only the packets its GRO
@@ -395,10 +394,10 @@ func (i *Interface) drainRxLocked() {
 			if fh, ok := host.(FrameHost); ok && fh.FrameHeadroom() <= udFrameOff {
 				fh.DeliverFrames(r.b.frames, udFrameOff)
 			} else {
-				host.Deliver(r.b.pkts)
+				host.Deliver(r.b.packets())
+				clear(r.b.pkts)
+				r.b.pkts = r.b.pkts[:0]
 			}
-			clear(r.b.pkts)
-			r.b.pkts = r.b.pkts[:0]
 		default:
 			r.b.copyOut() // ARP or ND come first, without rxMu
 		}
@@ -434,7 +433,7 @@ func (c *rxCounts) add(s *stats) {
 func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.RecvWR, local []rxLocal) ([]verbs.RecvWR, []rxLocal, rxCounts) {
 	var c rxCounts
 	clear(b.frames)
-	b.arena, b.pkts, b.frames = b.arena[:0], b.pkts[:0], b.frames[:0]
+	b.arena, b.frames = b.arena[:0], b.frames[:0]
 	d := i.data()
 	ownQPN, ownGID, bgid := i.hw.QPN(), i.hw.GID(), d.bcast.GID()
 	p, _ := i.e.dev.Port(i.port)
@@ -473,7 +472,6 @@ func (i *Interface) sortRxLocked(wcs []verbs.WC, b *rxBatch, repost []verbs.Recv
 		}
 		c.pkts++
 		c.bytes += uint64(len(pkt))
-		b.pkts = append(b.pkts, pkt[:len(pkt):len(pkt)])
 		b.frames = append(b.frames, buf[:wc.ByteLen]) // the whole buffer's capacity: GRO may extend the packet in it
 	}
 	return repost, local, c
@@ -527,12 +525,20 @@ func (i *Interface) pollRxLocked(wcs []verbs.WC) int {
 	return n
 }
 
-// rxBatch is a batch of received packets, in the receive buffers or (copyOut) copied
-// out of them into arena.
+// rxBatch is a batch of received packets: their receive buffers (frames), and the
+// packets themselves, in those buffers (packets) or copied out into arena (copyOut).
 type rxBatch struct {
 	arena  []byte
 	pkts   [][]byte
 	frames [][]byte // the packets' receive buffers, each up to its packet's end (udFrameOff)
+}
+
+// packets returns the frames' packets, in place.
+func (b *rxBatch) packets() [][]byte {
+	for _, f := range b.frames {
+		b.pkts = append(b.pkts, f[udFrameOff:len(f):len(f)])
+	}
+	return b.pkts
 }
 
 // copy appends a copy of p to the arena and returns it. A full arena is replaced, not
@@ -546,9 +552,9 @@ func (b *rxBatch) copy(p []byte) []byte {
 	return b.arena[off:len(b.arena):len(b.arena)]
 }
 
-// copyOut replaces the batch's packets by copies in the arena.
+// copyOut makes the batch's packets copies in the arena.
 func (b *rxBatch) copyOut() {
-	for k, p := range b.pkts {
-		b.pkts[k] = b.copy(p)
+	for _, f := range b.frames {
+		b.pkts = append(b.pkts, b.copy(f[udFrameOff:]))
 	}
 }

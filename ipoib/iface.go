@@ -612,15 +612,9 @@ func (i *Interface) restartQP() {
 		return
 	}
 	i.pkeyIndex = idx
-	for _, m := range []verbs.QPModify{
-		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: idx, QKey: d.qkey},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
-	} {
-		if err := i.qp.Modify(m); err != nil {
-			i.e.log.Printf("%s: QP restart failed: %v", i.Name(), err)
-			return
-		}
+	if err := verbs.UDToRTS(i.qp, idx, d.qkey); err != nil {
+		i.e.log.Printf("%s: QP restart failed: %v", i.Name(), err)
+		return
 	}
 	gen := d.qpGen + 1
 	i.setLocked(func(d *dataState) { d.qpGen = gen })
@@ -785,8 +779,7 @@ func (i *Interface) close() {
 		i.stopDev()
 	}
 	i.mu.Lock()
-	i.closed = true
-	i.setLocked(func(d *dataState) { d.up = false })
+	i.closed = true // up is false since the start: no SetUp ran meanwhile (upMu)
 	i.mu.Unlock()
 	i.upMu.Unlock()
 	i.loopMu.Lock()

@@ -20,7 +20,6 @@ func TestRejoinWaitsForTheLeaveOfASupersededJoin(t *testing.T) {
 	joinStarted, releaseJoin := make(chan struct{}, 1), make(chan struct{})
 	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
 	var bcast verbs.GID // set before the interface comes up
-	var leaves atomic.Int32
 	h := &hookSA{
 		join: func(ctx context.Context, n int, rec mad.MCMemberRecord) error {
 			if n == 1 && rec.MGID == bcast { // the first broadcast join
@@ -28,12 +27,7 @@ func TestRejoinWaitsForTheLeaveOfASupersededJoin(t *testing.T) {
 			}
 			return nil
 		},
-		leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
-			if rec.MGID == bcast && leaves.Add(1) == 1 { // the superseded join's leave
-				return holdUntil(ctx, leaveStarted, releaseLeave)
-			}
-			return nil
-		},
+		leave: holdFirstLeave(&bcast, leaveStarted, releaseLeave), // the superseded join's leave
 	}
 	e := r.engine("a", 1, Options{wrapSA: h.wrap})
 	a := iface(t, e, "ib0")
@@ -86,6 +80,18 @@ func TestCloseJoinsNothingWhileLeaving(t *testing.T) {
 	}
 }
 
+// holdFirstLeave is a hookSA leave that holds the first leave of the group *mgid (read
+// at each leave: the caller sets it once the interface exists) until release.
+func holdFirstLeave(mgid *verbs.GID, started chan<- struct{}, release <-chan struct{}) func(context.Context, mad.MCMemberRecord) error {
+	var leaves atomic.Int32
+	return func(ctx context.Context, rec mad.MCMemberRecord) error {
+		if rec.MGID == *mgid && leaves.Add(1) == 1 {
+			return holdUntil(ctx, started, release)
+		}
+		return nil
+	}
+}
+
 // whileLeaving brings ib0 up with carrier, runs act with the first leave of the
 // broadcast group held at the SA, and runs a round of the join task while it is held,
 // which must not join the group again (during names act in the failure). It returns
@@ -95,15 +101,7 @@ func whileLeaving(t *testing.T, during string, act func(a *Interface)) (*rig, *I
 	r := newRig(t)
 	leaveStarted, releaseLeave := make(chan struct{}, 1), make(chan struct{})
 	var bcast verbs.GID // set before the interface comes up
-	var leaves atomic.Int32
-	h := &hookSA{
-		leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
-			if rec.MGID == bcast && leaves.Add(1) == 1 {
-				return holdUntil(ctx, leaveStarted, releaseLeave)
-			}
-			return nil
-		},
-	}
+	h := &hookSA{leave: holdFirstLeave(&bcast, leaveStarted, releaseLeave)}
 	e := r.engine("a", 1, Options{wrapSA: h.wrap})
 	a := iface(t, e, "ib0")
 	bcast = a.Broadcast().GID()

@@ -140,16 +140,13 @@ func (i *Interface) closeLanes() {
 // laneUpLocked takes a send queue's QP to RTS with the interface's P_Key index and
 // Q_Key, and reports whether it got there. Called with mu held.
 func (i *Interface) laneUpLocked(l *txLane) bool {
-	for _, m := range []verbs.QPModify{
-		{Mask: verbs.QPMaskState, State: verbs.QPReset},
-		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: i.pkeyIndex, QKey: i.data().qkey},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
-	} {
-		if err := l.qp.Modify(m); err != nil {
-			i.e.log.Printf("%s: send queue QP %#x to %v: %v", i.Name(), uint32(l.qp.Num()), m.State, err)
-			return false
-		}
+	err := l.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
+	if err == nil {
+		err = verbs.UDToRTS(l.qp, i.pkeyIndex, i.data().qkey)
+	}
+	if err != nil {
+		i.e.log.Printf("%s: send queue QP %#x to RTS: %v", i.Name(), uint32(l.qp.Num()), err)
+		return false
 	}
 	return true
 }

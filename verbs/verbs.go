@@ -276,6 +276,22 @@ type SRQ interface {
 	Close() error
 }
 
+// UDToRTS takes a UD QP in RESET through INIT (on the P_Key at pkeyIndex, with qkey)
+// and RTR to RTS, the way every UD consumer brings one up; the error is the first
+// transition's that failed.
+func UDToRTS(qp QP, pkeyIndex int, qkey uint32) error {
+	for _, m := range []QPModify{
+		{Mask: QPMaskState | QPMaskPKeyIndex | QPMaskQKey, State: QPInit, PKeyIndex: pkeyIndex, QKey: qkey},
+		{Mask: QPMaskState, State: QPRTR},
+		{Mask: QPMaskState, State: QPRTS},
+	} {
+		if err := qp.Modify(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // QPModify carries the attributes of a state transition; Mask says which are valid.
 type QPModify struct {
 	Mask      QPMask

@@ -148,14 +148,8 @@ func openQP(h *soft.HCA) (verbs.QP, verbs.CQ, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, m := range []verbs.QPModify{
-		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, QKey: qkey},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
-	} {
-		if err := qp.Modify(m); err != nil {
-			return nil, nil, err
-		}
+	if err := verbs.UDToRTS(qp, 0, qkey); err != nil {
+		return nil, nil, err
 	}
 	return qp, rcq, nil
 }

@@ -1020,19 +1020,9 @@ func TestReadKeepsAPacketLargerThanItsBuffers(t *testing.T) {
 	}
 	// The kernel left the UDP checksum to the device (checksum offload): completed
 	// once, on the packet as the kernel gave it.
-	if !udp4ChecksumOK(big[0][:sizes[0]]) {
+	if l4Checksum(big[0][:sizes[0]]) != 0 {
 		t.Fatalf("the kept packet's UDP checksum is wrong: %#04x", binary.BigEndian.Uint16(big[0][26:]))
 	}
-}
-
-// udp4ChecksumOK verifies the UDP checksum of an IPv4 packet with a 20-byte header.
-func udp4ChecksumOK(p []byte) bool {
-	udp := p[20:]
-	pseudo := make([]byte, 12, 12+len(udp)) // addresses, zero, protocol, UDP length
-	copy(pseudo, p[12:20])
-	pseudo[9] = 17
-	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(udp)))
-	return inetChecksum(append(pseudo, udp...)) == 0
 }
 
 // Delete returns once the device is gone from its namespace (ip link does not show
@@ -1402,11 +1392,7 @@ func TestWriteInPlaceKeepsLengths(t *testing.T) {
 	for k := range frames {
 		f := make([]byte, off+40+payload)
 		p := f[off:]
-		p[0], p[8], p[9] = 0x45, 64, 6
-		binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
-		copy(p[12:], src[:])
-		copy(p[16:], dst[:])
-		binary.BigEndian.PutUint16(p[10:], inetChecksum(p[:20]))
+		putIPv4(p, 6, src, dst)
 		tcp := p[20:]
 		binary.BigEndian.PutUint16(tcp[0:], 40000)
 		binary.BigEndian.PutUint16(tcp[2:], 5201)
@@ -1417,11 +1403,7 @@ func TestWriteInPlaceKeepsLengths(t *testing.T) {
 		for j := range payload {
 			tcp[20+j] = byte(k + j)
 		}
-		pseudo := make([]byte, 12, 12+len(tcp))
-		copy(pseudo, p[12:20])
-		pseudo[9] = 6
-		binary.BigEndian.PutUint16(pseudo[10:], uint16(len(tcp)))
-		binary.BigEndian.PutUint16(tcp[16:], inetChecksum(append(pseudo, tcp...)))
+		binary.BigEndian.PutUint16(tcp[16:], l4Checksum(p))
 		frames[k] = f[:len(f):len(f)]
 	}
 	if _, err := d.WriteOffset(frames, off); err != nil {

@@ -107,16 +107,34 @@ func TestMultiQueue(t *testing.T) {
 // echoRequest4 is an ICMP echo request from src to dst.
 func echoRequest4(src, dst [4]byte, id uint16) []byte {
 	p := make([]byte, 20+8+16)
-	p[0], p[8], p[9] = 0x45, 64, 1
-	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
-	copy(p[12:], src[:])
-	copy(p[16:], dst[:])
-	binary.BigEndian.PutUint16(p[10:], inetChecksum(p[:20]))
+	putIPv4(p, 1, src, dst)
 	icmp := p[20:]
 	icmp[0] = 8
 	binary.BigEndian.PutUint16(icmp[4:], id)
 	binary.BigEndian.PutUint16(icmp[2:], inetChecksum(icmp))
 	return p
+}
+
+// putIPv4 writes a 20-byte IPv4 header of protocol proto from src to dst at the start
+// of p, for a packet of p's length.
+func putIPv4(p []byte, proto byte, src, dst [4]byte) {
+	p[0], p[8], p[9] = 0x45, 64, proto
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	copy(p[12:], src[:])
+	copy(p[16:], dst[:])
+	binary.BigEndian.PutUint16(p[10:], inetChecksum(p[:20]))
+}
+
+// l4Checksum is the TCP or UDP checksum over the pseudo-header and segment of the IPv4
+// packet p (a 20-byte header): 0 when the segment's own is right, the value to put
+// there when that is 0.
+func l4Checksum(p []byte) uint16 {
+	seg := p[20:]
+	pseudo := make([]byte, 12, 12+len(seg)) // addresses, zero, protocol, length
+	copy(pseudo, p[12:20])
+	pseudo[9] = p[9]
+	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(seg)))
+	return inetChecksum(append(pseudo, seg...))
 }
 
 func inetChecksum(b []byte) uint16 {

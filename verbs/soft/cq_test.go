@@ -178,7 +178,7 @@ func handlerQP(t *testing.T, h *HCA, handler func() bool, bufs int) (verbs.QP, v
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := udToRTS(qp, 0, 0x0b1b); err != nil {
+	if err := verbs.UDToRTS(qp, 0, 0x0b1b); err != nil {
 		t.Fatal(err)
 	}
 	postBufs(t, qp, bufs)

@@ -104,7 +104,7 @@ func openUD(h *HCA, pkeyIndex int, qkey uint32) (*udEnd, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := udToRTS(qp, pkeyIndex, qkey); err != nil {
+	if err := verbs.UDToRTS(qp, pkeyIndex, qkey); err != nil {
 		return nil, err
 	}
 	bufs := make([]verbs.RecvWR, 64)
@@ -115,20 +115,6 @@ func openUD(h *HCA, pkeyIndex int, qkey uint32) (*udEnd, error) {
 		return nil, err
 	}
 	return &udEnd{qp: qp, scq: scq, rcq: rcq, h: h, bufs: bufs}, nil
-}
-
-// udToRTS takes a new UD QP through INIT (P_Key index, Q_Key) and RTR to RTS.
-func udToRTS(qp verbs.QP, pkeyIndex int, qkey uint32) error {
-	for _, m := range []verbs.QPModify{
-		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex | verbs.QPMaskQKey, State: verbs.QPInit, PKeyIndex: pkeyIndex, QKey: qkey},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTR},
-		{Mask: verbs.QPMaskState, State: verbs.QPRTS},
-	} {
-		if err := qp.Modify(m); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func (e *udEnd) lid() verbs.LID { return e.h.SoftPort(1).Attr().LID }
