@@ -57,6 +57,8 @@ type HCA struct {
 	subs    map[chan verbs.Event]struct{}
 	closed  bool
 	evDrops atomic.Uint64
+	// oooBytes is what the RC responders keep beyond gaps (bounded by rcOOOBudget).
+	oooBytes atomic.Int64
 
 	sm   *SM
 	stop chan struct{}

@@ -15,12 +15,14 @@ package soft
 // reuse its buffers as soon as PostSend returns and a retransmission costs no encoding.
 // Packets leave in batches (one endpoint Send per batch) bounded by a window of at most
 // 1024 packets or 4 MiB in flight; messages beyond it wait in the QP. Inside that bound
-// the window is adjusted like TCP's congestion window (slow start; halved on a sequence
-// NAK, but at most once per recovery episode, that is until the PSNs in flight at the
-// first NAK are acknowledged; back to the minimum on an ACK timeout), because the
-// emulated fabric drops packets where a real InfiniBand link applies credit flow
-// control, and go-back-N resends the whole window behind a lost packet. The window
-// never falls below 32 packets.
+// the window is adjusted like TCP's congestion window (slow start; back to the
+// minimum on an ACK timeout; halved on a go-back, or when more than one packet in 16
+// of a window is lost, but at most once per recovery episode, that is until the PSNs
+// in flight at the cut are acknowledged), because the emulated fabric drops packets
+// where a real InfiniBand link applies credit flow control. A lost packet alone does
+// not cut it: selective repeat resends only that packet, and at 2% random loss a
+// window halved at every loss would stay at its minimum. The window never falls below
+// 32 packets.
 //
 // AckReq is set on the last packet of every message and on every packet whose PSN is
 // 15 mod 16. With a window of at least 32 packets there are therefore always two
@@ -30,11 +32,19 @@ package soft
 // An ACK for PSN p acknowledges every packet up to p and completes the messages that
 // end there (a completion only when the WR was signalled or the QP signals all; errors
 // always). A NAK acknowledges the packets before its PSN. A PSN sequence error NAK
-// rewinds the sender to the NAK's PSN at once (go-back-N). The responder sends every
-// sequence NAK twice, so the second copy of the NAK acted on is ignored (and so is a
-// copy the fabric duplicated in the same batch); a NAK for the same PSN after that,
-// once the resend is on the wire, means the resent packet was lost too and rewinds
-// again. An RNR NAK stops the sender for the delay its timer field encodes, then
+// makes the sender resend the packet it names at once, alone, with AckReq set, and
+// twice, since a resend lost again would cost two round trips of waiting and the copy
+// costs one packet (selective repeat, as the RoCE HCAs that keep out-of-order packets
+// do): the
+// responder kept what followed the gap, and its answer says how far that reaches. An
+// ACK past the resent packet, or a NAK for a later gap, lets the sender go on; an ACK
+// for the resent packet alone (at the end of the received batch) says the responder
+// kept nothing after it (a responder without selective repeat, one out of budget, or
+// those packets lost as well), and the sender goes back N from the next. The
+// responder sends every sequence NAK twice, so the second copy of the NAK acted on is
+// ignored (and so is a copy the fabric duplicated in the same batch); a NAK for the
+// same PSN after that, once the resend is on the wire, means the resent packet was
+// lost too and resends it again. An RNR NAK stops the sender for the delay its timer field encodes, then
 // resends from its PSN, at first only up to the next packet that asks for an ACK so that
 // a receiver without buffers is probed rather than flooded; RNRRetry 7 retries for
 // ever, smaller values count down and, exhausted, complete the WR with
@@ -61,16 +71,18 @@ package soft
 // more packets sent than 1 + RetryCnt). There is none with an ACK timeout below 2 ms
 // (Timeout 8 or less: short enough itself), nor with Timeout 0 (no ACK timeout).
 //
-// Responder. Packets are accepted only in PSN order and copied straight into the head
+// Responder. Packets are accepted in PSN order and copied straight into the head
 // receive buffer; LAST or ONLY completes it. A duplicate (an older PSN) is acknowledged
-// again and not delivered. A packet one PSN ahead of the expected one is held (one
-// packet, copied) until the next packet of the batch: if that is the expected one, both
-// are accepted, since the fabric only swapped them; otherwise, or at the end of the
-// batch, it is a gap. A gap draws a sequence error NAK carrying the expected PSN (sent
-// twice, against its loss), after which everything is dropped silently until the
-// expected PSN arrives, except that when the requester is seen going back (two packets
-// in PSN order below the highest PSN dropped since the NAK) while the expected PSN is
-// still missing, the resent packet was lost as well and the NAK goes out once more. A
+// again and not delivered. A packet beyond the expected PSN is kept (copied, up to a
+// window of 1024 packets past the expected PSN, within the HCA's budget of 64 MiB;
+// beyond those it is dropped): when the expected one arrives, everything kept that
+// follows on from it is accepted with it, and one ACK names the last. A gap still open
+// at the end of the batch (not one the fabric only made by swapping packets) draws a
+// sequence error NAK carrying the expected PSN (sent twice, against its loss, and no
+// ACK with it), after which later packets are kept silently until the expected PSN
+// arrives, except that when the requester is seen going back (two packets in PSN order
+// below the highest PSN since the NAK) while the expected PSN is still missing, the
+// resent packet was lost as well and the NAK goes out once more. A
 // FIRST or ONLY without a posted receive buffer draws an RNR NAK (and the same
 // silence). A message longer than its buffer, a wrong opcode sequence or a bad payload
 // length draws a remote invalid request NAK, completes the receive with an error and
@@ -78,11 +90,14 @@ package soft
 // coalesced: one is owed at a packet with AckReq, after every 16 accepted packets and
 // for duplicates, and the owed ACK goes out once per received batch, naming the last
 // PSN accepted so far, preceded by one for the first packet of the batch that owed it
-// when that is an earlier PSN, so that one lost ACK does not stall the requester.
+// when that is an earlier PSN, so that one lost ACK does not stall the requester (not
+// when the batch accepted kept packets: an ACK for the packet that filled the gap alone
+// would say that nothing after it was kept).
 
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -102,6 +117,7 @@ const (
 	rcMinRNRTimer  = 12      // RNR NAK timer field the responder advertises: 0.64 ms
 	rcMinAckTimout = time.Millisecond
 	rcMinEarly     = 500 * time.Microsecond // early retransmission never sooner
+	rcLossCut      = 16                     // more than 1 in 16 of a window lost: cut it
 
 	synACK      = 0x1f // ACK, no end-to-end credit information
 	synRNR      = 0x20 // RNR NAK; the low 5 bits are the timer
@@ -193,6 +209,18 @@ type rcReq struct {
 	nakPSN                  uint32 //
 	nakTwin                 bool   // the second copy of the NAK for nakPSN is still to come
 
+	// Selective repeat: a sequence NAK resends the packet it names alone, asking for
+	// an ACK, since the responder keeps what followed the gap. The answer says what
+	// it kept: an acknowledgement past the resent packet (it kept that much), or an
+	// ACK ending at it (it kept nothing after it: go back N from there).
+	selOn   bool
+	selPSN  uint32
+	selOwed bool // the pump has yet to send it
+	// Selective resends in the window from lossFrom (lossN of them): beyond
+	// rcLossCut of a window the losses are congestion's, and the window is cut.
+	lossFrom uint32
+	lossN    int
+
 	retryLeft, rnrLeft uint8
 	rnrWait            bool // stopped by an RNR NAK until rnrUntil
 	rnrUntil           time.Time
@@ -234,19 +262,44 @@ type rcResp struct {
 	ackMSN     uint32
 	peer       ctlRoute // where the last accepted request came from
 
-	// One packet that arrived a PSN early, held until the next packet (or the end
-	// of the batch) shows whether the expected one was only overtaken.
-	held    bool
-	heldPkt wire.Packet
-	heldBuf []byte
+	// Requests that arrived beyond a gap, kept (copied, in PSN order, live from
+	// oooH) until the gap fills, so that the requester resends only what was lost.
+	ooo  []oooPkt
+	oooH int
+	// gap: a request beyond epsn arrived and no NAK went out for it yet; the NAK
+	// waits for the end of the batch, where a gap the fabric only made by swapping
+	// packets has closed again.
+	gap   bool
+	gapHi uint32
 }
+
+// oooPkt is a kept request; pkt.Payload is *buf.
+type oooPkt struct {
+	pkt wire.Packet
+	buf *[]byte
+}
+
+// Kept requests take their payload buffers from a pool, and the HCA keeps at most
+// rcOOOBudget bytes of them: a QP keeps at most a window (rcWinMaxPkts packets past
+// the expected PSN), and beyond the budget requests are dropped as a responder
+// without selective repeat drops them (the requester then goes back N).
+const (
+	oooBufCap    = 4096 // the largest path MTU's payload
+	rcOOOBudget  = 64 << 20
+	rcOOOKeepCap = 256 // kept slots a QP holds on to when none is in use
+)
+
+var oooPool = sync.Pool{New: func() any { b := make([]byte, 0, oooBufCap); return &b }}
 
 // rcStats counts the protocol events of one QP, for tests and diagnostics.
 type rcStats struct {
 	seqNAKs  uint64 // responder: PSN sequence errors NAKed
 	reNAKs   uint64 // responder: NAKs repeated because a resent packet was lost too
 	rnrNAKs  uint64 // responder: RNR NAKs (no receive buffer)
-	goBacks  uint64 // requester: go-back-N on a sequence NAK
+	kept     uint64 // responder: requests kept beyond a gap
+	notKept  uint64 // responder: requests beyond a gap dropped (window or budget)
+	goBacks  uint64 // requester: go-back-N on a sequence NAK (or a selective resend's ACK)
+	selects  uint64 // requester: selective resends of a NAKed packet
 	early    uint64 // requester: early retransmissions (no retry counted)
 	timeouts uint64 // requester: local ACK timeouts
 }
@@ -330,7 +383,7 @@ var rcAttrs = []rcAttr{
 	{verbs.QPMaskDestQPN, rcCheckDestQPN, func(q *QP, m *verbs.QPModify) { q.rc.dqpn = m.DestQPN }},
 	{verbs.QPMaskAH, rcCheckAH, rcApplyAH},
 	{verbs.QPMaskPathMTU, rcCheckPathMTU, func(q *QP, m *verbs.QPModify) { q.rc.mtu = m.PathMTU.Bytes() }},
-	{verbs.QPMaskRQPSN, nil, func(q *QP, m *verbs.QPModify) { q.rc.resp = rcResp{epsn: m.RQPSN & wire.MaxPSN} }},
+	{verbs.QPMaskRQPSN, nil, func(q *QP, m *verbs.QPModify) { q.rcDropKeptLocked(); q.rc.resp = rcResp{epsn: m.RQPSN & wire.MaxPSN} }},
 	{verbs.QPMaskTimeout, rcCheckTimeout, func(q *QP, m *verbs.QPModify) { q.rc.timeout = m.Timeout }},
 	{verbs.QPMaskRetry, rcCheckRetry, rcApplyRetry},
 	{verbs.QPMaskSQPSN, nil, rcApplySQPSN},
@@ -455,6 +508,7 @@ func (q *QP) rcResetLocked() {
 	rc.stopTimerLocked()
 	rc.gen++
 	rc.req = rcReq{}
+	q.rcDropKeptLocked()
 	rc.resp = rcResp{}
 	rc.ctl, rc.kick = nil, false
 	rc.dqpn, rc.ah, rc.mtu, rc.timeout, rc.retryCnt, rc.rnrRetry = 0, verbs.AHAttr{}, 0, 0, 0, 0
@@ -476,7 +530,8 @@ func (q *QP) rcErrorLocked() {
 	if rc.resp.inMsg {
 		q.recvCQ.push(verbs.WC{WRID: rc.resp.wr.ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.num})
 	}
-	rc.resp.inMsg, rc.resp.wr, rc.resp.ackPending, rc.resp.ackFirst, rc.resp.held = false, verbs.RecvWR{}, false, false, false
+	rc.resp.inMsg, rc.resp.wr, rc.resp.ackPending, rc.resp.ackFirst = false, verbs.RecvWR{}, false, false
+	q.rcDropKeptLocked()
 	q.state = verbs.QPErr
 	q.flushLocked()
 }
@@ -499,6 +554,7 @@ func (q *QP) rcCloseLocked() {
 	q.rc.stopTimerLocked()
 	q.rc.gen++
 	q.rc.req = rcReq{}
+	q.rcDropKeptLocked()
 	q.rc.resp = rcResp{}
 }
 
@@ -781,7 +837,9 @@ func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
 		r.resend = false
 		resend = min(psnDiff(r.resendEnd, r.una)+1, psnDiff(r.smax, r.una))
 	}
-	if limit <= 0 && resend <= 0 {
+	sel := r.selOwed && psnDiff(r.selPSN, r.una) >= 0 && psnDiff(r.selPSN, r.smax) < 0
+	r.selOwed = false
+	if limit <= 0 && resend <= 0 && !sel {
 		return dst
 	}
 	p := q.port
@@ -800,6 +858,16 @@ func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
 		r.progressAt = now // nothing was outstanding: the ACK timeout starts now
 	}
 	sent := 0
+	if sel {
+		// Twice: a resend lost again costs an early retransmission's wait
+		// (two round trips at least), the copy only its packet; the responder
+		// acknowledges the second as a duplicate, so the answer goes twice too.
+		if ok {
+			b := r.ackReqCopy(r.selPSN, sgid, dgid)
+			dst = append(dst, Datagram{Addr: addr, Data: b}, Datagram{Addr: addr, Data: b})
+		}
+		sent += 2
+	}
 	if resend > 0 {
 		dst, _ = r.appendPkts(dst, r.h, r.una, resend, addr, ok, sgid, dgid)
 		sent += resend
@@ -848,6 +916,21 @@ func (r *rcReq) appendPkts(dst []Datagram, i int, psn uint32, n int, addr netip.
 		n -= cnt
 	}
 	return dst, i
+}
+
+// ackReqCopy returns a copy of the sent packet psn that asks for an ACK, so that any
+// responder answers its selective resend.
+func (r *rcReq) ackReqCopy(psn uint32, sgid, dgid verbs.GID) []byte {
+	i := r.h
+	for psnDiff(psn, r.sq[i].last()) > 0 {
+		i++
+	}
+	m := r.sq[i]
+	b := append([]byte(nil), m.pkt(psnDiff(psn, m.first))...)
+	b[8] |= 0x80 // BTH AckReq
+	c := wire.ICRC(b, sgid, dgid)
+	b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1] = byte(c), byte(c>>8), byte(c>>16), byte(c>>24)
+	return b
 }
 
 // ---- timer ----
@@ -961,10 +1044,52 @@ func (q *QP) rcOnTimer() {
 // goBack rewinds the requester to resend from psn.
 func (r *rcReq) goBack(psn uint32, now time.Time) {
 	r.nxt, r.cur = psn, r.h
+	r.selOn, r.selOwed = false, false
 	r.retxAt = now
 	if r.rttOn && psnDiff(r.rttPSN, psn) >= 0 {
 		r.rttOn = false // the timed packet goes again: its ACK would be ambiguous
 	}
+}
+
+// lossy counts a packet lost at psn and reports whether more than one in rcLossCut of
+// the last window's packets were lost. Random loss on the fabric costs a selective
+// resend only its lost packet, so it does not cut the window (at 2% loss a window cut
+// at each loss would sit at rcWinMin, as TCP's would); a responder that drops much
+// more than that is overrun, and the window is cut as for a go-back.
+func (r *rcReq) lossy(psn uint32) bool {
+	if r.lossN == 0 || psnDiff(psn, psnAdd(r.lossFrom, r.cwnd)) >= 0 {
+		r.lossFrom, r.lossN = psn, 0
+	}
+	r.lossN++
+	return r.lossN > max(r.cwnd/rcLossCut, 1)
+}
+
+// selectPSN makes the pump resend psn alone.
+func (r *rcReq) selectPSN(psn uint32, now time.Time) {
+	r.selOn, r.selPSN, r.selOwed = true, psn, true
+	r.retxAt = now
+	if r.rttOn && psnDiff(r.rttPSN, psn) >= 0 {
+		r.rttOn = false // waits for the resend: the sample would measure the recovery
+	}
+}
+
+// rcSelectiveDoneLocked ends a selective resend the responder has answered, at the end
+// of the received batch (an ACK for the resent packet and one beyond it leave in one
+// batch): if nothing after the resent packet was acknowledged, the responder kept
+// nothing after it, and the requester goes back N from there.
+func (q *QP) rcSelectiveDoneLocked() bool {
+	rc := q.rc
+	r := &rc.req
+	if !r.selOn || r.selOwed || psnDiff(r.una, r.selPSN) <= 0 {
+		return false
+	}
+	r.selOn = false
+	if r.una != psnAdd(r.selPSN, 1) || psnDiff(r.smax, r.una) <= 0 || q.state != verbs.QPRTS || r.rnrWait {
+		return false
+	}
+	rc.stats.goBacks++
+	r.goBack(r.una, q.hca.cfg.Clock.Now())
+	return true
 }
 
 // cut halves the window, at most once per recovery episode (until the PSNs in flight
@@ -1126,11 +1251,16 @@ func (q *QP) rcFlush() {
 	q.mu.Lock()
 	rc := q.rc
 	s := &rc.resp
-	if s.held {
-		// The expected packet did not come in the batch: it was lost.
-		s.held = false
-		q.rcGapLocked(s.heldPkt.BTH.PSN)
+	if q.rcSelectiveDoneLocked() {
+		rc.kick = true
 	}
+	if s.gap && !s.nakSent && q.state != verbs.QPErr {
+		// The gap did not close in the batch: the expected packet was lost. The NAK
+		// acknowledges what came before it, so no ACK goes with it.
+		q.rcGapLocked(s.gapHi)
+		s.ackPending, s.ackFirst, s.unacked = false, false, 0
+	}
+	s.gap = false
 	ctl := rc.ctl
 	rc.ctl = nil
 	if s.ackPending && (q.state == verbs.QPRTR || q.state == verbs.QPRTS) {
@@ -1193,26 +1323,123 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, cb *cqBatch) {
 		s.ackPending = true
 		return
 	case d > 0:
+		q.rcKeepLocked(pkt, d)
 		switch {
-		case d == 1 && !s.nakSent && !s.held:
-			// Perhaps the expected packet was only overtaken: hold this one.
-			s.heldBuf = append(s.heldBuf[:0], pkt.Payload...)
-			s.held, s.heldPkt = true, *pkt
-			s.heldPkt.Payload = s.heldBuf
-		case s.held && psn == s.heldPkt.BTH.PSN:
-			// A copy of the packet held.
-		default:
-			s.held = false
+		case s.nakSent:
 			q.rcGapLocked(psn)
+		case !s.gap || psnDiff(psn, s.gapHi) > 0:
+			s.gap, s.gapHi = true, psn
 		}
 		return
 	}
 	q.rcAcceptLocked(pkt, cb)
-	if s.held && s.epsn == s.heldPkt.BTH.PSN && q.state != verbs.QPErr {
-		s.held = false
-		q.rcAcceptLocked(&s.heldPkt, cb)
+	if s.epsn != psnAdd(psn, 1) {
+		// Not accepted after all (no receive buffer, or an error that moved the
+		// QP to ERR): the requester goes back, so what was kept is of no use.
+		q.rcDropKeptLocked()
+		return
 	}
-	s.held = false
+	q.rcDrainLocked(cb)
+}
+
+// rcKeepLocked keeps a request d PSNs beyond the expected one, if the window and the
+// HCA's budget allow; a copy of one kept already is ignored.
+func (q *QP) rcKeepLocked(pkt *wire.Packet, d int) {
+	rc := q.rc
+	s := &rc.resp
+	live := s.ooo[s.oooH:]
+	psn := pkt.BTH.PSN
+	i, found := slices.BinarySearchFunc(live, psn, func(e oooPkt, t uint32) int { return psnDiff(e.pkt.BTH.PSN, t) })
+	if found {
+		return
+	}
+	if d > rcWinMaxPkts || len(live) >= rcWinMaxPkts || len(pkt.Payload) > oooBufCap {
+		rc.stats.notKept++
+		return
+	}
+	if q.hca.oooBytes.Add(oooBufCap) > rcOOOBudget {
+		q.hca.oooBytes.Add(-oooBufCap)
+		rc.stats.notKept++
+		return
+	}
+	rc.stats.kept++
+	h := oooPool.Get().(*[]byte)
+	e := oooPkt{pkt: *pkt, buf: h}
+	e.pkt.Payload = append((*h)[:0], pkt.Payload...)
+	if s.oooH > 0 && len(s.ooo) == cap(s.ooo) {
+		// Move the live entries to the front rather than grow.
+		n := copy(s.ooo, live)
+		clear(s.ooo[n:])
+		s.ooo, s.oooH = s.ooo[:n], 0
+	}
+	i += s.oooH
+	s.ooo = slices.Insert(s.ooo, i, e)
+}
+
+// rcDrainLocked accepts the kept requests that now follow on from the expected PSN,
+// and notes the gap if kept ones remain beyond another.
+func (q *QP) rcDrainLocked(cb *cqBatch) {
+	s := &q.rc.resp
+	drained := false
+	defer func() {
+		if drained && q.state != verbs.QPErr {
+			// One ACK, for the last packet accepted: an ACK for the packet that
+			// filled the gap alone would tell a selective requester that nothing
+			// after it was kept.
+			s.ackPending, s.ackFirst = true, false
+		}
+	}()
+	for s.oooH < len(s.ooo) {
+		e := &s.ooo[s.oooH]
+		d := psnDiff(e.pkt.BTH.PSN, s.epsn)
+		if d > 0 {
+			break
+		}
+		if d == 0 {
+			psn := e.pkt.BTH.PSN
+			q.rcAcceptLocked(&e.pkt, cb)
+			if q.state == verbs.QPErr {
+				return // moving to ERR dropped the rest
+			}
+			if s.epsn == psn { // no receive buffer: the requester goes back
+				q.rcDropKeptLocked()
+				return
+			}
+			drained = true
+		}
+		q.rcReleaseKept(e)
+		s.oooH++
+	}
+	if s.oooH == len(s.ooo) {
+		s.ooo, s.oooH = s.ooo[:0], 0
+		if cap(s.ooo) > rcOOOKeepCap {
+			s.ooo = nil // a connection that goes idle does not hold a window's slots
+		}
+		// Still a gap if a request beyond it was not kept.
+		s.gap = s.gap && psnDiff(s.gapHi, s.epsn) >= 0
+		return
+	}
+	if hi := s.ooo[len(s.ooo)-1].pkt.BTH.PSN; !s.gap || psnDiff(hi, s.gapHi) > 0 {
+		s.gapHi = hi
+	}
+	s.gap = true
+}
+
+// rcReleaseKept gives a kept request's buffer back.
+func (q *QP) rcReleaseKept(e *oooPkt) {
+	oooPool.Put(e.buf)
+	q.hca.oooBytes.Add(-oooBufCap)
+	*e = oooPkt{}
+}
+
+// rcDropKeptLocked forgets every kept request.
+func (q *QP) rcDropKeptLocked() {
+	s := &q.rc.resp
+	for i := s.oooH; i < len(s.ooo); i++ {
+		q.rcReleaseKept(&s.ooo[i])
+	}
+	clear(s.ooo[:s.oooH])
+	s.ooo, s.oooH = s.ooo[:0], 0
 }
 
 // rcAcceptLocked is the responder's handling of the packet with the expected PSN, in
@@ -1371,19 +1598,20 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		if r.nakSeen && psn == r.nakPSN {
 			// The responder sends a sequence NAK twice, so the second copy is no news.
 			// A NAK for the same PSN after that, once the resend is on its way, says
-			// the resent packet was lost too.
-			if r.nakTwin || psnDiff(r.nxt, psnAdd(psn, 2)) <= 0 {
+			// the resent packet was lost too: resend it again.
+			if r.nakTwin || r.selOwed {
 				r.nakTwin = false
 				return
 			}
 		} else {
 			r.nakTwin = true
 		}
-		rc.stats.goBacks++
-		// Go back N: resend from the PSN the responder expects.
 		r.nakSeen, r.nakPSN = true, psn
-		r.goBack(psn, q.hca.cfg.Clock.Now())
-		r.cut()
+		rc.stats.selects++
+		r.selectPSN(psn, q.hca.cfg.Clock.Now())
+		if r.lossy(psn) {
+			r.cut()
+		}
 		rc.kick = true
 	}
 }

@@ -399,6 +399,11 @@ func TestRCDeliversA100MBStreamExactlyAt5PercentLoss(t *testing.T) {
 	const size, big = 64 << 10, 1 << 20
 	f := Faults{Loss: 0.05, Dup: 0.01, Reorder: 0.02}
 	moved, ratio, stats := rcLossyTransfer(t, f, total, size, big)
+	// Selective repeat: a loss costs about its packet (1.4 packets sent per data
+	// packet, ACKs and NAKs included), where going back N cost 2.4.
+	if ratio > 1.8 || stats.selects == 0 || stats.kept == 0 {
+		t.Errorf("%.2f packets sent per data packet; %s", ratio, stats)
+	}
 	t.Logf("%d MB (%d×64 KB one way, %d×1 MiB the other) at %.0f MB/s; %.2f packets sent per data packet; %s",
 		moved>>20, total/size, total/big/8, float64(moved)/1e6/stats.el.Seconds(), ratio, stats)
 }
@@ -410,8 +415,8 @@ type rcTransferStats struct {
 }
 
 func (s rcTransferStats) String() string {
-	return fmt.Sprintf("in %v: %d sequence NAKs (%d repeated), %d go-back-N, %d early retransmissions, %d ACK timeouts, %d RNR NAKs",
-		s.el.Round(time.Millisecond), s.seqNAKs, s.reNAKs, s.goBacks, s.early, s.timeouts, s.rnrNAKs)
+	return fmt.Sprintf("in %v: %d sequence NAKs (%d repeated), %d selective resends, %d go-back-N, %d early retransmissions, %d ACK timeouts, %d RNR NAKs; %d requests kept beyond gaps, %d not",
+		s.el.Round(time.Millisecond), s.seqNAKs, s.reNAKs, s.selects, s.goBacks, s.early, s.timeouts, s.rnrNAKs, s.kept, s.notKept)
 }
 
 // rcLossyTransfer moves total bytes as size-byte messages from a to b and total/8 as
@@ -505,6 +510,12 @@ func rcLossyTransfer(t testing.TB, f Faults, total, size, big int) (moved int, r
 			t.Fatalf("the fabric lost %d and duplicated %d packets: the faults did not bite", lost, dup)
 		}
 	}
+	for _, h := range nodes {
+		// Everything was delivered: nothing is kept beyond a gap any more.
+		if n := h.oooBytes.Load(); n != 0 {
+			t.Fatalf("%s keeps %d bytes of requests after the transfer", h.Name(), n)
+		}
+	}
 	for _, e := range []*rcEnd{a, b} {
 		if st := e.qp.State(); st != verbs.QPRTS {
 			t.Fatalf("%v in %v after the transfer", e.qp, st)
@@ -518,6 +529,9 @@ func rcLossyTransfer(t testing.TB, f Faults, total, size, big int) (moved int, r
 		st.seqNAKs += s.seqNAKs
 		st.reNAKs += s.reNAKs
 		st.goBacks += s.goBacks
+		st.selects += s.selects
+		st.kept += s.kept
+		st.notKept += s.notKept
 		st.early += s.early
 		st.timeouts += s.timeouts
 		st.rnrNAKs += s.rnrNAKs
@@ -525,29 +539,21 @@ func rcLossyTransfer(t testing.TB, f Faults, total, size, big int) (moved int, r
 	return moved, ratio, st
 }
 
-// TestRCSequenceNAKGoesBackN loses a message on the fabric, then hands the sender a
-// PSN sequence error NAK: it must resend at once (there is no ACK timeout, so nothing
-// else makes it resend), and only once for a duplicated NAK.
-func TestRCSequenceNAKGoesBackN(t *testing.T) {
+// TestRCSequenceNAKResends loses a message on the fabric, then hands the sender a PSN
+// sequence error NAK: it must resend at once (there is no ACK timeout, so nothing else
+// makes it resend), and only once for a duplicated NAK. It resends the NAKed packet
+// alone (twice, asking for an ACK); the ACK for it alone says the responder kept
+// nothing after it, and the sender goes back N for the rest: 4 packets for the
+// 3-packet message.
+func TestRCSequenceNAKResends(t *testing.T) {
 	_, smh, nodes := fabric(t, "", "a", "b")
 	a, b := rcPair(t, nodes[0], nodes[1], rcOpts{mtu: verbs.MTU256, noTimeout: true, retryCnt: 7, rnrRetry: 7, psnA: 500})
 	b.postRecv(t, verbs.RecvWR{ID: 1, Buf: make([]byte, 1000)})
-	setFaults := func(f Faults) {
-		if err := smh.SM().SetFaults(f); err != nil {
-			t.Fatal(err)
-		}
-		for _, h := range nodes {
-			waitFor(t, "faults on "+h.Name(), func() bool {
-				g := h.SoftPort(1).ep.faults.Load()
-				return g == nil && f.zero() || g != nil && *g == f
-			})
-		}
-	}
-	setFaults(Faults{Loss: 1})
+	setFaults(t, smh, nodes, Faults{Loss: 1})
 	msg := pattern(5, 700) // 3 packets
 	a.post(t, verbs.SendWR{ID: 1, Data: [][]byte{msg}, Signaled: true})
 	quiet(t, b.rcq, 20*time.Millisecond, "receiver with all packets lost")
-	setFaults(Faults{})
+	setFaults(t, smh, nodes, Faults{})
 	pa := nodes[0].SoftPort(1)
 	before := pa.Counters().XmitPackets
 	nak := craft(t, nodes[1], nodes[0], wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: 0xffff, DestQP: uint32(a.qp.Num()), PSN: 500},
@@ -561,10 +567,78 @@ func TestRCSequenceNAKGoesBackN(t *testing.T) {
 	if wc := pollN(t, a.scq, 1, time.Second)[0]; wc.Status != verbs.WCSuccess {
 		t.Fatalf("send: %+v", wc)
 	}
-	if n := pa.Counters().XmitPackets - before; n != 3 {
-		t.Fatalf("%d packets resent for a 3-packet message and a duplicated NAK", n)
+	if n := pa.Counters().XmitPackets - before; n != 4 {
+		t.Fatalf("%d packets resent for a 3-packet message and a duplicated NAK, want 4", n)
+	}
+	if st := rcStatsOf(a); st.selects != 1 || st.goBacks != 1 {
+		t.Fatalf("requester: %+v, want one selective resend, then one go-back", st)
 	}
 	t.Logf("resent and delivered %v after the NAK", time.Since(start))
+}
+
+// TestRCSelectiveRepeat: a packet lost on the fabric is resent alone. The first of
+// four one-packet messages is lost; the responder keeps the three after the gap and
+// NAKs it; the requester resends that packet alone (twice) and all four are delivered
+// in order, 6 packets sent in all (go-back-N sends 8). When the HCA's budget for kept
+// requests is spent, the responder keeps nothing, its ACK for the resent packet alone
+// says so, and the requester goes back N for the rest (9 packets). Both PSN spaces
+// wrap in the middle.
+func TestRCSelectiveRepeat(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprintf("budget spent=%v", full), func(t *testing.T) {
+			_, smh, nodes := fabric(t, "", "a", "b")
+			a, b := rcPair(t, nodes[0], nodes[1], rcOpts{mtu: verbs.MTU256, noTimeout: true, retryCnt: 7, rnrRetry: 7,
+				psnA: wire.MaxPSN - 1, psnB: wire.MaxPSN})
+			for i := range 4 {
+				b.postRecv(t, verbs.RecvWR{ID: uint64(i), Buf: make([]byte, 100)})
+			}
+			if full {
+				nodes[1].oooBytes.Add(rcOOOBudget)
+			}
+			pa := nodes[0].SoftPort(1)
+			before := pa.Counters().XmitPackets
+			msg := func(i int) [][]byte { return [][]byte{[]byte(fmt.Sprintf("message %d", i))} }
+			setFaults(t, smh, nodes, Faults{Loss: 1})
+			a.post(t, verbs.SendWR{ID: 0, Data: msg(0), Signaled: true})
+			setFaults(t, smh, nodes, Faults{})
+			// In one post, so that the three are on their way before the NAK is.
+			a.post(t, verbs.SendWR{ID: 1, Data: msg(1), Signaled: true}, verbs.SendWR{ID: 2, Data: msg(2), Signaled: true},
+				verbs.SendWR{ID: 3, Data: msg(3), Signaled: true})
+			for i := range 4 {
+				wc := pollN(t, b.rcq, 1, time.Second)[0]
+				if wc.Status != verbs.WCSuccess || wc.WRID != uint64(i) || wc.ByteLen != len(msg(i)[0]) {
+					t.Fatalf("delivery %d: %+v", i, wc)
+				}
+			}
+			for i := range 4 {
+				if wc := pollN(t, a.scq, 1, time.Second)[0]; wc.Status != verbs.WCSuccess || wc.WRID != uint64(i) {
+					t.Fatalf("send completion %d: %+v", i, wc)
+				}
+			}
+			quiet(t, b.rcq, 20*time.Millisecond, "after the four messages")
+			want, sa, sb := uint64(6), rcStatsOf(a), rcStatsOf(b)
+			if full {
+				want = 9
+				if sb.kept != 0 || sb.notKept != 3 || sb.seqNAKs != 1 || sa.selects != 1 || sa.goBacks != 1 {
+					t.Fatalf("requester %+v, responder %+v: want nothing kept, one NAK, a selective resend and a go-back", sa, sb)
+				}
+				nodes[1].oooBytes.Add(-rcOOOBudget)
+			} else if sb.kept != 3 || sb.seqNAKs != 1 || sa.selects != 1 || sa.goBacks != 0 {
+				t.Fatalf("requester %+v, responder %+v: want 3 kept, one NAK and one selective resend", sa, sb)
+			}
+			if n := pa.Counters().XmitPackets - before; n != want {
+				t.Fatalf("%d packets sent for four one-packet messages, the first lost once: want %d", n, want)
+			}
+			if n := nodes[1].oooBytes.Load(); n != 0 {
+				t.Fatalf("%d bytes still kept", n)
+			}
+			for _, e := range []*rcEnd{a, b} {
+				if err := rcCheck(e.q); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
 }
 
 // setFaults sets the fabric's faults through the subnet manager and waits until every
@@ -591,6 +665,8 @@ func rcStatsOf(e *rcEnd) rcStats {
 // TestRCRepeatedNAK: the requester ignores the second copy of a sequence NAK, but a
 // NAK for the same PSN that comes after its resend says the resend was lost too, and
 // it resends again at once (there is no ACK timeout, so nothing else makes it resend).
+// Each resend is the NAKed packet alone, sent twice and asking for an ACK; when it
+// arrives, its ACK says nothing after it was kept, and the rest follows (go-back-N).
 func TestRCRepeatedNAK(t *testing.T) {
 	_, smh, nodes := fabric(t, "", "a", "b")
 	a, b := rcPair(t, nodes[0], nodes[1], rcOpts{mtu: verbs.MTU256, noTimeout: true, retryCnt: 7, rnrRetry: 7, psnA: 500})
@@ -601,7 +677,23 @@ func TestRCRepeatedNAK(t *testing.T) {
 	pa := nodes[0].SoftPort(1)
 	nak := craft(t, nodes[1], nodes[0], wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: 0xffff, DestQP: uint32(a.qp.Num()), PSN: 500},
 		AETH: wire.AETH{Syndrome: 0x60}})
+	// What a sends: PSN and AckReq of every request packet the fabric does not lose.
+	var mu sync.Mutex
+	var sent []string
+	stop := pa.tap.subscribe(func(rec []byte) {
+		var pkt wire.Packet
+		if len(rec) < 16+28 || wire.Parse(rec[16+28:], &pkt) != nil || pkt.BTH.Opcode == wire.OpRCAck {
+			return
+		}
+		mu.Lock()
+		sent = append(sent, fmt.Sprintf("%d ackreq=%v", pkt.BTH.PSN, pkt.BTH.AckReq))
+		mu.Unlock()
+	})
+	defer stop()
 	resent := func(naks int) uint64 {
+		mu.Lock()
+		sent = nil
+		mu.Unlock()
 		before := pa.Counters().XmitPackets
 		batch := make([]Datagram, naks)
 		for i := range batch {
@@ -610,37 +702,44 @@ func TestRCRepeatedNAK(t *testing.T) {
 		pa.receive(batch, true)
 		return pa.Counters().XmitPackets - before
 	}
-	if n := resent(2); n != 3 {
-		t.Fatalf("a NAK and its copy: %d packets resent, want 3", n)
+	if n := resent(2); n != 2 {
+		t.Fatalf("a NAK and its copy: %d packets resent, want 2", n)
 	}
-	// The resend was lost too: the responder NAKs again.
-	if n := resent(1); n != 3 {
-		t.Fatalf("a NAK after the resend: %d packets resent, want 3", n)
+	// The resends were lost too: the responder NAKs again.
+	if n := resent(1); n != 2 {
+		t.Fatalf("a NAK after the resend: %d packets resent, want 2", n)
 	}
 	setFaults(t, smh, nodes, Faults{})
-	if n := resent(1); n != 3 {
-		t.Fatalf("a third NAK: %d packets resent, want 3", n)
-	}
+	resent(1) // the rest may follow before it returns: what was sent is checked below
 	if wc := pollN(t, b.rcq, 1, time.Second)[0]; wc.Status != verbs.WCSuccess || wc.ByteLen != len(msg) {
 		t.Fatalf("after the NAKs: %+v", wc)
 	}
 	if wc := pollN(t, a.scq, 1, time.Second)[0]; wc.Status != verbs.WCSuccess {
 		t.Fatalf("send: %+v", wc)
 	}
-	if st := rcStatsOf(a); st.goBacks != 3 || st.timeouts != 0 {
-		t.Fatalf("requester: %+v, want 3 go-backs and no timeout", st)
+	mu.Lock()
+	got := strings.Join(sent, ", ")
+	mu.Unlock()
+	if want := "500 ackreq=true, 500 ackreq=true, 501 ackreq=false, 502 ackreq=true"; got != want {
+		t.Fatalf("after the third NAK: sent %q, want %q", got, want)
+	}
+	if st := rcStatsOf(a); st.selects != 3 || st.goBacks != 1 || st.timeouts != 0 {
+		t.Fatalf("requester: %+v, want 3 selective resends, a go-back and no timeout", st)
 	}
 }
 
-// TestRCResponderNAKs drives a responder with crafted packets: a packet one PSN
-// early is held until the next of its batch (the expected one: both are accepted, no
-// NAK); a gap draws a NAK sent twice; the packets after it are dropped silently until
-// the requester is seen going back (two packets in order below the highest dropped)
-// without the expected one, which draws the NAK once more.
+// TestRCResponderNAKs drives a responder with crafted packets: packets beyond the
+// expected PSN are kept; when the expected one comes later in the same batch, all are
+// accepted and one ACK names the last (no NAK); a gap left at the end of a batch draws
+// a NAK sent twice; the packets after it are kept silently until the requester is seen
+// going back (two packets in order below the highest since the NAK) without the
+// expected one, which draws the NAK once more; the expected one then delivers
+// everything kept after it, and a gap behind those draws its own NAK (no ACK: the NAK
+// acknowledges what came before it).
 func TestRCResponderNAKs(t *testing.T) {
 	_, _, nodes := fabric(t, "", "a", "b")
 	_, b := rcPair(t, nodes[0], nodes[1], rcOpts{psnA: 1000, psnB: 2000})
-	for i := range 6 {
+	for i := range 16 {
 		b.postRecv(t, verbs.RecvWR{ID: uint64(i), Buf: make([]byte, 100)})
 	}
 	pb := nodes[1].SoftPort(1)
@@ -693,21 +792,28 @@ func TestRCResponderNAKs(t *testing.T) {
 		psns []uint32
 		want string
 	}{
-		{"overtaken", []uint32{1001, 1000}, "ACK 1000, ACK 1001"},
+		{"overtaken", []uint32{1001, 1000}, "ACK 1001"},
 		{"gap", []uint32{1003}, "NAK 1002, NAK 1002"},
 		{"after the gap, two swapped", []uint32{1004, 1006, 1005, 1007}, ""},
 		{"going back without the expected one", []uint32{1003, 1004}, "NAK 1002"},
 		{"the rest of the resend", []uint32{1005, 1006}, ""},
-		{"the expected one", []uint32{1002, 1003}, "ACK 1002, ACK 1003"},
+		{"the expected one", []uint32{1002}, "ACK 1007"},
+		{"a copy of one kept", []uint32{1003}, "ACK 1007"},
+		{"two gaps", []uint32{1009, 1011}, "NAK 1008, NAK 1008"},
+		{"the first filled", []uint32{1008}, "NAK 1010, NAK 1010"},
+		{"the second", []uint32{1010}, "ACK 1011"},
 	}
 	for _, st := range steps {
 		if got := inject(st.psns...); got != st.want {
 			t.Fatalf("%s (PSNs %v): sent %q, want %q", st.name, st.psns, got, st.want)
 		}
 	}
-	delivered(1000, 1001, 1002, 1003)
-	if st := rcStatsOf(b); st.seqNAKs != 1 || st.reNAKs != 1 {
-		t.Fatalf("responder: %+v, want one NAK and one repeat", st)
+	delivered(1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010, 1011)
+	if st := rcStatsOf(b); st.seqNAKs != 3 || st.reNAKs != 1 || st.kept != 8 {
+		t.Fatalf("responder: %+v, want three NAKs, one repeat, 8 requests kept", st)
+	}
+	if n := nodes[1].oooBytes.Load(); n != 0 {
+		t.Fatalf("%d bytes still kept", n)
 	}
 }
 
@@ -1125,8 +1231,12 @@ func rcCheck(q *QP) error {
 			return fmt.Errorf("last message does not end at %#x", r.end)
 		}
 	}
-	if s.held {
-		return fmt.Errorf("PSN %#x still held after its batch", s.heldPkt.BTH.PSN)
+	prev := s.epsn
+	for _, e := range s.ooo[s.oooH:] {
+		if psnDiff(e.pkt.BTH.PSN, prev) <= 0 {
+			return fmt.Errorf("kept PSN %#x after %#x (expected PSN %#x)", e.pkt.BTH.PSN, prev, s.epsn)
+		}
+		prev = e.pkt.BTH.PSN
 	}
 	if s.inMsg && s.n > len(s.wr.Buf) {
 		return fmt.Errorf("received %d bytes into a %d-byte buffer", s.n, len(s.wr.Buf))
@@ -1203,6 +1313,13 @@ func FuzzRCReceive(f *testing.F) {
 			}
 		}
 		pb.receive([]Datagram{{Addr: nodes[0].Endpoint(1), Data: data}}, true)
+		// b's batch is over (a's may not be: it answers b on its own).
+		b.q.mu.Lock()
+		gap := b.q.rc.resp.gap
+		b.q.mu.Unlock()
+		if gap {
+			t.Fatalf("b: a gap left without a NAK after its batch")
+		}
 		for _, e := range []*rcEnd{a, b} {
 			if err := rcCheck(e.q); err != nil {
 				t.Fatalf("%s: %v", e.h.Name(), err)
