@@ -35,12 +35,14 @@ package soft
 // makes the sender resend the packet it names at once, alone, with AckReq set, and
 // twice, since a resend lost again would cost two round trips of waiting and the copy
 // costs one packet (selective repeat, as the RoCE HCAs that keep out-of-order packets
-// do): the
-// responder kept what followed the gap, and its answer says how far that reaches. An
-// ACK past the resent packet, or a NAK for a later gap, lets the sender go on; an ACK
-// for the resent packet alone (at the end of the received batch) says the responder
-// kept nothing after it (a responder without selective repeat, one out of budget, or
-// those packets lost as well), and the sender goes back N from the next. The
+// do): the responder kept what followed the gap, and its answer says how far that
+// reaches. An ACK past the resent packet, or a NAK for a later gap, lets the sender go
+// on; a NAK for the PSN right after what was just resent says a burst was lost (a
+// receive queue that overflowed), and the sender resends a run from there up to a
+// packet asking for an ACK, at least twice as long as the last; an ACK for the resent
+// packets alone (at the end of the received batch) says the responder kept nothing
+// after them (a responder without selective repeat, or those packets lost as well),
+// and the sender goes back N from the next. The
 // responder sends every sequence NAK twice, so the second copy of the NAK acted on is
 // ignored (and so is a copy the fabric duplicated in the same batch); a NAK for the
 // same PSN after that, once the resend is on the wire, means the resent packet was
@@ -75,14 +77,20 @@ package soft
 // receive buffer; LAST or ONLY completes it. A duplicate (an older PSN) is acknowledged
 // again and not delivered. A packet beyond the expected PSN is kept (copied, up to a
 // window of 1024 packets past the expected PSN, within the HCA's budget of 64 MiB;
-// beyond those it is dropped): when the expected one arrives, everything kept that
-// follows on from it is accepted with it, and one ACK names the last. A gap still open
+// beyond those it is dropped, and so is everything while an RNR NAK is outstanding,
+// since the requester then goes back): when the expected one arrives, everything kept
+// that follows on from it is accepted with it, and an ACK names the last (sent twice:
+// the requester depends on it); if requests beyond were dropped or a kept one lies
+// beyond another gap, that gap draws its NAK at once. A gap still open
 // at the end of the batch (not one the fabric only made by swapping packets) draws a
 // sequence error NAK carrying the expected PSN (sent twice, against its loss, and no
 // ACK with it), after which later packets are kept silently until the expected PSN
 // arrives, except that when the requester is seen going back (two packets in PSN order
-// below the highest PSN since the NAK) while the expected PSN is still missing, the
-// resent packet was lost as well and the NAK goes out once more. A
+// below the highest PSN since the NAK: early retransmissions, a timeout) while the
+// expected PSN is still missing, the resent packet was lost as well and the NAK goes
+// out once more. With Timeout 0 (no ACK timeout, so no early retransmission either) a
+// requester whose two copies of a resend are both lost waits for ever, as the
+// specification has it for any lost packet. A
 // FIRST or ONLY without a posted receive buffer draws an RNR NAK (and the same
 // silence). A message longer than its buffer, a wrong opcode sequence or a bad payload
 // length draws a remote invalid request NAK, completes the receive with an error and
@@ -215,7 +223,8 @@ type rcReq struct {
 	// ACK ending at it (it kept nothing after it: go back N from there).
 	selOn   bool
 	selPSN  uint32
-	selOwed bool // the pump has yet to send it
+	selEnd  uint32 // the last PSN resent with it (a run after a burst)
+	selOwed bool   // the pump has yet to send it
 	// Selective resends in the window from lossFrom (lossN of them): beyond
 	// rcLossCut of a window the losses are congestion's, and the window is cut.
 	lossFrom uint32
@@ -237,7 +246,7 @@ type rcReq struct {
 	rttOn     bool // a measurement is running: rttPSN was sent at rttAt
 	rttPSN    uint32
 	rttAt     time.Time
-	retxAt    time.Time // last go-back-N or early retransmission
+	retxAt    time.Time // last go-back-N, selective resend or early retransmission
 	earlyN    uint8     // early retransmissions since the last progress
 	resend    bool      // an early retransmission of una..resendEnd is owed
 	resendEnd uint32
@@ -247,8 +256,9 @@ type rcReq struct {
 type rcResp struct {
 	epsn       uint32 // expected PSN
 	msn        uint32 // messages completed
-	nakSent    bool   // a NAK went out for epsn: drop silently until it arrives
-	nakHi      uint32 // highest PSN dropped since the NAK
+	nakSent    bool   // a NAK went out for epsn: no other until it arrives (or the requester goes back without it)
+	rnrSent    bool   // that NAK was an RNR NAK: the requester goes back N, so nothing is kept
+	nakHi      uint32 // highest PSN seen since the NAK
 	nakBack    bool   // a PSN below nakHi arrived since: the requester may have gone back
 	nakBackPSN uint32 // the last such PSN
 	inMsg      bool   // between FIRST and LAST
@@ -260,6 +270,7 @@ type rcResp struct {
 	ackFirst   bool   // an earlier accepted packet of the batch owed the ACK
 	ackPSN     uint32 // that packet's PSN and the MSN then
 	ackMSN     uint32
+	ackTwice   bool     // the batch accepted kept requests: its ACK goes twice
 	peer       ctlRoute // where the last accepted request came from
 
 	// Requests that arrived beyond a gap, kept (copied, in PSN order, live from
@@ -271,6 +282,10 @@ type rcResp struct {
 	// packets has closed again.
 	gap   bool
 	gapHi uint32
+	// dropHi is the highest request beyond a gap that was not kept (window or
+	// budget), while dropped: once the gap fills, the gap is there again.
+	dropped bool
+	dropHi  uint32
 }
 
 // oooPkt is a kept request; pkt.Payload is *buf.
@@ -860,8 +875,7 @@ func (q *QP) rcCollectLocked(dst []Datagram) []Datagram {
 	sent := 0
 	if sel {
 		// Twice: a resend lost again costs an early retransmission's wait
-		// (two round trips at least), the copy only its packet; the responder
-		// acknowledges the second as a duplicate, so the answer goes twice too.
+		// (two round trips at least), the copy only its packet.
 		if ok {
 			b := r.ackReqCopy(r.selPSN, sgid, dgid)
 			dst = append(dst, Datagram{Addr: addr, Data: b}, Datagram{Addr: addr, Data: b})
@@ -1051,22 +1065,22 @@ func (r *rcReq) goBack(psn uint32, now time.Time) {
 	}
 }
 
-// lossy counts a packet lost at psn and reports whether more than one in rcLossCut of
+// lossy counts n packets lost from psn on and reports whether more than one in rcLossCut of
 // the last window's packets were lost. Random loss on the fabric costs a selective
 // resend only its lost packet, so it does not cut the window (at 2% loss a window cut
 // at each loss would sit at rcWinMin, as TCP's would); a responder that drops much
 // more than that is overrun, and the window is cut as for a go-back.
-func (r *rcReq) lossy(psn uint32) bool {
+func (r *rcReq) lossy(psn uint32, n int) bool {
 	if r.lossN == 0 || psnDiff(psn, psnAdd(r.lossFrom, r.cwnd)) >= 0 {
 		r.lossFrom, r.lossN = psn, 0
 	}
-	r.lossN++
+	r.lossN += n
 	return r.lossN > max(r.cwnd/rcLossCut, 1)
 }
 
 // selectPSN makes the pump resend psn alone.
 func (r *rcReq) selectPSN(psn uint32, now time.Time) {
-	r.selOn, r.selPSN, r.selOwed = true, psn, true
+	r.selOn, r.selPSN, r.selEnd, r.selOwed = true, psn, psn, true
 	r.retxAt = now
 	if r.rttOn && psnDiff(r.rttPSN, psn) >= 0 {
 		r.rttOn = false // waits for the resend: the sample would measure the recovery
@@ -1084,11 +1098,12 @@ func (q *QP) rcSelectiveDoneLocked() bool {
 		return false
 	}
 	r.selOn = false
-	if r.una != psnAdd(r.selPSN, 1) || psnDiff(r.smax, r.una) <= 0 || q.state != verbs.QPRTS || r.rnrWait {
+	if r.una != psnAdd(r.selEnd, 1) || psnDiff(r.smax, r.una) <= 0 || q.state != verbs.QPRTS || r.rnrWait {
 		return false
 	}
 	rc.stats.goBacks++
 	r.goBack(r.una, q.hca.cfg.Clock.Now())
+	r.cut() // a responder out of budget is overloaded
 	return true
 }
 
@@ -1258,7 +1273,7 @@ func (q *QP) rcFlush() {
 		// The gap did not close in the batch: the expected packet was lost. The NAK
 		// acknowledges what came before it, so no ACK goes with it.
 		q.rcGapLocked(s.gapHi)
-		s.ackPending, s.ackFirst, s.unacked = false, false, 0
+		s.ackPending, s.ackFirst, s.unacked, s.ackTwice = false, false, 0, false
 	}
 	s.gap = false
 	ctl := rc.ctl
@@ -1271,8 +1286,12 @@ func (q *QP) rcFlush() {
 			ctl = append(ctl, q.rcCtlPacketLocked(synACK, s.ackPSN, s.ackMSN))
 		}
 		ctl = append(ctl, q.rcCtlPacketLocked(synACK, last, s.msn))
+		if s.ackTwice {
+			ctl = append(ctl, ctl[len(ctl)-1])
+		}
 		s.ackPending, s.ackFirst, s.unacked = false, false, 0
 	}
+	s.ackTwice = false
 	kick := rc.kick
 	rc.kick = false
 	q.mu.Unlock()
@@ -1339,7 +1358,19 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, cb *cqBatch) {
 		q.rcDropKeptLocked()
 		return
 	}
-	q.rcDrainLocked(cb)
+	if s.oooH < len(s.ooo) {
+		q.rcDrainLocked(cb)
+	} else if s.gap && psnDiff(s.gapHi, s.epsn) < 0 {
+		s.gap = false // the expected packet was only overtaken
+	}
+	if s.dropped {
+		if psnDiff(s.dropHi, s.epsn) < 0 {
+			s.dropped = false
+		} else if !s.gap {
+			// Requests beyond were dropped: the gap is still there.
+			s.gap, s.gapHi = true, s.dropHi
+		}
+	}
 }
 
 // rcKeepLocked keeps a request d PSNs beyond the expected one, if the window and the
@@ -1353,13 +1384,16 @@ func (q *QP) rcKeepLocked(pkt *wire.Packet, d int) {
 	if found {
 		return
 	}
+	if s.rnrSent {
+		return // the requester resends everything from the RNR NAK's PSN
+	}
 	if d > rcWinMaxPkts || len(live) >= rcWinMaxPkts || len(pkt.Payload) > oooBufCap {
-		rc.stats.notKept++
+		q.rcNotKeptLocked(psn)
 		return
 	}
 	if q.hca.oooBytes.Add(oooBufCap) > rcOOOBudget {
 		q.hca.oooBytes.Add(-oooBufCap)
-		rc.stats.notKept++
+		q.rcNotKeptLocked(psn)
 		return
 	}
 	rc.stats.kept++
@@ -1376,6 +1410,15 @@ func (q *QP) rcKeepLocked(pkt *wire.Packet, d int) {
 	s.ooo = slices.Insert(s.ooo, i, e)
 }
 
+// rcNotKeptLocked notes a request beyond a gap that could not be kept.
+func (q *QP) rcNotKeptLocked(psn uint32) {
+	s := &q.rc.resp
+	q.rc.stats.notKept++
+	if !s.dropped || psnDiff(psn, s.dropHi) > 0 {
+		s.dropped, s.dropHi = true, psn
+	}
+}
+
 // rcDrainLocked accepts the kept requests that now follow on from the expected PSN,
 // and notes the gap if kept ones remain beyond another.
 func (q *QP) rcDrainLocked(cb *cqBatch) {
@@ -1383,10 +1426,11 @@ func (q *QP) rcDrainLocked(cb *cqBatch) {
 	drained := false
 	defer func() {
 		if drained && q.state != verbs.QPErr {
-			// One ACK, for the last packet accepted: an ACK for the packet that
-			// filled the gap alone would tell a selective requester that nothing
-			// after it was kept.
-			s.ackPending, s.ackFirst = true, false
+			// One ACK, for the last packet accepted, sent twice: an ACK for the
+			// packet that filled the gap alone would tell a selective requester
+			// that nothing after it was kept, and a lost one would cost it two
+			// round trips.
+			s.ackPending, s.ackFirst, s.ackTwice = true, false, true
 		}
 	}()
 	for s.oooH < len(s.ooo) {
@@ -1475,7 +1519,7 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 		wr, ok, last := q.takeRecvLocked()
 		if !ok {
 			// No receive buffer: RNR NAK; the requester retries after the delay.
-			s.nakSent = true
+			s.nakSent, s.rnrSent = true, true
 			s.nakHi, s.nakBack = psn, false
 			rc.stats.rnrNAKs++
 			q.rcNAKLocked(synRNR|rcMinRNRTimer, psn)
@@ -1495,7 +1539,7 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 	copy(s.wr.Buf[s.n:], pkt.Payload)
 	s.n += n
 	s.epsn = psnAdd(s.epsn, 1)
-	s.nakSent = false
+	s.nakSent, s.rnrSent = false, false
 	s.unacked++
 	if last {
 		if s.lastBuf {
@@ -1510,11 +1554,11 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 	}
 }
 
-// rcGapLocked handles a request packet beyond the expected PSN. The first draws a
-// sequence NAK; the following ones are dropped silently, except that when the requester
-// is seen going back (two packets in order below the highest PSN dropped since the
-// NAK) and the expected PSN is still missing, the resent packet was lost too, and the
-// NAK goes out again.
+// rcGapLocked handles a request packet beyond the expected PSN (kept or not). The
+// first draws a sequence NAK; the following ones draw none, except that when the
+// requester is seen going back (two packets in order below the highest PSN since the
+// NAK: an early retransmission, a timeout's or a go-back's) and the expected PSN is
+// still missing, the resent packet was lost too, and the NAK goes out again.
 func (q *QP) rcGapLocked(psn uint32) {
 	s := &q.rc.resp
 	switch {
@@ -1599,7 +1643,7 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 			// The responder sends a sequence NAK twice, so the second copy is no news.
 			// A NAK for the same PSN after that, once the resend is on its way, says
 			// the resent packet was lost too: resend it again.
-			if r.nakTwin || r.selOwed {
+			if r.nakTwin || r.selOwed || r.resend {
 				r.nakTwin = false
 				return
 			}
@@ -1608,8 +1652,24 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		}
 		r.nakSeen, r.nakPSN = true, psn
 		rc.stats.selects++
-		r.selectPSN(psn, q.hca.cfg.Clock.Now())
-		if r.lossy(psn) {
+		now := q.hca.cfg.Clock.Now()
+		if r.selOn && psnDiff(psn, r.selPSN) > 0 && psnDiff(psn, psnAdd(r.selEnd, 1)) <= 0 {
+			// The packet after the last resend is missing too: a burst was lost
+			// (a receive queue that overflowed). Resend a run up to a packet
+			// asking for an ACK, at least twice as long as the last, rather than
+			// one packet per round trip.
+			n := min(max(2*(psnDiff(r.selEnd, r.selPSN)+1), rcAckReqSpace), r.cwnd)
+			end := q.rcProbeEndLocked(psnAdd(psn, n-1))
+			if psnDiff(end, r.smax) >= 0 {
+				end = psnAdd(r.smax, -1)
+			}
+			r.selectPSN(psn, now)
+			r.selEnd, r.selOwed = end, false
+			r.resend, r.resendEnd = true, end
+		} else {
+			r.selectPSN(psn, now)
+		}
+		if r.lossy(psn, psnDiff(r.selEnd, psn)+1) {
 			r.cut()
 		}
 		rc.kick = true
