@@ -152,6 +152,9 @@ func main() {
 				if *loss > 0 && mtu == 65520 { // RC carries it; in datagram mode TCP sees the loss
 					fmt.Printf("       with %g%% loss: %.0f MB/s over RC (aim at 2%%: >= 500 MB/s)\n", *loss, ib.gbps*1e3/8)
 				}
+				if ib.fabric != "" {
+					fmt.Printf("       %s\n", ib.fabric)
+				}
 			}
 		}
 	}
@@ -164,6 +167,8 @@ type result struct {
 	// gigabyte iperf3 moved: what the engine costs, less sensitive than Gb/s to
 	// whatever else the machine runs.
 	cpu float64 // seconds per GB
+	// fabric says what the fabric carried (ipoib only).
+	fabric string
 }
 
 func die(format string, a ...any) {
@@ -244,7 +249,30 @@ func measureIPoIB(dir string, mtu int, offloads bool, prof *profiling) (result, 
 			}
 		}
 	}
-	return measurePair(nsA, nsB, "ib0", "ib0", mtu, offloads, []*exec.Cmd{a, b}, prof)
+	r, err := measurePair(nsA, nsB, "ib0", "ib0", mtu, offloads, []*exec.Cmd{a, b}, prof)
+	if err == nil {
+		// What the fabric carried: a sender's packets beyond what its peer received
+		// were lost (injected loss, or a receive socket that overflowed).
+		ax, _ := portCounter(mA, "port_xmit_packets")
+		br, _ := portCounter(mB, "port_rcv_packets")
+		bx, _ := portCounter(mB, "port_xmit_packets")
+		ar, _ := portCounter(mA, "port_rcv_packets")
+		r.fabric = fmt.Sprintf("fabric packets: a sent %d, b received %d; b sent %d, a received %d", ax, br, bx, ar)
+	}
+	return r, err
+}
+
+// portCounter reads a port counter of the daemon mounted at m.
+func portCounter(m, name string) (uint64, error) {
+	files, _ := filepath.Glob(filepath.Join(m, "class/infiniband/*/ports/1/counters", name))
+	if len(files) != 1 {
+		return 0, fmt.Errorf("%s: %d counters named %s", m, len(files), name)
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 }
 
 func measureVeth(mtu int, offloads bool) (result, error) {
