@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/coder/quartz v0.3.1
 	github.com/coreos/go-systemd/v22 v22.7.0
+	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/go-cmp v0.7.0
 	github.com/google/gopacket v1.1.19
 	github.com/hanwen/go-fuse/v2 v2.12.1

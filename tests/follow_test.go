@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -540,5 +541,28 @@ func TestFollowPortDeviceMadeAgainOnceItCan(t *testing.T) {
 	idx := strings.SplitN(ipOut(t, ns, "-o", "link", "show", "ib0"), ":", 2)[0]
 	if got := read("class/net/ib0/ifindex"); got != idx {
 		t.Errorf("class/net/ib0/ifindex = %q, the device's index is %s", got, idx)
+	}
+}
+
+// `ip netns del` of the daemon's namespace is said when it happens, in the daemon's
+// log, not first at the next create_child, which then fails with ENODEV and makes no
+// child.
+func TestNamespaceDeletedIsSaid(t *testing.T) {
+	requireE2E(t)
+	mnt := treeMountDir(t)
+	treeNoMountAt(t, mnt)
+	ns := netns(t, "nsd")
+	d := startDaemon(t, "nsd", "-sm", "127.0.1.105:4791", "-netns", ns, "-mount", mnt)
+	waitLink(t, ns, "ib0")
+	waitTree(t, mnt)
+	mustRun(t, "ip", "netns", "del", ns)
+	said := fmt.Sprintf("network namespace %s was deleted (ip netns del)", ns)
+	waitUntil(t, "the deletion in the daemon's log", func() bool { return strings.Contains(d.log.String(), said) })
+	err := os.WriteFile(mnt+"/class/net/ib0/create_child", []byte("0x8005\n"), 0)
+	if !errors.Is(err, unix.ENODEV) {
+		t.Fatalf("create_child after the namespace was deleted: %v, want ENODEV", err)
+	}
+	if _, err := os.Stat(mnt + "/class/net/ib0.8005"); err == nil {
+		t.Fatalf("ib0.8005 made in a deleted namespace")
 	}
 }

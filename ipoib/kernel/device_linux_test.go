@@ -1240,16 +1240,30 @@ func TestReadDuringDeleteEndsWithErrClosed(t *testing.T) {
 	WaitReleased()
 }
 
-// A namespace deleted (ip netns del) while this process has devices in it is not
-// quietly made again for the next device, nor replaced by one of the same name made
-// since: the next Open says the namespace is gone, until the old namespace's devices
-// are gone too.
+// A namespace deleted (ip netns del) while this process has devices in it is said at
+// once (OnNamespaceGone), is not quietly made again for the next device, nor replaced
+// by one of the same name made since: the next Open says the namespace is gone, until
+// the old namespace's devices are gone too. Deleting it then says nothing.
 func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "n")
+	gone := make(chan string, 4)
+	OnNamespaceGone(func(name string) {
+		if name == ns {
+			select {
+			case gone <- name:
+			default:
+			}
+		}
+	})
 	d := open(t, Config{Name: uniq("n"), MTU: 2044, NetNS: ns}) // creates ns
 	if err := netns.DeleteNamed(ns); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("deleting namespace %s with a device in it was not said", ns)
 	}
 	if _, err := Open(Config{Name: uniq("n"), MTU: 2044, NetNS: ns}); !errors.Is(err, ErrNamespaceGone) {
 		t.Fatalf("Open in the deleted namespace: %v, want ErrNamespaceGone", err)
@@ -1273,6 +1287,17 @@ func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
 	}
 	again.Close()
 	WaitReleased()
+	// With a device elsewhere, the watch runs on; deleting a namespace without
+	// devices of ours says nothing.
+	open(t, Config{Name: uniq("n"), MTU: 2044, NetNS: testNS(t, "n")})
+	if err := netns.DeleteNamed(ns); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-gone:
+		t.Fatalf("deleting namespace %s without devices in it was said", ns)
+	case <-time.After(300 * time.Millisecond):
+	}
 }
 
 // The ...IfChanged setters push a value unless the device holds it as far as this

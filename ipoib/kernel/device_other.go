@@ -11,6 +11,9 @@ import (
 // Device is one TUN device. On this system none can be opened.
 type Device struct{ name string }
 
+// OnNamespaceGone does nothing: there are no network namespaces here.
+func OnNamespaceGone(fn func(name string)) {}
+
 // Open always fails with ErrUnavailable outside Linux.
 func Open(cfg Config) (*Device, error) {
 	if err := cfg.validate(); err != nil {

@@ -284,6 +284,7 @@ func acquireWorker(ns netns.NsHandle) (*nsWorker, error) {
 		return nil, err
 	}
 	workers[key] = w
+	startNSWatchLocked()
 	return w, nil
 }
 
@@ -304,6 +305,9 @@ func (w *nsWorker) release() {
 	if w.refs--; w.refs == 0 {
 		if workers[w.key] == w {
 			delete(workers, w.key)
+		}
+		if len(workers) == 0 {
+			stopNSWatchLocked()
 		}
 		close(w.stop)
 	}
