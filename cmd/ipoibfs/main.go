@@ -286,12 +286,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	// ip netns del of the daemon's namespace, said when it happens: the devices live
 	// on in the namespace where the name no longer leads, and children cannot be
 	// made until the daemon starts again.
-	kernel.OnNamespaceGone(func(name string) {
+	defer kernel.OnNamespaceGone(func(name string) {
 		msg := fmt.Sprintf("network namespace %s was deleted (ip netns del) while this daemon's devices live in it: "+
 			"they go on where the name no longer leads; create_child fails with ENODEV until the daemon restarts", name)
 		log.Print(msg)
 		evlog.Emit(msg)
-	})
+	})()
 	brs := startBridges(eng, *netns, *queues)
 	defer brs.close()
 	bonds := startBonds(eng, *netns) // bond.go

@@ -1248,14 +1248,14 @@ func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
 	prereqs(t)
 	ns := testNS(t, "n")
 	gone := make(chan string, 4)
-	OnNamespaceGone(func(name string) {
+	defer OnNamespaceGone(func(name string) {
 		if name == ns {
 			select {
 			case gone <- name:
 			default:
 			}
 		}
-	})
+	})()
 	d := open(t, Config{Name: uniq("n"), MTU: 2044, NetNS: ns}) // creates ns
 	if err := netns.DeleteNamed(ns); err != nil {
 		t.Fatal(err)

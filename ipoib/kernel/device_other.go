@@ -12,7 +12,7 @@ import (
 type Device struct{ name string }
 
 // OnNamespaceGone does nothing: there are no network namespaces here.
-func OnNamespaceGone(fn func(name string)) {}
+func OnNamespaceGone(fn func(name string)) (stop func()) { return func() {} }
 
 // Open always fails with ErrUnavailable outside Linux.
 func Open(cfg Config) (*Device, error) {

@@ -19,18 +19,30 @@ const netnsDir = "/run/netns"
 // the event buffer parsing and the close of a blocked read.
 var nsWatch struct {
 	mu     sync.Mutex
-	onGone []func(name string)
+	onGone map[int]func(name string)
+	next   int
 	w      *fsnotify.Watcher // under workersMu
 }
 
-// OnNamespaceGone calls fn (from the watch's goroutine, one name at a time) with the
-// name of each named network namespace deleted while devices of this process live in
-// it. The devices live on in the namespace, where the name no longer leads, and Open
-// in that name fails with ErrNamespaceGone until they are closed.
-func OnNamespaceGone(fn func(name string)) {
+// OnNamespaceGone calls fn (from the watch's goroutine) with the name of each named
+// network namespace deleted while devices of this process live in it, until the
+// returned function is called. The devices live on in the namespace, where the name
+// no longer leads, and Open in that name fails with ErrNamespaceGone until they are
+// closed.
+func OnNamespaceGone(fn func(name string)) (stop func()) {
 	nsWatch.mu.Lock()
 	defer nsWatch.mu.Unlock()
-	nsWatch.onGone = append(nsWatch.onGone, fn)
+	if nsWatch.onGone == nil {
+		nsWatch.onGone = map[int]func(string){}
+	}
+	id := nsWatch.next
+	nsWatch.next++
+	nsWatch.onGone[id] = fn
+	return func() {
+		nsWatch.mu.Lock()
+		defer nsWatch.mu.Unlock()
+		delete(nsWatch.onGone, id)
+	}
 }
 
 // startNSWatchLocked starts the watch with the first namespace worker. Called with
@@ -71,7 +83,23 @@ func nsWatchLoop(w *fsnotify.Watcher) {
 			if !ok {
 				return
 			}
-			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+			if !ev.Has(fsnotify.Remove) && !ev.Has(fsnotify.Rename) {
+				continue
+			}
+			workersMu.Lock()
+			current := nsWatch.w == w // not one closing while its successor runs
+			if current && filepath.Clean(ev.Name) == netnsDir {
+				// The directory itself went: the watch with it. The next namespace
+				// worker starts another.
+				nsWatch.w = nil
+				go w.Close()
+			}
+			workersMu.Unlock()
+			switch {
+			case !current:
+			case filepath.Clean(ev.Name) == netnsDir:
+				log.Printf("watch %s: the directory was removed; a deleted namespace is noticed at the next device made in it", netnsDir)
+			default:
 				namespaceRemoved(filepath.Base(ev.Name))
 			}
 		case err, ok := <-w.Errors:
@@ -93,7 +121,10 @@ func namespaceRemoved(name string) {
 		return
 	}
 	nsWatch.mu.Lock()
-	fns := append([]func(string){}, nsWatch.onGone...)
+	fns := make([]func(string), 0, len(nsWatch.onGone))
+	for _, fn := range nsWatch.onGone {
+		fns = append(fns, fn)
+	}
 	nsWatch.mu.Unlock()
 	for _, fn := range fns {
 		fn(name)

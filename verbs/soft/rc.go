@@ -284,8 +284,9 @@ type rcResp struct {
 	gapHi uint32
 	// dropHi is the highest request beyond a gap that was not kept (window or
 	// budget), while dropped: once the gap fills, the gap is there again.
-	dropped bool
-	dropHi  uint32
+	dropped    bool
+	dropHi     uint32
+	gapDropped bool // gap is that of dropped requests
 }
 
 // oooPkt is a kept request; pkt.Payload is *buf.
@@ -1274,8 +1275,14 @@ func (q *QP) rcFlush() {
 		// acknowledges what came before it, so no ACK goes with it.
 		q.rcGapLocked(s.gapHi)
 		s.ackPending, s.ackFirst, s.unacked, s.ackTwice = false, false, 0, false
+		if s.gapDropped {
+			// The gap behind dropped requests is NAKed this once: after that the
+			// requester's resends come in order (a go-back over several batches),
+			// and a NAK per batch would only draw duplicates.
+			s.dropped = false
+		}
 	}
-	s.gap = false
+	s.gap, s.gapDropped = false, false
 	ctl := rc.ctl
 	rc.ctl = nil
 	if s.ackPending && (q.state == verbs.QPRTR || q.state == verbs.QPRTS) {
@@ -1368,7 +1375,7 @@ func (q *QP) rcRequestLocked(pkt *wire.Packet, src ctlRoute, cb *cqBatch) {
 			s.dropped = false
 		} else if !s.gap {
 			// Requests beyond were dropped: the gap is still there.
-			s.gap, s.gapHi = true, s.dropHi
+			s.gap, s.gapHi, s.gapDropped = true, s.dropHi, true
 		}
 	}
 }
@@ -1476,9 +1483,11 @@ func (q *QP) rcReleaseKept(e *oooPkt) {
 	*e = oooPkt{}
 }
 
-// rcDropKeptLocked forgets every kept request.
+// rcDropKeptLocked forgets every kept request (and any dropped: the requester goes
+// back over them).
 func (q *QP) rcDropKeptLocked() {
 	s := &q.rc.resp
+	s.dropped = false
 	for i := s.oooH; i < len(s.ooo); i++ {
 		q.rcReleaseKept(&s.ooo[i])
 	}
@@ -1519,7 +1528,7 @@ func (q *QP) rcAcceptLocked(pkt *wire.Packet, cb *cqBatch) {
 		wr, ok, last := q.takeRecvLocked()
 		if !ok {
 			// No receive buffer: RNR NAK; the requester retries after the delay.
-			s.nakSent, s.rnrSent = true, true
+			s.nakSent, s.rnrSent, s.dropped = true, true, false
 			s.nakHi, s.nakBack = psn, false
 			rc.stats.rnrNAKs++
 			q.rcNAKLocked(synRNR|rcMinRNRTimer, psn)
@@ -1653,7 +1662,7 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		r.nakSeen, r.nakPSN = true, psn
 		rc.stats.selects++
 		now := q.hca.cfg.Clock.Now()
-		if r.selOn && psnDiff(psn, r.selPSN) > 0 && psnDiff(psn, psnAdd(r.selEnd, 1)) <= 0 {
+		if r.selOn && psn == psnAdd(r.selEnd, 1) {
 			// The packet after the last resend is missing too: a burst was lost
 			// (a receive queue that overflowed). Resend a run up to a packet
 			// asking for an ACK, at least twice as long as the last, rather than

@@ -585,8 +585,9 @@ func TestRCSequenceNAKResends(t *testing.T) {
 // filled; a NAK for the PSN right after a resend says a burst was lost, and the rest
 // is resent as a run. With room for two, the gap behind them draws a NAK of its own
 // once the first is filled (there is no ACK timeout here: without that NAK the
-// transfer would stall). A burst of three lost is resent as a run after the second
-// NAK. Both PSN spaces wrap in the middle.
+// transfer would stall), once: the ACK for that resend alone then sends the requester
+// back N. A burst of three lost is resent as a run after the second NAK. Both PSN
+// spaces wrap in the middle.
 func TestRCSelectiveRepeat(t *testing.T) {
 	cases := []struct {
 		name                string
@@ -598,7 +599,7 @@ func TestRCSelectiveRepeat(t *testing.T) {
 	}{
 		{"one lost", 4, 1, -1, 4 + 2, 1, 0, 3, 0, 1},
 		{"budget spent", 4, 1, 0, 4 + 2 + 3, 2, 0, 0, 3, 2},
-		{"room for two", 6, 1, 2, 6 + 2 + 2 + 2, 3, 0, 2, 3, 3},
+		{"room for two", 6, 1, 2, 6 + 2 + 2 + 2, 2, 1, 2, 3, 2},
 		{"a burst", 8, 3, -1, 8 + 2 + 7, 2, 0, 5, 0, 2},
 	}
 	for _, c := range cases {
