@@ -76,6 +76,12 @@ type MulticastHost interface {
 	SetMulticast(on bool)
 }
 
+// UserFlagsHost is a Host whose device has IFF_PROMISC and IFF_ALLMULTI of its own;
+// SetUserFlags gets both, as dev->flags bits.
+type UserFlagsHost interface {
+	SetUserFlags(f uint32)
+}
+
 // Options configure an engine.
 type Options struct {
 	Params *Params

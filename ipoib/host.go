@@ -67,6 +67,19 @@ func (i *Interface) pushMulticast() {
 	}
 }
 
+// pushUserFlags tells a host that follows them the current IFF_PROMISC and
+// IFF_ALLMULTI.
+func (i *Interface) pushUserFlags() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	i.mu.Lock()
+	f, h := i.flagBits&iffUser, i.data().host
+	i.mu.Unlock()
+	if uh, ok := h.(UserFlagsHost); ok {
+		uh.SetUserFlags(f)
+	}
+}
+
 // pushOffloads tells the host the current effective features.
 func (i *Interface) pushOffloads() {
 	i.hostMu.Lock()

@@ -79,7 +79,8 @@ type Interface struct {
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	txQueueLen    uint32
-	noMulticast   bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	noMulticast   bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	flagBits      uint32 // the iffStored and iffUser bits of dev->flags, as written
 	closed        bool
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
@@ -373,22 +374,57 @@ func (i *Interface) Flags() uint32 {
 	if i.bond.Load() != nil {
 		f |= iffSlave // bond_enslave sets it, __bond_release_one clears it
 	}
-	return f
+	return f | i.flagBits
 }
 
 // The dev->flags bits an IPoIB netdev shows (include/uapi/linux/if.h).
-const iffUp, iffBroadcast, iffSlave, iffMulticast = 0x1, 0x2, 0x800, 0x1000
+const (
+	iffUp, iffBroadcast, iffDebug, iffNoTrailers, iffNoARP = 0x1, 0x2, 0x4, 0x20, 0x80
+	iffPromisc, iffAllMulti, iffSlave, iffMulticast        = 0x100, 0x200, 0x800, 0x1000
+	iffPortSel, iffAutoMedia, iffDynamic                   = 0x2000, 0x4000, 0x8000
+	// iffStored are kept as written (dev_change_flags), with no use here.
+	iffStored = iffDebug | iffNoTrailers | iffNoARP | iffPortSel | iffAutoMedia | iffDynamic
+	// iffUser are promiscuous and all-multicast as users ask for them (the kernel's
+	// gflags): IPoIB has no address filter to open, but the kernel device follows.
+	iffUser = iffPromisc | iffAllMulti
+)
 
 // SetFlags applies a write of flags as dev_change_flags does for an IPoIB netdev:
-// IFF_MULTICAST is taken as written and IFF_UP opens or stops the interface; the
-// other bits a netdev keeps (IFF_BROADCAST) or that this engine has no use for are
-// ignored. The administrative state goes first, so that a refusal changes nothing.
+// IFF_UP opens or stops the interface; IFF_MULTICAST, IFF_PROMISC, IFF_ALLMULTI and
+// the bits a netdev only keeps (DEBUG, NOTRAILERS, NOARP, PORTSEL, AUTOMEDIA,
+// DYNAMIC) are taken as written; the rest (BROADCAST, SLAVE, ...) are the device's
+// own. The administrative state goes first, so that a refusal changes nothing.
 func (i *Interface) SetFlags(f uint32) error {
 	if err := i.SetUp(f&iffUp != 0); err != nil {
 		return err
 	}
 	i.SetMulticast(f&iffMulticast != 0)
+	i.mu.Lock()
+	i.flagBits = i.flagBits&^iffStored | f&iffStored
+	i.mu.Unlock()
+	i.SetUserFlags(f)
 	return nil
+}
+
+// SetUserFlags sets IFF_PROMISC and IFF_ALLMULTI as f has them (a flags write, or ip
+// link set promisc/allmulticast on the kernel device); the kernel device follows.
+func (i *Interface) SetUserFlags(f uint32) {
+	i.mu.Lock()
+	old := i.flagBits & iffUser
+	i.flagBits = i.flagBits&^iffUser | f&iffUser
+	i.mu.Unlock()
+	if old == f&iffUser {
+		return
+	}
+	for _, b := range []struct {
+		bit  uint32
+		name string
+	}{{iffPromisc, "promiscuous mode"}, {iffAllMulti, "all-multicast mode"}} {
+		if (old^f)&b.bit != 0 {
+			i.e.event("%s: %s %s", i.Name(), b.name, onOff(f&b.bit != 0))
+		}
+	}
+	i.pushUserFlags()
 }
 
 // Multicast reports IFF_MULTICAST, which a netdev starts with.
@@ -464,6 +500,7 @@ func (i *Interface) AttachHost(h Host) {
 	i.setLocked(func(d *dataState) { d.host = h })
 	d := i.data()
 	mtu, carrier, up, f, txq, mcast := d.mtu, d.carrier, d.up, i.effectiveFeaturesLocked(), i.txQueueLen, !i.noMulticast
+	user := i.flagBits & iffUser
 	i.mu.Unlock()
 	if h == nil {
 		return
@@ -476,6 +513,9 @@ func (i *Interface) AttachHost(h Host) {
 	}
 	if mh, ok := h.(MulticastHost); ok {
 		mh.SetMulticast(mcast)
+	}
+	if uh, ok := h.(UserFlagsHost); ok {
+		uh.SetUserFlags(user)
 	}
 	if ah, ok := h.(AdminHost); ok {
 		ah.SetAdminUp(up)

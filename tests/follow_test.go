@@ -170,6 +170,34 @@ func TestFollowLinkChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	until("multicast on the device after the flags write", func() bool { return mcast("ib0.8001") })
+	// IFF_PROMISC and IFF_ALLMULTI both ways too (ip link set promisc/allmulticast);
+	// DEBUG and NOARP are kept as written, as a netdev keeps them.
+	devFlag := func(dev, flag string) bool {
+		out := ipOut(t, ns, "link", "show", dev)
+		return strings.Contains(out, "<"+flag) || strings.Contains(out, ","+flag)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "promisc", "on")
+	until("promisc in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1103" })
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "allmulticast", "on")
+	until("allmulti in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1303" })
+	if err := os.WriteFile(td.path("class/net/ib0.8001/flags"), []byte("0x1087\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := read("class/net/ib0.8001/flags"); got != "0x1087" {
+		t.Errorf("flags after writing 0x1087: %s", got)
+	}
+	until("promisc and allmulti off on the device after the flags write", func() bool {
+		return !devFlag("ib0.8001", "PROMISC") && !devFlag("ib0.8001", "ALLMULTI")
+	})
+	if err := os.WriteFile(td.path("class/net/ib0.8001/flags"), []byte("0x1103\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	until("promisc on the device after the flags write", func() bool { return devFlag("ib0.8001", "PROMISC") })
+	if got := read("class/net/ib0.8001/flags"); got != "0x1103" {
+		t.Errorf("flags after writing 0x1103: %s", got)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "promisc", "off")
+	until("promisc off in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
 
 	// Down: groups left, carrier off, the child follows; up: all back, same link-local.
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "down")

@@ -56,6 +56,7 @@ const (
 	attrMTU
 	attrTxq
 	attrMulticast
+	attrUserFlags
 )
 
 // adoption is a device's attribute and the value the engine is being made to follow;
@@ -179,6 +180,10 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
 		b.adopt(attrMulticast, l.Multicast, func() { b.i.SetMulticast(l.Multicast) })
+	}
+	if l.UserFlagsChanged {
+		// ip link set promisc/allmulticast: the interface's flags show them.
+		b.adopt(attrUserFlags, l.UserFlags, func() { b.i.SetUserFlags(l.UserFlags) })
 	}
 	if l.FeaturesChanged {
 		// ethtool -K on the device: the request the engine keeps; the mode's
@@ -426,6 +431,11 @@ func (b *bridge) SetMulticast(on bool) {
 	b.logErr(push(&b.adopter, attrMulticast, on, b.dev.SetMulticast, b.dev.SetMulticastIfChanged))
 }
 
+// SetUserFlags follows the interface's IFF_PROMISC and IFF_ALLMULTI (a flags write).
+func (b *bridge) SetUserFlags(f uint32) {
+	b.logErr(push(&b.adopter, attrUserFlags, f, b.dev.SetUserFlags, b.dev.SetUserFlagsIfChanged))
+}
+
 // SetAdminUp follows the interface's own up/down (a child following its parent).
 func (b *bridge) SetAdminUp(up bool) {
 	if up {
@@ -449,6 +459,7 @@ var (
 	_ ipoib.AdminHost     = (*bridge)(nil)
 	_ ipoib.TxQueueHost   = (*bridge)(nil)
 	_ ipoib.MulticastHost = (*bridge)(nil)
+	_ ipoib.UserFlagsHost = (*bridge)(nil)
 )
 
 // bridges keeps one bridge per engine interface. The engine calls Create and Delete

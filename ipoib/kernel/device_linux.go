@@ -56,6 +56,7 @@ type Device struct {
 	setMu     sync.Mutex  // SetMTU and SetUp against linkState's comparison
 	up        bool        // IFF_UP as last set or reported (under setMu)
 	noMcast   bool        // IFF_MULTICAST off as last set or reported (under setMu); a TUN starts with it on
+	user      uint32      // IFF_PROMISC|IFF_ALLMULTI as last set or reported (under setMu)
 	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
 	featKnown bool
 	carrier   bool // as last set (under setMu): a device starts without one
@@ -163,6 +164,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	}
 	d.index = l.Attrs().Index
 	d.noMcast = l.Attrs().RawFlags&unix.IFF_MULTICAST == 0
+	d.user = l.Attrs().RawFlags & UserFlagMask
 	d.txq = l.Attrs().TxQLen
 	d.link = &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: d.index, Name: d.name}}
 	d.mtu.Store(int64(l.Attrs().MTU))
@@ -561,6 +563,48 @@ func (d *Device) setMulticast(on, ifChanged bool) error {
 			return d.h.LinkSetMulticastOff(d.link)
 		},
 		func() { d.noMcast = !on })
+}
+
+// UserFlagMask are the flags users set on a device that the engine follows without
+// using them (promiscuous and all-multicast mean nothing to IPoIB's link, which has no
+// address filter): IFF_PROMISC and IFF_ALLMULTI.
+const UserFlagMask = unix.IFF_PROMISC | unix.IFF_ALLMULTI
+
+// SetUserFlags sets IFF_PROMISC and IFF_ALLMULTI on the kernel device as f has them
+// (ip link set promisc/allmulticast on|off).
+func (d *Device) SetUserFlags(f uint32) error { return d.setUserFlags(f, false) }
+
+// SetUserFlagsIfChanged: see SetMTUIfChanged.
+func (d *Device) SetUserFlagsIfChanged(f uint32) error { return d.setUserFlags(f, true) }
+
+func (d *Device) setUserFlags(f uint32, ifChanged bool) error {
+	f &= UserFlagMask
+	return d.setLink(fmt.Sprintf("flags %#x", f), ifChanged,
+		func() bool { return d.user == f },
+		func() error {
+			set := []struct {
+				bit     uint32
+				on, off func(netlink.Link) error
+			}{
+				{unix.IFF_PROMISC, d.h.SetPromiscOn, d.h.SetPromiscOff},
+				{unix.IFF_ALLMULTI, d.h.LinkSetAllmulticastOn, d.h.LinkSetAllmulticastOff},
+			}
+			for _, s := range set {
+				if (d.user^f)&s.bit == 0 {
+					continue
+				}
+				op := s.off
+				if f&s.bit != 0 {
+					op = s.on
+				}
+				if err := op(d.link); err != nil {
+					return err
+				}
+				d.user ^= s.bit // each as it is done: a failure in the second keeps the first
+			}
+			return nil
+		},
+		func() { d.user = f })
 }
 
 // SetUp sets or clears IFF_UP on the kernel device.

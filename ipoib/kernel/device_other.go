@@ -88,6 +88,12 @@ func (d *Device) SetMulticast(on bool) error { return d.unsupported() }
 // SetMulticastIfChanged is not supported.
 func (d *Device) SetMulticastIfChanged(on bool) error { return d.unsupported() }
 
+// SetUserFlags is not supported.
+func (d *Device) SetUserFlags(f uint32) error { return d.unsupported() }
+
+// SetUserFlagsIfChanged is not supported.
+func (d *Device) SetUserFlagsIfChanged(f uint32) error { return d.unsupported() }
+
 // SetCarrier is not supported.
 func (d *Device) SetCarrier(on bool) error { return d.unsupported() }
 

@@ -182,10 +182,16 @@ type Link struct {
 	Features DevFeatures
 	// Multicast is IFF_MULTICAST (ip link set multicast on/off).
 	Multicast bool
+	// UserFlags are IFF_PROMISC and IFF_ALLMULTI as users asked for them (ip link set
+	// promisc/allmulticast: the kernel's gflags, which netlink reports; a packet
+	// socket's promiscuity is not among them).
+	UserFlags uint32
 	// MTUChanged, UpChanged, MulticastChanged and FeaturesChanged say that the value
 	// differs from the one this package last set or reported: someone else (ip link,
 	// ifconfig, ethtool -K) changed it.
 	MTUChanged, UpChanged, MulticastChanged, FeaturesChanged bool
+	// UserFlagsChanged says the same of UserFlags.
+	UserFlagsChanged bool
 	// CarrierPutBack says someone changed the carrier (ip link set carrier) and it was
 	// put back to what the engine set.
 	CarrierPutBack bool

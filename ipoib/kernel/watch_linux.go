@@ -207,6 +207,9 @@ func (d *Device) linkState() (Link, error) {
 		l.Multicast = a.RawFlags&unix.IFF_MULTICAST != 0
 		l.MulticastChanged = l.Multicast == d.noMcast
 		d.noMcast = !l.Multicast
+		l.UserFlags = a.RawFlags & UserFlagMask
+		l.UserFlagsChanged = l.UserFlags != d.user
+		d.user = l.UserFlags
 		d.txq = a.TxQLen
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
