@@ -231,7 +231,9 @@ var bondFormats = map[string]*regexp.Regexp{
 	"active_slave":    regexp.MustCompile(`^"(ib[01]\\n)?"$`),
 	"primary":         regexp.MustCompile(`^"(ib[01]\\n)?"$`),
 	"mtu":             regexp.MustCompile(`^"\d+\\n"$`),
-	"flags":           regexp.MustCompile(`^"0x(14|4)0[23]\\n"$`), // IFF_MULTICAST as the last flags write said
+	// BROADCAST and MASTER always; UP, DEBUG, NOTRAILERS, NOARP, PROMISC, ALLMULTI,
+	// MULTICAST, PORTSEL, AUTOMEDIA and DYNAMIC as the last flags write said.
+	"flags": regexp.MustCompile(`^"0x[0-9a-f]?[4-7][028a][2367]\\n"$`),
 }
 
 // FuzzBondWrite writes random bytes to the bonding files: a failed write changes none

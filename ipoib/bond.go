@@ -425,7 +425,8 @@ type Bond struct {
 	miimon       int
 	fom          uint64
 	up, carrier  bool
-	noMulticast  bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	noMulticast  bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	flagBits     uint32 // the iffStored and iffUser bits of dev->flags, as written
 	mtu          int
 	typ          int
 	hw           HWAddr
@@ -499,7 +500,7 @@ func (b *Bond) AttachHost(h Host) {
 	} else {
 		b.host.Store(&hostRef{h})
 	}
-	mtu, carrier, f, mcast := b.mtu, b.carrier, b.features, !b.noMulticast
+	mtu, carrier, f, mcast, user := b.mtu, b.carrier, b.features, !b.noMulticast, b.flagBits&iffUser
 	b.mu.Unlock()
 	if h != nil {
 		h.SetMTU(mtu)
@@ -507,6 +508,9 @@ func (b *Bond) AttachHost(h Host) {
 		h.SetOffloads(f)
 		if mh, ok := h.(MulticastHost); ok {
 			mh.SetMulticast(mcast)
+		}
+		if uh, ok := h.(UserFlagsHost); ok {
+			uh.SetUserFlags(user)
 		}
 	}
 }
@@ -623,13 +627,33 @@ func (b *Bond) Flags() uint32 {
 	if b.up {
 		f |= iffUp
 	}
-	return f
+	return f | b.flagBits
 }
 
-// SetFlags applies a write of flags as Interface.SetFlags: up and IFF_MULTICAST.
+// SetFlags applies a write of flags as Interface.SetFlags: up, IFF_MULTICAST,
+// IFF_PROMISC and IFF_ALLMULTI, and the bits a netdev only keeps.
 func (b *Bond) SetFlags(f uint32) {
 	b.SetUp(f&iffUp != 0)
 	b.SetMulticast(f&iffMulticast != 0)
+	b.mu.Lock()
+	b.flagBits = b.flagBits&^iffStored | f&iffStored
+	b.mu.Unlock()
+	b.SetUserFlags(f)
+}
+
+// SetUserFlags sets the bond's IFF_PROMISC and IFF_ALLMULTI as f has them; its device
+// follows. (The bonding driver also passes them on to the active slave, as counts the
+// slave's own flags do not show: not done here, where they mean nothing to the link.)
+func (b *Bond) SetUserFlags(f uint32) {
+	b.mu.Lock()
+	old := b.flagBits & iffUser
+	b.flagBits = b.flagBits&^iffUser | f&iffUser
+	b.mu.Unlock()
+	if old == f&iffUser {
+		return
+	}
+	b.bs.e.event("%s: flags %#x", b.name, f&iffUser)
+	b.pushUserFlags()
 }
 
 // SetMulticast sets or clears the bond's IFF_MULTICAST; its device follows.

@@ -130,6 +130,17 @@ func (b *Bond) pushMulticast() {
 	})
 }
 
+func (b *Bond) pushUserFlags() {
+	b.bondPush(func() func(Host) {
+		f := b.flagBits & iffUser
+		return func(h Host) {
+			if uh, ok := h.(UserFlagsHost); ok {
+				uh.SetUserFlags(f)
+			}
+		}
+	})
+}
+
 func (b *Bond) pushLinkLocal() {
 	b.bondPush(func() func(Host) {
 		ll := b.ll

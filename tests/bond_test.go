@@ -234,6 +234,19 @@ cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/
 	waitUntil(t, "bond0's device multicast again", func() bool {
 		return strings.Contains(ipOut(t, td.ns, "link", "show", "bond0"), "MULTICAST")
 	})
+	// IFF_PROMISC and IFF_ALLMULTI both ways too.
+	mustRun(t, "ip", "-n", td.ns, "link", "set", "bond0", "allmulticast", "on")
+	waitUntil(t, "bond0's allmulti in the tree", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1603" })
+	if err := os.WriteFile(td.path("class/net/bond0/flags"), []byte("0x1503\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "bond0's device promiscuous, not all-multicast", func() bool {
+		out := ipOut(t, td.ns, "link", "show", "bond0")
+		return strings.Contains(out, "PROMISC") && !strings.Contains(out, "ALLMULTI")
+	})
+	if got := readTrim(t, td.path("class/net/bond0/flags")); got != "0x1503" {
+		t.Errorf("bond0's flags after writing 0x1503: %s", got)
+	}
 	// Deleted, the bond's names leave the kernel's cache of the tree at once, as sysfs's.
 	if out := sh(t, "cd "+td.mnt+" && cat class/net/bond0/mtu >/dev/null && echo -bond0 > class/net/bonding_masters && if test -e class/net/bond0; then echo stale; else echo gone; fi"); out != "gone\n" {
 		t.Errorf("class/net/bond0 after -bond0: %q", out)

@@ -130,6 +130,9 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	if l.MulticastChanged {
 		br.adopt(attrMulticast, l.Multicast, func() { br.b.SetMulticast(l.Multicast) })
 	}
+	if l.UserFlagsChanged {
+		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.SetUserFlags(l.UserFlags) })
+	}
 	if l.Up && (l.UpChanged || l.MTUChanged) {
 		br.ensureLinkLocal()
 	}
@@ -190,7 +193,15 @@ func (br *bondBridge) SetMulticast(on bool) {
 	br.logErr(push(&br.adopter, attrMulticast, on, br.dev.SetMulticast, br.dev.SetMulticastIfChanged))
 }
 
-var _ ipoib.MulticastHost = (*bondBridge)(nil)
+// SetUserFlags follows the bond's IFF_PROMISC and IFF_ALLMULTI (a flags write).
+func (br *bondBridge) SetUserFlags(f uint32) {
+	br.logErr(push(&br.adopter, attrUserFlags, f, br.dev.SetUserFlags, br.dev.SetUserFlagsIfChanged))
+}
+
+var (
+	_ ipoib.MulticastHost = (*bondBridge)(nil)
+	_ ipoib.UserFlagsHost = (*bondBridge)(nil)
+)
 
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }
 
