@@ -88,8 +88,8 @@ var ifAttrs = []ifAttr{
 	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
 	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
 	// flags is dev->flags (net-sysfs's format_flags), not the ioctl view with RUNNING
-	// and LOWER_UP; a write goes through dev_change_flags, of which IFF_UP (up/down as
-	// ip link set) and IFF_MULTICAST are what an IPoIB interface keeps.
+	// and LOWER_UP; a write goes through dev_change_flags: IFF_UP (up/down as ip link
+	// set), IFF_MULTICAST, PROMISC and ALLMULTI, and the bits a netdev only stores.
 	{name: "flags", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", i.Flags()), nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			v, err := kstrtoul(b)

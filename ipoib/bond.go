@@ -614,8 +614,8 @@ func (b *Bond) OperState() string {
 	return "down"
 }
 
-// Flags is dev->flags: IFF_BROADCAST|IFF_MASTER, IFF_MULTICAST unless cleared, and
-// IFF_UP when up.
+// Flags is dev->flags: IFF_BROADCAST|IFF_MASTER, IFF_MULTICAST unless cleared, IFF_UP
+// when up, PROMISC and ALLMULTI as asked for, and the bits a write stores.
 func (b *Bond) Flags() uint32 {
 	const iffMaster = 0x400
 	b.mu.Lock()

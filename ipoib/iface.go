@@ -81,6 +81,7 @@ type Interface struct {
 	txQueueLen    uint32
 	noMulticast   bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	flagBits      uint32 // the iffStored and iffUser bits of dev->flags, as written
+	counted       uint32 // IFF_PROMISC while the kernel device's promiscuity count is above zero
 	closed        bool
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
@@ -359,8 +360,10 @@ func (i *Interface) OperState() string {
 }
 
 // Flags returns dev->flags as sysfs prints it: IFF_BROADCAST|IFF_MULTICAST, plus IFF_UP
-// when up (0x1003). RUNNING and LOWER_UP belong to the ioctl view (dev_get_flags),
-// not to this attribute.
+// when up (0x1003), IFF_SLAVE when enslaved, PROMISC and ALLMULTI as asked for or
+// while the device's promiscuity count is above zero, and the bits a write stores.
+// RUNNING and LOWER_UP belong to the ioctl view (dev_get_flags), not to this
+// attribute.
 func (i *Interface) Flags() uint32 {
 	i.mu.Lock()
 	defer i.mu.Unlock()
@@ -374,7 +377,15 @@ func (i *Interface) Flags() uint32 {
 	if i.bond.Load() != nil {
 		f |= iffSlave // bond_enslave sets it, __bond_release_one clears it
 	}
-	return f | i.flagBits
+	return f | i.flagBits | i.counted
+}
+
+// SetCounted sets the dev->flags bits the kernel device has from its counts
+// (kernel.Link.Counted): shown in Flags, with no other effect.
+func (i *Interface) SetCounted(f uint32) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.counted = f & iffUser
 }
 
 // The dev->flags bits an IPoIB netdev shows (include/uapi/linux/if.h).

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -198,6 +199,30 @@ func TestFollowLinkChanges(t *testing.T) {
 	}
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "promisc", "off")
 	until("promisc off in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
+	// A packet socket's promiscuity (tcpdump's) is not the user's flag, but dev->flags
+	// has IFF_PROMISC while it lasts, and so does the tree's flags, as sysfs's.
+	idx, err := strconv.Atoi(read("class/net/ib0.8001/ifindex"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := testenv.InNetns(t, ns, func() (int, error) {
+		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return -1, err
+		}
+		mr := unix.PacketMreq{Ifindex: int32(idx), Type: unix.PACKET_MR_PROMISC}
+		if err := unix.SetsockoptPacketMreq(s, unix.SOL_PACKET, unix.PACKET_ADD_MEMBERSHIP, &mr); err != nil {
+			unix.Close(s)
+			return -1, err
+		}
+		return s, nil
+	})
+	until("a packet socket's promiscuity in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1103" })
+	if devFlag("ib0.8001", "PROMISC") {
+		t.Errorf("the packet socket's promiscuity shows as the user's in ip link: %s", ipOut(t, ns, "link", "show", "ib0.8001"))
+	}
+	unix.Close(ps)
+	until("the packet socket's promiscuity gone from the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
 
 	// Down: groups left, carrier off, the child follows; up: all back, same link-local.
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "down")

@@ -185,6 +185,7 @@ func (b *bridge) onLink(l kernel.Link) {
 		// ip link set promisc/allmulticast: the interface's flags show them.
 		b.adopt(attrUserFlags, l.UserFlags, func() { b.i.SetUserFlags(l.UserFlags) })
 	}
+	b.i.SetCounted(l.Counted) // tcpdump's promiscuity shows in flags, as in sysfs
 	if l.FeaturesChanged {
 		// ethtool -K on the device: the request the engine keeps; the mode's
 		// constraints then apply (connected mode forces tx checksum and TSO off again).

@@ -192,9 +192,18 @@ type Link struct {
 	MTUChanged, UpChanged, MulticastChanged, FeaturesChanged bool
 	// UserFlagsChanged says the same of UserFlags.
 	UserFlagsChanged bool
+	// Counted is IFF_PROMISC while the device's promiscuity count is above zero (a
+	// user's promisc, a packet socket's such as tcpdump's, a bond's): dev->flags has
+	// it then, as sysfs shows it. (IFF_ALLMULTI's count is not read.)
+	Counted uint32
 	// CarrierPutBack says someone changed the carrier (ip link set carrier) and it was
 	// put back to what the engine set.
 	CarrierPutBack bool
+}
+
+// outsideChange reports whether l says someone else changed the device.
+func (l Link) outsideChange() bool {
+	return l.MTUChanged || l.UpChanged || l.MulticastChanged || l.FeaturesChanged || l.UserFlagsChanged || l.CarrierPutBack
 }
 
 // Events are the functions Device.Watch calls; nil ones are not called.

@@ -149,7 +149,9 @@ func (d *Device) report(w *watcher, bits uint32) bool {
 		return false
 	}
 	if bits&dirtyLink != 0 && w.ev.Link != nil {
-		if l, err := d.linkState(); err == nil && (w.seen&dirtyLink == 0 || l != w.link) && !closing() {
+		// A change someone else made is reported even when the state equals the last
+		// report: ours may have come between (promisc on, our off, theirs on again).
+		if l, err := d.linkState(); err == nil && (w.seen&dirtyLink == 0 || l != w.link || l.outsideChange()) && !closing() {
 			w.link, w.seen = l, w.seen|dirtyLink
 			w.ev.Link(l)
 		}
@@ -208,6 +210,9 @@ func (d *Device) linkState() (Link, error) {
 		l.MulticastChanged = l.Multicast == d.noMcast
 		d.noMcast = !l.Multicast
 		l.UserFlags = a.RawFlags & UserFlagMask
+		if a.Promisc > 0 {
+			l.Counted |= unix.IFF_PROMISC
+		}
 		l.UserFlagsChanged = l.UserFlags != d.user
 		d.user = l.UserFlags
 		d.txq = a.TxQLen

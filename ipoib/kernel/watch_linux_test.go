@@ -365,3 +365,28 @@ func TestReportSeesALostDeletion(t *testing.T) {
 	d.Close()
 	WaitReleased()
 }
+
+// A change someone else makes is reported even when the device's state is the one
+// last reported: ip link set promisc on (reported), the engine's promisc off, and
+// promisc on again before the watch runs leave the same state as the first report,
+// and the engine must still hear that it changed (its off was undone).
+func TestOutsideChangeToTheLastReportedState(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "o")
+	d := open(t, Config{Name: uniq("o"), MTU: 2044, NetNS: ns})
+	var got []Link
+	w := &watcher{ev: Events{Link: func(l Link) { got = append(got, l) }}}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "promisc", "on")
+	d.report(w, dirtyLink)
+	if len(got) != 1 || got[0].UserFlags != unix.IFF_PROMISC || !got[0].UserFlagsChanged {
+		t.Fatalf("after ip link set promisc on: %+v", got)
+	}
+	if err := d.SetUserFlags(0); err != nil {
+		t.Fatal(err)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "promisc", "on")
+	d.report(w, dirtyLink)
+	if len(got) != 2 || got[1].UserFlags != unix.IFF_PROMISC || !got[1].UserFlagsChanged {
+		t.Fatalf("promisc on again after the engine's off: reports %+v", got)
+	}
+}
