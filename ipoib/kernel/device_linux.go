@@ -115,6 +115,7 @@ func Open(cfg Config) (_ *Device, err error) {
 		}
 		d.ns.Close()
 		d.worker, d.ns, d.h = w, w.ns, w.h
+		rememberHeld(cfg.NetNS, w.key) // a last device's release may have forgotten it meanwhile
 	} else if d.h, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil { // this namespace
 		if denied(err) {
 			return nil, fmt.Errorf("%w: %s%s: netlink: %w", ErrUnavailable, d.name, d.nsTag, err)

@@ -1287,6 +1287,14 @@ func TestOpenAfterTheNamespaceWasDeleted(t *testing.T) {
 	}
 	again.Close()
 	WaitReleased()
+	// Its name is forgotten with its last device: the kernel reuses the inode number
+	// that identified it.
+	nsMu.Lock()
+	_, remembered := nsSeen[ns]
+	nsMu.Unlock()
+	if remembered {
+		t.Fatalf("namespace %s still remembered after its last device went", ns)
+	}
 	// With a device elsewhere, the watch runs on; deleting a namespace without
 	// devices of ours says nothing.
 	open(t, Config{Name: uniq("n"), MTU: 2044, NetNS: testNS(t, "n")})

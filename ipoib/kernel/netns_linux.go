@@ -298,10 +298,13 @@ func workerByKey(key string) *nsWorker {
 	return workers[key]
 }
 
-// release drops a reference; the last one stops the worker (and ends its thread).
+// release drops a reference; the last one stops the worker (and ends its thread),
+// and the names that stood for its namespace are forgotten: the kernel reuses a
+// freed namespace's inode number, and a name remembered with it would be taken for
+// a later namespace that got the number (said deleted when it is not).
 func (w *nsWorker) release() {
 	workersMu.Lock()
-	defer workersMu.Unlock()
+	last := false
 	if w.refs--; w.refs == 0 {
 		if workers[w.key] == w {
 			delete(workers, w.key)
@@ -310,6 +313,36 @@ func (w *nsWorker) release() {
 			stopNSWatchLocked()
 		}
 		close(w.stop)
+		last = true
+	}
+	workersMu.Unlock()
+	if last {
+		forget(w.key)
+	}
+}
+
+// rememberHeld records name for the namespace key a worker now holds, unless the
+// name already stands for something.
+func rememberHeld(name, key string) {
+	nsMu.Lock()
+	defer nsMu.Unlock()
+	if _, ok := nsSeen[name]; !ok {
+		nsSeen[name] = key
+	}
+}
+
+// forget drops the names remembered for the namespace key unless devices hold it
+// again (nsMu before workersMu, as openNetNS takes them).
+func forget(key string) {
+	nsMu.Lock()
+	defer nsMu.Unlock()
+	if held(key) {
+		return
+	}
+	for name, k := range nsSeen {
+		if k == key {
+			delete(nsSeen, name)
+		}
 	}
 }
 
