@@ -427,6 +427,7 @@ type Bond struct {
 	up, carrier  bool
 	noMulticast  bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	flagBits     uint32 // the iffStored and iffUser bits of dev->flags, as written
+	counted      uint32 // IFF_PROMISC while the kernel device's promiscuity count has more than flagBits
 	mtu          int
 	typ          int
 	hw           HWAddr
@@ -627,7 +628,15 @@ func (b *Bond) Flags() uint32 {
 	if b.up {
 		f |= iffUp
 	}
-	return f | b.flagBits
+	return f | b.flagBits | b.counted
+}
+
+// SetCounted sets the dev->flags bits the bond's kernel device has from its counts
+// (kernel.Link.Counted): shown in Flags, with no other effect.
+func (b *Bond) SetCounted(f uint32) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.counted = f & iffUser
 }
 
 // SetFlags applies a write of flags as Interface.SetFlags: up, IFF_MULTICAST,

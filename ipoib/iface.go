@@ -81,7 +81,7 @@ type Interface struct {
 	txQueueLen    uint32
 	noMulticast   bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	flagBits      uint32 // the iffStored and iffUser bits of dev->flags, as written
-	counted       uint32 // IFF_PROMISC while the kernel device's promiscuity count is above zero
+	counted       uint32 // IFF_PROMISC while the kernel device's promiscuity count has more than flagBits
 	closed        bool
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)

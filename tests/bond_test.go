@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"ipoibfs/internal/testenv"
+
+	"golang.org/x/sys/unix"
 )
 
 // bondPing runs ping -i 0.01 from ns to dst until stop is closed and returns how many
@@ -247,6 +249,29 @@ cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/
 	if got := readTrim(t, td.path("class/net/bond0/flags")); got != "0x1503" {
 		t.Errorf("bond0's flags after writing 0x1503: %s", got)
 	}
+	// A packet socket's promiscuity shows in bond0's flags too, as in sysfs.
+	if err := os.WriteFile(td.path("class/net/bond0/flags"), []byte("0x1403\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	idx, err := strconv.Atoi(readTrim(t, td.path("class/net/bond0/ifindex")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := testenv.InNetns(t, td.ns, func() (int, error) {
+		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return -1, err
+		}
+		mr := unix.PacketMreq{Ifindex: int32(idx), Type: unix.PACKET_MR_PROMISC}
+		if err := unix.SetsockoptPacketMreq(s, unix.SOL_PACKET, unix.PACKET_ADD_MEMBERSHIP, &mr); err != nil {
+			unix.Close(s)
+			return -1, err
+		}
+		return s, nil
+	})
+	waitUntil(t, "a packet socket's promiscuity in bond0's flags", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1503" })
+	unix.Close(ps)
+	waitUntil(t, "gone again", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1403" })
 	// Deleted, the bond's names leave the kernel's cache of the tree at once, as sysfs's.
 	if out := sh(t, "cd "+td.mnt+" && cat class/net/bond0/mtu >/dev/null && echo -bond0 > class/net/bonding_masters && if test -e class/net/bond0; then echo stale; else echo gone; fi"); out != "gone\n" {
 		t.Errorf("class/net/bond0 after -bond0: %q", out)

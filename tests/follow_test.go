@@ -197,6 +197,19 @@ func TestFollowLinkChanges(t *testing.T) {
 	if got := read("class/net/ib0.8001/flags"); got != "0x1103" {
 		t.Errorf("flags after writing 0x1103: %s", got)
 	}
+	// The device's promiscuity count includes the user's own flag: a write taking it
+	// off reads back at once, the count not yet seen notwithstanding.
+	if err := os.WriteFile(td.path("class/net/ib0.8001/flags"), []byte("0x1003\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := read("class/net/ib0.8001/flags"); got != "0x1003" {
+		t.Errorf("flags right after writing 0x1003: %s", got)
+	}
+	until("promisc off on the device after the flags write", func() bool { return !devFlag("ib0.8001", "PROMISC") })
+	if err := os.WriteFile(td.path("class/net/ib0.8001/flags"), []byte("0x1103\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	until("promisc on the device again", func() bool { return devFlag("ib0.8001", "PROMISC") })
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "promisc", "off")
 	until("promisc off in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1003" })
 	// A packet socket's promiscuity (tcpdump's) is not the user's flag, but dev->flags

@@ -133,6 +133,7 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	if l.UserFlagsChanged {
 		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.SetUserFlags(l.UserFlags) })
 	}
+	br.b.SetCounted(l.Counted)
 	if l.Up && (l.UpChanged || l.MTUChanged) {
 		br.ensureLinkLocal()
 	}
@@ -171,6 +172,7 @@ func (br *bondBridge) txLoop() {
 func (br *bondBridge) close() {
 	br.b.AttachHost(nil)
 	br.b.SetIfIndex(0)
+	br.b.SetCounted(0)
 	br.dev.Close()
 	<-br.done
 }

@@ -351,6 +351,7 @@ func segmentBuffers(size, n int) [][]byte {
 func (b *bridge) detach() {
 	b.i.AttachHost(nil)
 	b.i.SetIfIndex(0)
+	b.i.SetCounted(0) // no device, no packet socket on it
 }
 
 func (b *bridge) close() {

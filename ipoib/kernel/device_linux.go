@@ -84,7 +84,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	d := &Device{name: cfg.Name, done: make(chan struct{})}
+	d := &Device{name: cfg.Name, done: make(chan struct{}), ns: netns.None()}
 	if cfg.NetNS != "" {
 		d.nsTag = " (netns " + cfg.NetNS + ")"
 	}
@@ -97,25 +97,17 @@ func Open(cfg Config) (_ *Device, err error) {
 		}
 	}()
 
-	if d.ns, err = openNetNS(cfg.NetNS); err != nil {
-		if denied(err) {
-			return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, err)
-		}
-		return nil, fail("%w", err)
-	}
-	if d.ns.IsOpen() {
+	if cfg.NetNS != "" {
 		// The namespace's thread for the device's calls (inNetNS), its namespace file
 		// and its netlink handle, shared by the namespace's devices.
-		w, err := acquireWorker(d.ns)
+		w, err := openNetNS(cfg.NetNS)
 		if err != nil {
 			if denied(err) {
 				return nil, fmt.Errorf("%w: %s%s: %w", ErrUnavailable, d.name, d.nsTag, err)
 			}
 			return nil, fail("%w", err)
 		}
-		d.ns.Close()
 		d.worker, d.ns, d.h = w, w.ns, w.h
-		rememberHeld(cfg.NetNS, w.key) // a last device's release may have forgotten it meanwhile
 	} else if d.h, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil { // this namespace
 		if denied(err) {
 			return nil, fmt.Errorf("%w: %s%s: netlink: %w", ErrUnavailable, d.name, d.nsTag, err)

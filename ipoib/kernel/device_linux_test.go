@@ -842,11 +842,11 @@ func TestCurrentNamespace(t *testing.T) {
 	}
 	prereqs(t)
 	ns := testNS(t, "n")
-	nsh, err := openNetNS(ns) // create it
+	w, err := openNetNS(ns) // create it
 	if err != nil {
 		t.Fatal(err)
 	}
-	nsh.Close()
+	w.release()
 	dev := uniq("n")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -192,8 +192,8 @@ type Link struct {
 	MTUChanged, UpChanged, MulticastChanged, FeaturesChanged bool
 	// UserFlagsChanged says the same of UserFlags.
 	UserFlagsChanged bool
-	// Counted is IFF_PROMISC while the device's promiscuity count is above zero (a
-	// user's promisc, a packet socket's such as tcpdump's, a bond's): dev->flags has
+	// Counted is IFF_PROMISC while the device's promiscuity count has more than the
+	// user's own flag (a packet socket's such as tcpdump's, a bond's): dev->flags has
 	// it then, as sysfs shows it. (IFF_ALLMULTI's count is not read.)
 	Counted uint32
 	// CarrierPutBack says someone changed the carrier (ip link set carrier) and it was

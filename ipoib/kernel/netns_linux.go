@@ -29,33 +29,32 @@ var nsSeen = map[string]string{}
 // namespace (this process holds it), where the name no longer leads.
 var ErrNamespaceGone = errors.New("the network namespace was deleted while this process had devices in it")
 
-// openNetNS returns a handle of the named network namespace, creating it when missing,
-// unless the name stood for another namespace in which this process still has devices
-// (ErrNamespaceGone). "" returns netns.None(): the namespace of the process.
-func openNetNS(name string) (netns.NsHandle, error) {
-	if name == "" {
-		return netns.None(), nil
-	}
+// openNetNS returns the worker of the named network namespace (acquired: release it),
+// creating the namespace when missing, unless the name stood for another namespace in
+// which this process still has devices (ErrNamespaceGone). The name is remembered
+// for the namespace once the worker holds it, under nsMu, so that the last device's
+// release cannot forget it in between.
+func openNetNS(name string) (*nsWorker, error) {
 	nsMu.Lock()
 	defer nsMu.Unlock()
 	h, err := getNetNS(name)
 	if seen, ok := nsSeen[name]; ok && held(seen) {
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			return netns.None(), fmt.Errorf("network namespace %q: %w", name, ErrNamespaceGone)
+			return nil, fmt.Errorf("network namespace %q: %w", name, ErrNamespaceGone)
 		case err != nil:
-			return h, err
+			return nil, err
 		case nsKey(h) != seen:
 			h.Close()
-			return netns.None(), fmt.Errorf("network namespace %q: %w (and made again)", name, ErrNamespaceGone)
+			return nil, fmt.Errorf("network namespace %q: %w (and made again)", name, ErrNamespaceGone)
 		}
-		return h, nil
+		return holdLocked(name, h)
 	}
 	if err == nil {
-		remember(name, h)
+		return holdLocked(name, h)
 	}
-	if err == nil || !errors.Is(err, fs.ErrNotExist) {
-		return h, err
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
 	// netns.NewNamed unshares the calling thread into the new namespace. Run it on a
 	// dedicated locked thread that is never unlocked: the Go runtime terminates that
@@ -74,19 +73,27 @@ func openNetNS(name string) (netns.NsHandle, error) {
 	if r.err != nil {
 		if errors.Is(r.err, fs.ErrExist) { // created by someone else meanwhile
 			h, err := getNetNS(name)
-			if err == nil {
-				remember(name, h)
+			if err != nil {
+				return nil, err
 			}
-			return h, err
+			return holdLocked(name, h)
 		}
-		return netns.None(), fmt.Errorf("create network namespace %q: %w", name, r.err)
+		return nil, fmt.Errorf("create network namespace %q: %w", name, r.err)
 	}
-	remember(name, r.h)
-	return r.h, nil
+	return holdLocked(name, r.h)
 }
 
-// remember records what name stands for now. Called with nsMu held.
-func remember(name string, h netns.NsHandle) { nsSeen[name] = nsKey(h) }
+// holdLocked starts or joins the worker of h's namespace (closing h: the worker has
+// its own) and remembers name for it. Called with nsMu held.
+func holdLocked(name string, h netns.NsHandle) (*nsWorker, error) {
+	defer h.Close()
+	w, err := acquireWorker(h)
+	if err != nil {
+		return nil, err
+	}
+	nsSeen[name] = w.key
+	return w, nil
+}
 
 // held reports whether devices of this process hold the namespace (its worker runs).
 func held(key string) bool { return workerByKey(key) != nil }
@@ -318,16 +325,6 @@ func (w *nsWorker) release() {
 	workersMu.Unlock()
 	if last {
 		forget(w.key)
-	}
-}
-
-// rememberHeld records name for the namespace key a worker now holds, unless the
-// name already stands for something.
-func rememberHeld(name, key string) {
-	nsMu.Lock()
-	defer nsMu.Unlock()
-	if _, ok := nsSeen[name]; !ok {
-		nsSeen[name] = key
 	}
 }
 

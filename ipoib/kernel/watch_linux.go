@@ -210,7 +210,8 @@ func (d *Device) linkState() (Link, error) {
 		l.MulticastChanged = l.Multicast == d.noMcast
 		d.noMcast = !l.Multicast
 		l.UserFlags = a.RawFlags & UserFlagMask
-		if a.Promisc > 0 {
+		// The count includes the user's own flag, which UserFlags carries.
+		if own := int((a.RawFlags & unix.IFF_PROMISC) >> 8); a.Promisc > own {
 			l.Counted |= unix.IFF_PROMISC
 		}
 		l.UserFlagsChanged = l.UserFlags != d.user
