@@ -78,7 +78,8 @@ package soft
 // again and not delivered. A packet beyond the expected PSN is kept (copied, up to a
 // window of 1024 packets past the expected PSN, within the HCA's budget of 64 MiB;
 // beyond those it is dropped, and so is everything while an RNR NAK is outstanding,
-// since the requester then goes back): when the expected one arrives, everything kept
+// since the requester then goes back; kept requests whose gap has not filled for 2 s,
+// a requester gone, are dropped then): when the expected one arrives, everything kept
 // that follows on from it is accepted with it, and an ACK names the last (sent twice:
 // the requester depends on it); if requests beyond were dropped or a kept one lies
 // beyond another gap, that gap draws its NAK at once. A gap still open
@@ -274,9 +275,11 @@ type rcResp struct {
 	peer       ctlRoute // where the last accepted request came from
 
 	// Requests that arrived beyond a gap, kept (copied, in PSN order, live from
-	// oooH) until the gap fills, so that the requester resends only what was lost.
-	ooo  []oooPkt
-	oooH int
+	// oooH) until the gap fills, so that the requester resends only what was lost;
+	// keptAt is when the first of them was kept (they go after rcKeepMax).
+	ooo    []oooPkt
+	oooH   int
+	keptAt time.Time
 	// gap: a request beyond epsn arrived and no NAK went out for it yet; the NAK
 	// waits for the end of the batch, where a gap the fabric only made by swapping
 	// packets has closed again.
@@ -303,6 +306,9 @@ const (
 	oooBufCap    = 4096 // the largest path MTU's payload
 	rcOOOBudget  = 64 << 20
 	rcOOOKeepCap = 256 // kept slots a QP holds on to when none is in use
+	// rcKeepMax bounds how long requests stay kept behind a gap that does not fill
+	// (a requester gone, a peer's QP destroyed): far beyond any recovery.
+	rcKeepMax = 2 * time.Second
 )
 
 var oooPool = sync.Pool{New: func() any { b := make([]byte, 0, oooBufCap); return &b }}
@@ -314,6 +320,7 @@ type rcStats struct {
 	rnrNAKs  uint64 // responder: RNR NAKs (no receive buffer)
 	kept     uint64 // responder: requests kept beyond a gap
 	notKept  uint64 // responder: requests beyond a gap dropped (window or budget)
+	expired  uint64 // responder: kept requests dropped after rcKeepMax
 	goBacks  uint64 // requester: go-back-N on a sequence NAK (or a selective resend's ACK)
 	selects  uint64 // requester: selective resends of a NAKed packet
 	early    uint64 // requester: early retransmissions (no retry counted)
@@ -958,7 +965,8 @@ func (rc *rcConn) stopTimerLocked() {
 }
 
 // rcArmLocked makes sure the timer fires no later than the next deadline: the end of
-// an RNR wait, or the ACK timeout counted from the last progress.
+// an RNR wait, the ACK timeout counted from the last progress (or the early
+// retransmission before it), or the end of the responder's keeping.
 func (q *QP) rcArmLocked(now time.Time) {
 	rc := q.rc
 	r := &rc.req
@@ -967,16 +975,20 @@ func (q *QP) rcArmLocked(now time.Time) {
 	case r.rnrWait:
 		want = r.rnrUntil
 	case psnDiff(r.una, r.smax) < 0:
-		rto := ackTimeout(rc.timeout)
-		if rto == 0 {
-			return
+		if rto := ackTimeout(rc.timeout); rto != 0 {
+			want = r.progressAt.Add(rto)
+			if e, ok := r.earlyAt(rto); ok && e.Before(want) {
+				want = e
+			}
 		}
-		want = r.progressAt.Add(rto)
-		if e, ok := r.earlyAt(rto); ok && e.Before(want) {
-			want = e
+	}
+	if s := &rc.resp; s.oooH < len(s.ooo) {
+		if k := s.keptAt.Add(rcKeepMax); want.IsZero() || k.Before(want) {
+			want = k
 		}
-	default:
-		return // nothing outstanding: a running timer finds nothing to do
+	}
+	if want.IsZero() {
+		return // nothing to wait for: a running timer finds nothing to do
 	}
 	if !rc.timerAt.IsZero() && !want.Before(rc.timerAt) {
 		return
@@ -994,12 +1006,26 @@ func (q *QP) rcOnTimer() {
 	q.mu.Lock()
 	rc := q.rc
 	if q.state != verbs.QPRTS {
+		rc.timerAt = time.Time{} // not armed any more: the next rcArmLocked arms it
 		q.mu.Unlock()
 		return
 	}
 	rc.timerAt = time.Time{}
 	r := &rc.req
 	now := q.hca.cfg.Clock.Now()
+	if s := &rc.resp; s.oooH < len(s.ooo) && !now.Before(s.keptAt.Add(rcKeepMax)) {
+		// The gap has not filled for rcKeepMax: the requester is gone, or goes
+		// back over it all anyway. Drop what was kept, as dropped requests (the
+		// gap is NAKed again when its first packet comes).
+		hi := s.ooo[len(s.ooo)-1].pkt.BTH.PSN
+		rc.stats.expired += uint64(len(s.ooo) - s.oooH)
+		dropped, dropHi := s.dropped, s.dropHi
+		q.rcDropKeptLocked()
+		s.dropped, s.dropHi = true, hi
+		if dropped && psnDiff(dropHi, hi) > 0 {
+			s.dropHi = dropHi
+		}
+	}
 	kick := false
 	switch {
 	case r.rnrWait:
@@ -1402,6 +1428,10 @@ func (q *QP) rcKeepLocked(pkt *wire.Packet, d int) {
 		q.hca.oooBytes.Add(-oooBufCap)
 		q.rcNotKeptLocked(psn)
 		return
+	}
+	if len(live) == 0 {
+		s.keptAt = q.hca.cfg.Clock.Now()
+		defer q.rcArmLocked(s.keptAt)
 	}
 	rc.stats.kept++
 	h := oooPool.Get().(*[]byte)

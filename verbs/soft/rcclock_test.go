@@ -6,6 +6,7 @@ import (
 
 	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/wire"
 )
 
 // On virtual time, exactly: a requester whose peer is gone sends, then resends at each
@@ -50,5 +51,47 @@ func TestRCRetryExhaustionOnVirtualTime(t *testing.T) {
 	}
 	if n := sent() - base; n != retries {
 		t.Errorf("%d resends, want %d", n, retries)
+	}
+}
+
+// Kept requests do not outlive a gap that does not fill (a requester gone): on
+// virtual time, three requests kept behind a gap are dropped rcKeepMax after the
+// first was kept, not a nanosecond sooner, giving the HCA's budget back; when the
+// gap's packet comes at last it is delivered, and the gap behind it is NAKed, as for
+// requests dropped on arrival.
+func TestRCKeptRequestsExpire(t *testing.T) {
+	clk := clock.NewMock(t)
+	_, _, nodes := fabricOn(t, clk, "", "a", "b")
+	_, b := rcPair(t, nodes[0], nodes[1], rcOpts{psnA: 1000, psnB: 2000})
+	for i := range 4 {
+		b.postRecv(t, verbs.RecvWR{ID: uint64(i), Buf: make([]byte, 100)})
+	}
+	pb := nodes[1].SoftPort(1)
+	send := func(psn uint32) Datagram {
+		return Datagram{Addr: nodes[0].Endpoint(1), Data: craft(t, nodes[0], nodes[1], wire.Packet{BTH: wire.BTH{
+			Opcode: wire.OpRCSendOnly, PKey: 0xffff, DestQP: uint32(b.qp.Num()), PSN: psn, AckReq: true}, Payload: []byte("x")})}
+	}
+	pb.receive([]Datagram{send(1001), send(1002), send(1003)}, true)
+	kept := func() int64 { return nodes[1].oooBytes.Load() }
+	if n := kept(); n != 3*oooBufCap {
+		t.Fatalf("%d bytes kept for three requests behind a gap", n)
+	}
+	clk.Advance(rcKeepMax - time.Nanosecond)
+	if n := kept(); n != 3*oooBufCap {
+		t.Fatalf("%d bytes kept %v after: dropped too soon", n, rcKeepMax-time.Nanosecond)
+	}
+	clk.Advance(time.Nanosecond)
+	waitFor(t, "the kept requests dropped", func() bool { return kept() == 0 })
+	st := rcStatsOf(b)
+	if st.expired != 3 || st.seqNAKs != 1 {
+		t.Fatalf("responder %+v: want 3 expired, one NAK", st)
+	}
+	pb.receive([]Datagram{send(1000)}, true)
+	if wc := pollN(t, b.rcq, 1, time.Second)[0]; wc.Status != verbs.WCSuccess || wc.WRID != 0 {
+		t.Fatalf("the gap's packet: %+v", wc)
+	}
+	quiet(t, b.rcq, 20*time.Millisecond, "after the gap's packet: the expired requests")
+	if st := rcStatsOf(b); st.seqNAKs != 2 {
+		t.Fatalf("responder %+v: the gap behind the expired requests was not NAKed", st)
 	}
 }
