@@ -226,6 +226,10 @@ type rcReq struct {
 	selPSN  uint32
 	selEnd  uint32 // the last PSN resent with it (a run after a burst)
 	selOwed bool   // the pump has yet to send it
+	// A run resent after a burst, until acknowledged: a NAK inside it is the
+	// responder's view before the rest of the run arrived.
+	runOn  bool
+	runEnd uint32
 	// Selective resends in the window from lossFrom (lossN of them): beyond
 	// rcLossCut of a window the losses are congestion's, and the window is cut.
 	lossFrom uint32
@@ -1085,7 +1089,7 @@ func (q *QP) rcOnTimer() {
 // goBack rewinds the requester to resend from psn.
 func (r *rcReq) goBack(psn uint32, now time.Time) {
 	r.nxt, r.cur = psn, r.h
-	r.selOn, r.selOwed = false, false
+	r.selOn, r.selOwed, r.runOn = false, false, false
 	r.retxAt = now
 	if r.rttOn && psnDiff(r.rttPSN, psn) >= 0 {
 		r.rttOn = false // the timed packet goes again: its ACK would be ambiguous
@@ -1678,6 +1682,14 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		if !inFlight(psn) || r.rnrWait {
 			return
 		}
+		if r.runOn && psnDiff(psn, r.runEnd) <= 0 && !(r.nakSeen && psn == r.nakPSN) {
+			// Inside the run still arriving: the responder NAKed at the end of a
+			// batch that held only part of it. Its acknowledgement stands; a packet
+			// of the run lost as well is NAKed again when the responder sees the
+			// requester go back (early retransmission).
+			r.nakSeen, r.nakPSN, r.nakTwin = true, psn, true
+			return
+		}
 		if r.nakSeen && psn == r.nakPSN {
 			// The responder sends a sequence NAK twice, so the second copy is no news.
 			// A NAK for the same PSN after that, once the resend is on its way, says
@@ -1705,6 +1717,7 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 			r.selectPSN(psn, now)
 			r.selEnd, r.selOwed = end, false
 			r.resend, r.resendEnd = true, end
+			r.runOn, r.runEnd = true, end
 		} else {
 			r.selectPSN(psn, now)
 		}
@@ -1739,6 +1752,9 @@ func (q *QP) rcAckToLocked(psn uint32) {
 	}
 	if r.h == len(r.sq) {
 		r.sq, r.h, r.cur = r.sq[:0], 0, 0
+	}
+	if r.runOn && psnDiff(r.una, r.runEnd) > 0 {
+		r.runOn = false
 	}
 	now := q.hca.cfg.Clock.Now()
 	if r.rttOn && psnDiff(psn, r.rttPSN) >= 0 {

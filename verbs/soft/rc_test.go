@@ -596,11 +596,15 @@ func TestRCSelectiveRepeat(t *testing.T) {
 		sent                uint64
 		selects, goBacks    uint64
 		kept, notKept, naks uint64
+		// The run arrives in batches the fabric's reader makes: the end of each
+		// but the last, with the gap still open, draws a NAK the requester takes
+		// for what it is (the run on its way).
+		moreNAKs bool
 	}{
-		{"one lost", 4, 1, -1, 4 + 2, 1, 0, 3, 0, 1},
-		{"budget spent", 4, 1, 0, 4 + 2 + 3, 2, 0, 0, 3, 2},
-		{"room for two", 6, 1, 2, 6 + 2 + 2 + 2, 2, 1, 2, 3, 2},
-		{"a burst", 8, 3, -1, 8 + 2 + 7, 2, 0, 5, 0, 2},
+		{"one lost", 4, 1, -1, 4 + 2, 1, 0, 3, 0, 1, false},
+		{"budget spent", 4, 1, 0, 4 + 2 + 3, 2, 0, 0, 3, 2, true},
+		{"room for two", 6, 1, 2, 6 + 2 + 2 + 2, 2, 1, 2, 3, 2, false},
+		{"a burst", 8, 3, -1, 8 + 2 + 7, 2, 0, 5, 0, 2, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -644,7 +648,8 @@ func TestRCSelectiveRepeat(t *testing.T) {
 			}
 			quiet(t, b.rcq, 20*time.Millisecond, "after the messages")
 			sa, sb := rcStatsOf(a), rcStatsOf(b)
-			if sa.selects != c.selects || sa.goBacks != c.goBacks || sb.kept != c.kept || sb.notKept != c.notKept || sb.seqNAKs != c.naks {
+			naksOK := sb.seqNAKs == c.naks || c.moreNAKs && sb.seqNAKs > c.naks
+			if sa.selects != c.selects || sa.goBacks != c.goBacks || sb.kept != c.kept || sb.notKept != c.notKept || !naksOK {
 				t.Fatalf("requester %+v, responder %+v: want %d selective resends, %d go-backs, %d kept, %d not, %d NAKs",
 					sa, sb, c.selects, c.goBacks, c.kept, c.notKept, c.naks)
 			}
