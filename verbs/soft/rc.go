@@ -230,6 +230,11 @@ type rcReq struct {
 	// responder's view before the rest of the run arrived.
 	runOn  bool
 	runEnd uint32
+	// Such a NAK is put off, not dropped: if the packet it named is still the
+	// oldest unacknowledged at deferAt, it is resent then.
+	deferOn  bool
+	deferPSN uint32
+	deferAt  time.Time
 	// Selective resends in the window from lossFrom (lossN of them): beyond
 	// rcLossCut of a window the losses are congestion's, and the window is cut.
 	lossFrom uint32
@@ -991,6 +996,9 @@ func (q *QP) rcArmLocked(now time.Time) {
 			want = k
 		}
 	}
+	if r.deferOn && (want.IsZero() || r.deferAt.Before(want)) {
+		want = r.deferAt
+	}
 	if want.IsZero() {
 		return // nothing to wait for: a running timer finds nothing to do
 	}
@@ -1009,12 +1017,11 @@ func (q *QP) rcArmLocked(now time.Time) {
 func (q *QP) rcOnTimer() {
 	q.mu.Lock()
 	rc := q.rc
-	if q.state != verbs.QPRTS {
-		rc.timerAt = time.Time{} // not armed any more: the next rcArmLocked arms it
+	rc.timerAt = time.Time{} // not armed any more: rcArmLocked arms it again
+	if q.state != verbs.QPRTS && q.state != verbs.QPRTR {
 		q.mu.Unlock()
 		return
 	}
-	rc.timerAt = time.Time{}
 	r := &rc.req
 	now := q.hca.cfg.Clock.Now()
 	if s := &rc.resp; s.oooH < len(s.ooo) && !now.Before(s.keptAt.Add(rcKeepMax)) {
@@ -1030,7 +1037,22 @@ func (q *QP) rcOnTimer() {
 			s.dropHi = dropHi
 		}
 	}
+	if q.state != verbs.QPRTS { // RTR: a responder only
+		q.rcArmLocked(now)
+		q.mu.Unlock()
+		return
+	}
 	kick := false
+	if r.deferOn && !now.Before(r.deferAt) {
+		// A NAK inside a run was put off: the run has arrived since, or should
+		// have, and the packet it named is still missing.
+		r.deferOn = false
+		if r.una == r.deferPSN && !r.rnrWait {
+			rc.stats.selects++
+			r.selectPSN(r.deferPSN, now)
+			kick = true
+		}
+	}
 	switch {
 	case r.rnrWait:
 		if now.Before(r.rnrUntil) {
@@ -1089,7 +1111,7 @@ func (q *QP) rcOnTimer() {
 // goBack rewinds the requester to resend from psn.
 func (r *rcReq) goBack(psn uint32, now time.Time) {
 	r.nxt, r.cur = psn, r.h
-	r.selOn, r.selOwed, r.runOn = false, false, false
+	r.selOn, r.selOwed, r.runOn, r.deferOn = false, false, false, false
 	r.retxAt = now
 	if r.rttOn && psnDiff(r.rttPSN, psn) >= 0 {
 		r.rttOn = false // the timed packet goes again: its ACK would be ambiguous
@@ -1508,6 +1530,11 @@ func (q *QP) rcDrainLocked(cb *cqBatch) {
 		s.gapHi = hi
 	}
 	s.gap = true
+	if drained {
+		// Recovery goes on: the keeping's time counts from here (a set that never
+		// empties under steady loss must not expire in the middle of it).
+		s.keptAt = q.hca.cfg.Clock.Now()
+	}
 }
 
 // rcReleaseKept gives a kept request's buffer back.
@@ -1684,10 +1711,15 @@ func (q *QP) rcAckLocked(pkt *wire.Packet) {
 		}
 		if r.runOn && psnDiff(psn, r.runEnd) <= 0 && !(r.nakSeen && psn == r.nakPSN) {
 			// Inside the run still arriving: the responder NAKed at the end of a
-			// batch that held only part of it. Its acknowledgement stands; a packet
-			// of the run lost as well is NAKed again when the responder sees the
-			// requester go back (early retransmission).
+			// batch that held only part of it. Its acknowledgement stands, and the
+			// resend is put off for two round trips: if the run brought the packet,
+			// nothing is resent (a run crossing batches draws such NAKs).
 			r.nakSeen, r.nakPSN, r.nakTwin = true, psn, true
+			if !r.deferOn || r.deferPSN != psn {
+				now := q.hca.cfg.Clock.Now()
+				r.deferOn, r.deferPSN, r.deferAt = true, psn, now.Add(max(2*r.srtt, rcMinEarly))
+				q.rcArmLocked(now)
+			}
 			return
 		}
 		if r.nakSeen && psn == r.nakPSN {
@@ -1755,6 +1787,9 @@ func (q *QP) rcAckToLocked(psn uint32) {
 	}
 	if r.runOn && psnDiff(r.una, r.runEnd) > 0 {
 		r.runOn = false
+	}
+	if r.deferOn && psnDiff(r.una, r.deferPSN) > 0 {
+		r.deferOn = false // it came after all
 	}
 	now := q.hca.cfg.Clock.Now()
 	if r.rttOn && psnDiff(psn, r.rttPSN) >= 0 {

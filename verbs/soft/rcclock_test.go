@@ -99,3 +99,49 @@ func TestRCKeptRequestsExpire(t *testing.T) {
 		t.Fatalf("responder %+v: the gap behind the expired requests was not NAKed", st)
 	}
 }
+
+// A NAK inside a run the requester resent after a burst is put off, not dropped: on
+// virtual time, with no ACK timeout (so no early retransmission), the run's packet it
+// names is resent alone two round trips later (rcMinEarly before any is measured),
+// not a nanosecond sooner, when it is still the oldest unacknowledged.
+func TestRCNAKInsideARunIsPutOff(t *testing.T) {
+	clk := clock.NewMock(t)
+	_, smh, nodes := fabricOn(t, clk, "", "a", "b")
+	a, b := rcPair(t, nodes[0], nodes[1], rcOpts{mtu: verbs.MTU256, noTimeout: true, retryCnt: 7, rnrRetry: 7, psnA: 500})
+	b.postRecv(t, verbs.RecvWR{ID: 1, Buf: make([]byte, 100)})
+	setFaults(t, smh, nodes, Faults{Loss: 1}) // a's packets are lost; the NAKs are handed to a directly
+	var wrs []verbs.SendWR
+	for i := range 8 {
+		wrs = append(wrs, verbs.SendWR{ID: uint64(i), Data: [][]byte{{byte(i)}}})
+	}
+	a.post(t, wrs...) // PSNs 500..507
+	pa := nodes[0].SoftPort(1)
+	nak := func(psn uint32) uint64 {
+		before := pa.Counters().XmitPackets
+		pkt := craft(t, nodes[1], nodes[0], wire.Packet{BTH: wire.BTH{Opcode: wire.OpRCAck, PKey: 0xffff, DestQP: uint32(a.qp.Num()), PSN: psn},
+			AETH: wire.AETH{Syndrome: 0x60}})
+		pa.receive([]Datagram{{Addr: nodes[1].Endpoint(1), Data: pkt}}, true)
+		return pa.Counters().XmitPackets - before
+	}
+	if n := nak(500); n != 2 {
+		t.Fatalf("NAK 500: %d packets resent, want 500 twice", n)
+	}
+	if n := nak(501); n != 7 {
+		t.Fatalf("NAK 501, right after the resend: %d packets resent, want the run 501..507", n)
+	}
+	if n := nak(503); n != 0 {
+		t.Fatalf("NAK 503, inside the run: %d packets resent at once", n)
+	}
+	sent := func() uint64 { return pa.Counters().XmitPackets }
+	base := sent()
+	clk.Advance(rcMinEarly - time.Nanosecond)
+	time.Sleep(10 * time.Millisecond) // a resend would be on its way by now
+	if n := sent() - base; n != 0 {
+		t.Fatalf("%d packets resent before the NAK's time", n)
+	}
+	clk.Advance(time.Nanosecond)
+	waitFor(t, "503 resent alone", func() bool { return sent()-base == 2 })
+	if st := rcStatsOf(a); st.selects != 3 || st.goBacks != 0 || st.timeouts != 0 {
+		t.Fatalf("requester %+v: want three selective resends", st)
+	}
+}
