@@ -145,3 +145,36 @@ func TestRCNAKInsideARunIsPutOff(t *testing.T) {
 		t.Fatalf("requester %+v: want three selective resends", st)
 	}
 }
+
+// Requests kept by a QP that is only a responder yet (RTR) expire as well.
+func TestRCKeptRequestsExpireInRTR(t *testing.T) {
+	clk := clock.NewMock(t)
+	_, _, nodes := fabricOn(t, clk, "", "a", "b")
+	o := rcOpts{}
+	o.defaults()
+	a, b := newRCEnd(t, nodes[0], o), newRCEnd(t, nodes[1], o)
+	for _, m := range []verbs.QPModify{
+		{Mask: verbs.QPMaskState | verbs.QPMaskPKeyIndex, State: verbs.QPInit},
+		{Mask: verbs.QPMaskState | verbs.QPMaskDestQPN | verbs.QPMaskAH | verbs.QPMaskPathMTU | verbs.QPMaskRQPSN,
+			State: verbs.QPRTR, DestQPN: a.qp.Num(), AH: verbs.AHAttr{Port: 1, DLID: a.lid()}, PathMTU: o.mtu, RQPSN: 1000},
+	} {
+		if err := b.qp.Modify(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.postRecv(t, verbs.RecvWR{ID: 1, Buf: make([]byte, 100)})
+	var batch []Datagram
+	for psn := uint32(1001); psn <= 1003; psn++ {
+		batch = append(batch, Datagram{Addr: nodes[0].Endpoint(1), Data: craft(t, nodes[0], nodes[1], wire.Packet{BTH: wire.BTH{
+			Opcode: wire.OpRCSendOnly, PKey: 0xffff, DestQP: uint32(b.qp.Num()), PSN: psn, AckReq: true}, Payload: []byte("x")})})
+	}
+	nodes[1].SoftPort(1).receive(batch, true)
+	if n := nodes[1].oooBytes.Load(); n != 3*oooBufCap {
+		t.Fatalf("%d bytes kept in RTR for three requests behind a gap", n)
+	}
+	clk.Advance(rcKeepMax)
+	waitFor(t, "the requests kept in RTR dropped", func() bool { return nodes[1].oooBytes.Load() == 0 })
+	if st := b.qp.State(); st != verbs.QPRTR {
+		t.Fatalf("QP in %v, want RTR", st)
+	}
+}
