@@ -257,18 +257,7 @@ cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := testenv.InNetns(t, td.ns, func() (int, error) {
-		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return -1, err
-		}
-		mr := unix.PacketMreq{Ifindex: int32(idx), Type: unix.PACKET_MR_PROMISC}
-		if err := unix.SetsockoptPacketMreq(s, unix.SOL_PACKET, unix.PACKET_ADD_MEMBERSHIP, &mr); err != nil {
-			unix.Close(s)
-			return -1, err
-		}
-		return s, nil
-	})
+	ps := promiscSocket(t, td.ns, idx)
 	waitUntil(t, "a packet socket's promiscuity in bond0's flags", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1503" })
 	unix.Close(ps)
 	waitUntil(t, "gone again", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1403" })

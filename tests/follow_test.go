@@ -218,18 +218,7 @@ func TestFollowLinkChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := testenv.InNetns(t, ns, func() (int, error) {
-		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
-		if err != nil {
-			return -1, err
-		}
-		mr := unix.PacketMreq{Ifindex: int32(idx), Type: unix.PACKET_MR_PROMISC}
-		if err := unix.SetsockoptPacketMreq(s, unix.SOL_PACKET, unix.PACKET_ADD_MEMBERSHIP, &mr); err != nil {
-			unix.Close(s)
-			return -1, err
-		}
-		return s, nil
-	})
+	ps := promiscSocket(t, ns, idx)
 	until("a packet socket's promiscuity in the tree", func() bool { return read("class/net/ib0.8001/flags") == "0x1103" })
 	if devFlag("ib0.8001", "PROMISC") {
 		t.Errorf("the packet socket's promiscuity shows as the user's in ip link: %s", ipOut(t, ns, "link", "show", "ib0.8001"))
@@ -631,4 +620,22 @@ func TestNamespaceDeletedIsSaid(t *testing.T) {
 	if _, err := os.Stat(mnt + "/class/net/ib0.8005"); err == nil {
 		t.Fatalf("ib0.8005 made in a deleted namespace")
 	}
+}
+
+// promiscSocket opens a packet socket in namespace ns that makes the device with
+// index idx promiscuous while it is open, as tcpdump does.
+func promiscSocket(t *testing.T, ns string, idx int) int {
+	t.Helper()
+	return testenv.InNetns(t, ns, func() (int, error) {
+		s, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return -1, err
+		}
+		mr := unix.PacketMreq{Ifindex: int32(idx), Type: unix.PACKET_MR_PROMISC}
+		if err := unix.SetsockoptPacketMreq(s, unix.SOL_PACKET, unix.PACKET_ADD_MEMBERSHIP, &mr); err != nil {
+			unix.Close(s)
+			return -1, err
+		}
+		return s, nil
+	})
 }
