@@ -425,9 +425,8 @@ type Bond struct {
 	miimon       int
 	fom          uint64
 	up, carrier  bool
-	noMulticast  bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
-	flagBits     uint32 // the iffStored and iffUser bits of dev->flags, as written
-	counted      uint32 // IFF_PROMISC while the kernel device's promiscuity count has more than flagBits
+	noMulticast  bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	flags        devFlags
 	mtu          int
 	typ          int
 	hw           HWAddr
@@ -501,7 +500,7 @@ func (b *Bond) AttachHost(h Host) {
 	} else {
 		b.host.Store(&hostRef{h})
 	}
-	mtu, carrier, f, mcast, user := b.mtu, b.carrier, b.features, !b.noMulticast, b.flagBits&iffUser
+	mtu, carrier, f, mcast, user := b.mtu, b.carrier, b.features, !b.noMulticast, b.flags.user()
 	b.mu.Unlock()
 	if h != nil {
 		h.SetMTU(mtu)
@@ -628,7 +627,7 @@ func (b *Bond) Flags() uint32 {
 	if b.up {
 		f |= iffUp
 	}
-	return f | b.flagBits | b.counted
+	return f | b.flags.shown()
 }
 
 // SetCounted sets the dev->flags bits the bond's kernel device has from its counts
@@ -636,7 +635,7 @@ func (b *Bond) Flags() uint32 {
 func (b *Bond) SetCounted(f uint32) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.counted = f & iffUser
+	b.flags.counted = f & iffUser
 }
 
 // SetFlags applies a write of flags as Interface.SetFlags: up, IFF_MULTICAST,
@@ -645,7 +644,7 @@ func (b *Bond) SetFlags(f uint32) {
 	b.SetUp(f&iffUp != 0)
 	b.SetMulticast(f&iffMulticast != 0)
 	b.mu.Lock()
-	b.flagBits = b.flagBits&^iffStored | f&iffStored
+	b.flags.store(f)
 	b.mu.Unlock()
 	b.SetUserFlags(f)
 }
@@ -655,13 +654,12 @@ func (b *Bond) SetFlags(f uint32) {
 // slave's own flags do not show: not done here, where they mean nothing to the link.)
 func (b *Bond) SetUserFlags(f uint32) {
 	b.mu.Lock()
-	old := b.flagBits & iffUser
-	b.flagBits = b.flagBits&^iffUser | f&iffUser
+	old := b.flags.setUser(f)
 	b.mu.Unlock()
 	if old == f&iffUser {
 		return
 	}
-	b.bs.e.event("%s: flags %#x", b.name, f&iffUser)
+	userFlagEvents(b.bs.e.event, b.name, old, f)
 	b.pushUserFlags()
 }
 

@@ -73,7 +73,7 @@ func (i *Interface) pushUserFlags() {
 	i.hostMu.Lock()
 	defer i.hostMu.Unlock()
 	i.mu.Lock()
-	f, h := i.flagBits&iffUser, i.data().host
+	f, h := i.flags.user(), i.data().host
 	i.mu.Unlock()
 	if uh, ok := h.(UserFlagsHost); ok {
 		uh.SetUserFlags(f)
@@ -132,7 +132,7 @@ func (b *Bond) pushMulticast() {
 
 func (b *Bond) pushUserFlags() {
 	b.bondPush(func() func(Host) {
-		f := b.flagBits & iffUser
+		f := b.flags.user()
 		return func(h Host) {
 			if uh, ok := h.(UserFlagsHost); ok {
 				uh.SetUserFlags(f)

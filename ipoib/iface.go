@@ -79,9 +79,8 @@ type Interface struct {
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	txQueueLen    uint32
-	noMulticast   bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
-	flagBits      uint32 // the iffStored and iffUser bits of dev->flags, as written
-	counted       uint32 // IFF_PROMISC while the kernel device's promiscuity count has more than flagBits
+	noMulticast   bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	flags         devFlags
 	closed        bool
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
@@ -377,7 +376,7 @@ func (i *Interface) Flags() uint32 {
 	if i.bond.Load() != nil {
 		f |= iffSlave // bond_enslave sets it, __bond_release_one clears it
 	}
-	return f | i.flagBits | i.counted
+	return f | i.flags.shown()
 }
 
 // SetCounted sets the dev->flags bits the kernel device has from its counts
@@ -385,7 +384,7 @@ func (i *Interface) Flags() uint32 {
 func (i *Interface) SetCounted(f uint32) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	i.counted = f & iffUser
+	i.flags.counted = f & iffUser
 }
 
 // The dev->flags bits an IPoIB netdev shows (include/uapi/linux/if.h).
@@ -400,6 +399,37 @@ const (
 	iffUser = iffPromisc | iffAllMulti
 )
 
+// devFlags are the dev->flags bits an interface or a bond keeps beyond its state
+// (under its mu): those a write stores and the user's promisc and allmulti (bits),
+// and IFF_PROMISC while the kernel device's promiscuity count has more than the
+// user's own (counted).
+type devFlags struct{ bits, counted uint32 }
+
+func (d *devFlags) shown() uint32 { return d.bits | d.counted }
+func (d *devFlags) user() uint32  { return d.bits & iffUser }
+
+// store takes the stored bits of a flags write.
+func (d *devFlags) store(f uint32) { d.bits = d.bits&^iffStored | f&iffStored }
+
+// setUser takes f's iffUser bits and returns the ones before.
+func (d *devFlags) setUser(f uint32) (old uint32) {
+	old = d.user()
+	d.bits = d.bits&^iffUser | f&iffUser
+	return old
+}
+
+// userFlagEvents says which of promisc and allmulti changed from old to f.
+func userFlagEvents(event func(string, ...any), name string, old, f uint32) {
+	for _, b := range []struct {
+		bit  uint32
+		name string
+	}{{iffPromisc, "promiscuous mode"}, {iffAllMulti, "all-multicast mode"}} {
+		if (old^f)&b.bit != 0 {
+			event("%s: %s %s", name, b.name, onOff(f&b.bit != 0))
+		}
+	}
+}
+
 // SetFlags applies a write of flags as dev_change_flags does for an IPoIB netdev:
 // IFF_UP opens or stops the interface; IFF_MULTICAST, IFF_PROMISC, IFF_ALLMULTI and
 // the bits a netdev only keeps (DEBUG, NOTRAILERS, NOARP, PORTSEL, AUTOMEDIA,
@@ -411,7 +441,7 @@ func (i *Interface) SetFlags(f uint32) error {
 	}
 	i.SetMulticast(f&iffMulticast != 0)
 	i.mu.Lock()
-	i.flagBits = i.flagBits&^iffStored | f&iffStored
+	i.flags.store(f)
 	i.mu.Unlock()
 	i.SetUserFlags(f)
 	return nil
@@ -421,20 +451,12 @@ func (i *Interface) SetFlags(f uint32) error {
 // link set promisc/allmulticast on the kernel device); the kernel device follows.
 func (i *Interface) SetUserFlags(f uint32) {
 	i.mu.Lock()
-	old := i.flagBits & iffUser
-	i.flagBits = i.flagBits&^iffUser | f&iffUser
+	old := i.flags.setUser(f)
 	i.mu.Unlock()
 	if old == f&iffUser {
 		return
 	}
-	for _, b := range []struct {
-		bit  uint32
-		name string
-	}{{iffPromisc, "promiscuous mode"}, {iffAllMulti, "all-multicast mode"}} {
-		if (old^f)&b.bit != 0 {
-			i.e.event("%s: %s %s", i.Name(), b.name, onOff(f&b.bit != 0))
-		}
-	}
+	userFlagEvents(i.e.event, i.Name(), old, f)
 	i.pushUserFlags()
 }
 
@@ -511,7 +533,7 @@ func (i *Interface) AttachHost(h Host) {
 	i.setLocked(func(d *dataState) { d.host = h })
 	d := i.data()
 	mtu, carrier, up, f, txq, mcast := d.mtu, d.carrier, d.up, i.effectiveFeaturesLocked(), i.txQueueLen, !i.noMulticast
-	user := i.flagBits & iffUser
+	user := i.flags.user()
 	i.mu.Unlock()
 	if h == nil {
 		return

@@ -86,9 +86,10 @@ func nsWatchLoop(w *fsnotify.Watcher) {
 			if !ev.Has(fsnotify.Remove) && !ev.Has(fsnotify.Rename) {
 				continue
 			}
+			dir := filepath.Clean(ev.Name) == netnsDir
 			workersMu.Lock()
 			current := nsWatch.w == w // not one closing while its successor runs
-			if current && filepath.Clean(ev.Name) == netnsDir {
+			if current && dir {
 				// The directory itself went: the watch with it. The next namespace
 				// worker starts another.
 				nsWatch.w = nil
@@ -97,7 +98,7 @@ func nsWatchLoop(w *fsnotify.Watcher) {
 			workersMu.Unlock()
 			switch {
 			case !current:
-			case filepath.Clean(ev.Name) == netnsDir:
+			case dir:
 				log.Printf("watch %s: the directory was removed; a deleted namespace is noticed at the next device made in it", netnsDir)
 			default:
 				namespaceRemoved(filepath.Base(ev.Name))

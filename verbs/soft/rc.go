@@ -1031,11 +1031,9 @@ func (q *QP) rcOnTimer() {
 		hi := s.ooo[len(s.ooo)-1].pkt.BTH.PSN
 		rc.stats.expired += uint64(len(s.ooo) - s.oooH)
 		dropped, dropHi := s.dropped, s.dropHi
-		q.rcDropKeptLocked()
-		s.dropped, s.dropHi = true, hi
-		if dropped && psnDiff(dropHi, hi) > 0 {
-			s.dropHi = dropHi
-		}
+		q.rcDropKeptLocked() // which forgets the dropped ones: these are not gone back over
+		s.dropped, s.dropHi = dropped, dropHi
+		s.noteDropped(hi)
 	}
 	if q.state != verbs.QPRTS { // RTR: a responder only
 		q.rcArmLocked(now)
@@ -1475,8 +1473,12 @@ func (q *QP) rcKeepLocked(pkt *wire.Packet, d int) {
 
 // rcNotKeptLocked notes a request beyond a gap that could not be kept.
 func (q *QP) rcNotKeptLocked(psn uint32) {
-	s := &q.rc.resp
 	q.rc.stats.notKept++
+	q.rc.resp.noteDropped(psn)
+}
+
+// noteDropped records that requests up to psn beyond a gap are not kept.
+func (s *rcResp) noteDropped(psn uint32) {
 	if !s.dropped || psnDiff(psn, s.dropHi) > 0 {
 		s.dropped, s.dropHi = true, psn
 	}
