@@ -128,5 +128,14 @@ func flowQueue(b []byte, offset, n int) int {
 			mix(l4[:4])
 		}
 	}
+	// FNV-1a leaves the last bytes it mixes in its low bits: flows that differ only in
+	// the low byte of a port (iperf3 -P, a client's successive connections) would share
+	// the top bits that pick the queue. murmur3's finalizer spreads every input bit
+	// over all of them.
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
 	return int(uint64(h) * uint64(n) >> 32)
 }

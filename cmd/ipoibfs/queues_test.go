@@ -57,6 +57,21 @@ func TestFlowQueue(t *testing.T) {
 			t.Errorf("64 flows put %d on queue %d: %v", seen[q], q%n, seen)
 		}
 	}
+	// A client's successive connections (iperf3 -P 8) differ in the low bits of their
+	// port alone, in the last bytes hashed on the way back: they must spread too. With
+	// a hash that spreads its input, 8 flows land on one queue of 4 once in 16384.
+	for _, step := range []uint16{1, 2} { // Linux steps connect()'s ports by 2
+		for base := uint16(32768); base < 60000; base += 97 {
+			back, out := map[int]bool{}, map[int]bool{}
+			for k := range uint16(8) {
+				back[flowQueue(ip4("10.0.0.2", "10.0.0.1", 6, 5201, base+k*step, 0), 0, n)] = true
+				out[flowQueue(ip4("10.0.0.1", "10.0.0.2", 6, base+k*step, 5201, 0), 0, n)] = true
+			}
+			if len(back) == 1 || len(out) == 1 {
+				t.Fatalf("8 flows from ports %d, %d, ... all went to one queue of %d (back %v, out %v)", base, base+step, n, back, out)
+			}
+		}
+	}
 	// Ports count for TCP and UDP only; fragments hash by addresses.
 	diff := func(a, b []byte) bool {
 		for k := 0; k < 16; k++ { // queues out of 1<<16: a collision is 1 in 65536
