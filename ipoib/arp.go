@@ -56,7 +56,10 @@ func (a *arpPacket) appendFrame(b []byte) []byte {
 	return append(b, t4[:]...)
 }
 
-// handleARP learns the sender and answers requests for our addresses.
+// handleARP learns the sender and answers requests for our addresses. Like the
+// kernel with arp_accept off, it makes a neighbour only for the sender of a request
+// for one of our addresses; any other ARP (a reply, a gratuitous one) updates a
+// neighbour already there, so nobody fills the table by announcing addresses.
 func (i *Interface) handleARP(b []byte) {
 	a, err := parseARP(b)
 	if err != nil || !a.SenderIP.Is4() {
@@ -72,7 +75,7 @@ func (i *Interface) handleARP(b []byte) {
 	}
 	var flush [][]byte
 	i.dmu.Lock()
-	if _, known := i.neigh[a.SenderIP]; mine || known || a.Op == arpReply {
+	if _, known := i.neigh[a.SenderIP]; known || mine && a.Op == arpRequest {
 		flush = i.learnLocked(a.SenderIP, a.SenderHW)
 	}
 	var reply []byte

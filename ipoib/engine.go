@@ -118,12 +118,14 @@ type timers struct {
 	maxBackoff   time.Duration // IPOIB_MAX_BACKOFF_SECONDS
 	sendOnlyIdle time.Duration // send-only groups unused this long are left
 	cmRxIdle     time.Duration // passive connections idle this long are torn down
+	neighGC      time.Duration // between rounds of the neighbour GC
 }
 
 // defaultTimers are the driver's: send-only groups go with their neighbour, reaped
 // after two ARP gc_intervals (30 s) idle.
 var defaultTimers = timers{arpInterval: arpInterval, pathRetry: time.Second,
-	joinBackoff: time.Second, maxBackoff: maxBackoff, sendOnlyIdle: 60 * time.Second, cmRxIdle: cmRxIdle}
+	joinBackoff: time.Second, maxBackoff: maxBackoff, sendOnlyIdle: 60 * time.Second, cmRxIdle: cmRxIdle,
+	neighGC: neighGC}
 
 // Devices makes and removes the kernel device of each interface in step with the
 // engine, as the driver registers a netdev inside create_child: Create runs before

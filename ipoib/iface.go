@@ -42,6 +42,21 @@ const (
 	maxBackoff  = 16 * time.Second // IPOIB_MAX_BACKOFF_SECONDS
 	arpRetries  = 3
 	arpInterval = time.Second
+
+	neighGC = 30 * time.Second // the kernel's arp_tbl gc_interval
+)
+
+// The neighbour table's bounds (variables for the tests, which lower them).
+var (
+	// The kernel caps its ARP and ND tables at gc_thresh3 (1024 by default, for
+	// all devices) and ib_ipoib frees a neighbour idle for two GC intervals; here
+	// each interface has a table of its own, sized for a large subnet. Entries still waiting for an answer (each holding up to
+	// maxPathQ frames) have a smaller cap: they are what a flood of sends to
+	// addresses nobody answers for makes.
+	maxNeigh      = 8192
+	maxUnresolved = 256
+	maxPaths      = maxNeigh // a path is made for a neighbour, or to answer one
+	maxSendOnly   = 1024     // send-only groups (each one an SA membership)
 )
 
 // saClient is what an interface asks the SA (*sa.Client).
@@ -113,6 +128,13 @@ type Interface struct {
 	mcast map[verbs.GID]*mcastGroup
 	paths map[verbs.GID]*path
 	neigh map[netip.Addr]*neigh
+	// pending holds the neighbours of neigh still being resolved, so that the
+	// task's round looks at those alone.
+	pending   map[netip.Addr]*neigh
+	gcAt      time.Time // the next neighbour GC round, zero while the tables are empty
+	forcedAt  time.Time // the last GC forced by a full table (one a second at most)
+	sendOnlyN int       // send-only groups in mcast
+	txGone    []*cmTx   // connections a forced GC took out of tx, for the task to end
 
 	stats  stats
 	kick   chan struct{} // wakes the multicast/path task
@@ -204,7 +226,8 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	i := &Interface{e: e, port: port, parent: parent, sa: e.newSAClient(p, attr),
 		maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+		pending: map[netip.Addr]*neigh{},
+		kick:    make(chan struct{}, 1), stop: make(chan struct{})}
 	if e.wrapSA != nil {
 		i.sa = e.wrapSA(i.sa)
 	}
@@ -742,12 +765,14 @@ func (i *Interface) resetQPLocked() {
 // posted in, and its index in the ring.
 func recvWRID(gen uint32, k int) uint64 { return uint64(gen)<<32 | uint64(uint32(k)) }
 
-// stopDev takes the interface down: groups are left, paths flushed, carrier off.
+// stopDev takes the interface down: groups are left, paths and neighbours flushed
+// (the kernel's neigh_ifdown), carrier off.
 func (i *Interface) stopDev() {
 	i.leaveAll()
 	i.mu.Lock()
 	i.dmu.Lock()
 	i.flushPathsLocked()
+	i.flushNeighLocked()
 	i.dmu.Unlock()
 	i.rxMu.Lock()
 	i.resetQPLocked()

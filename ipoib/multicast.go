@@ -299,7 +299,7 @@ func (i *Interface) leaveAll() {
 	i.mu.Lock()
 	i.dmu.Lock()
 	groups := i.mcast
-	i.mcast = map[verbs.GID]*mcastGroup{}
+	i.mcast, i.sendOnlyN = map[verbs.GID]*mcastGroup{}, 0
 	i.dmu.Unlock()
 	// The leaves are pending before mu is released: a round of the join task while
 	// they are on their way (a flush does not stop the QP) would otherwise join again,
@@ -334,6 +334,9 @@ func (i *Interface) leaveAll() {
 
 // dropGroupLocked removes a group from the table, for forget. Called with dmu held.
 func (i *Interface) dropGroupLocked(g *mcastGroup, gone *[]*mcastGroup) {
+	if g.sendOnly {
+		i.sendOnlyN--
+	}
 	delete(i.mcast, g.mgid)
 	*gone = append(*gone, g)
 }
@@ -435,8 +438,15 @@ func (i *Interface) sendMulticastLocked(mgid verbs.GID, frame []byte) (verbs.AH,
 			i.stats.txDropped.Add(1)
 			return nil, false
 		}
+		if i.sendOnlyN >= maxSendOnly {
+			// Each is an SA membership and a join: a flood of sends to new groups
+			// (solicitations for spoofed sources, say) must not make one per packet.
+			i.stats.txDropped.Add(1)
+			return nil, false
+		}
 		g = &mcastGroup{mgid: mgid, created: i.e.clk.Now(), sendOnly: true}
 		i.mcast[mgid] = g
+		i.sendOnlyN++
 		i.wake()
 	}
 	g.lastUse = i.e.clk.Now()

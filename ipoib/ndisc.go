@@ -44,7 +44,9 @@ func ndLLOption(opts []byte, typ byte) (HWAddr, bool) {
 	return HWAddr{}, false
 }
 
-// handleND learns from solicitations and advertisements and answers solicitations for
+// handleND learns from solicitations and advertisements (a neighbour is made only for
+// the sender of a solicitation for one of our addresses: RFC 4861 §7.2.5 drops an
+// advertisement for a target with no entry) and answers solicitations for
 // our addresses.
 func (i *Interface) handleND(pkt []byte) {
 	src := netip.AddrFrom16([16]byte(pkt[8:24]))
@@ -76,7 +78,7 @@ func (i *Interface) handleND(pkt []byte) {
 	var flush [][]byte
 	i.dmu.Lock()
 	if learnIP.IsValid() {
-		if _, known := i.neigh[learnIP]; known || mine || icmp[0] == icmpv6NA {
+		if _, known := i.neigh[learnIP]; known || mine && icmp[0] == icmpv6NS {
 			flush = i.learnLocked(learnIP, learnHW)
 		}
 	}

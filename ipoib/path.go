@@ -32,6 +32,8 @@ type neigh struct {
 	tries   int
 	solicit time.Time // next ARP/NS due
 	updated time.Time
+	used    bool  // sent to since the last GC round
+	idle    uint8 // GC rounds in a row it was not used in
 }
 
 // sendUnicastLocked resolves dst and returns where to send the frame, or queues it
@@ -39,10 +41,16 @@ type neigh struct {
 func (i *Interface) sendUnicastLocked(dst netip.Addr, frame [][]byte, size int) (outFrame, bool) {
 	n := i.neigh[dst]
 	if n == nil {
+		if !i.neighRoomLocked(true) {
+			i.stats.txDropped.Add(1)
+			return outFrame{}, false
+		}
 		n = &neigh{}
 		i.neigh[dst] = n
+		i.pending[dst] = n
 		i.wake()
 	}
+	n.used = true
 	if !n.valid {
 		if len(n.queue) >= maxPathQ {
 			i.stats.txDropped.Add(1)
@@ -101,8 +109,13 @@ func (i *Interface) deliverICMP(m [][]byte) {
 func (i *Interface) sendToHWLocked(hw HWAddr, frame [][]byte) (verbs.AH, verbs.QPN, bool) {
 	p := i.paths[hw.GID()]
 	if p == nil {
+		if len(i.paths) >= maxPaths && !i.forceGCLocked() {
+			i.stats.txDropped.Add(1)
+			return nil, 0, false
+		}
 		p = &path{dgid: hw.GID()}
 		i.paths[p.dgid] = p
+		i.wake() // the GC round runs while there are paths
 	}
 	if p.ah != nil {
 		return p.ah, hw.QPN(), true
@@ -161,7 +174,7 @@ func (i *Interface) pathDone(p *path, rec mad.PathRecord, err error) {
 		for ip, n := range i.neigh {
 			if n.hw.GID() == p.dgid {
 				i.stats.txDropped.Add(uint64(len(n.queue)))
-				delete(i.neigh, ip)
+				i.dropNeighLocked(ip)
 			}
 		}
 		i.dmu.Unlock()
@@ -194,16 +207,107 @@ func (i *Interface) learnLocked(ip netip.Addr, hw HWAddr) (flush [][]byte) {
 	}
 	n := i.neigh[ip]
 	if n == nil {
+		if !i.neighRoomLocked(false) {
+			return nil
+		}
 		n = &neigh{}
 		i.neigh[ip] = n
+		i.wake() // the GC round runs while there are neighbours
 	}
 	if n.valid && n.hw != hw {
-		// The peer changed its address (restart, new QPN): its old path is stale too.
+		// The peer changed its address (restart, new QPN): its old path is stale too,
+		// and so is a connection to the old address (the GC round ends it).
 		delete(i.paths, n.hw.GID())
 	}
-	n.hw, n.valid, n.tries, n.updated = hw, true, 0, i.e.clk.Now()
+	delete(i.pending, ip)
+	n.hw, n.valid, n.tries, n.updated, n.idle = hw, true, 0, i.e.clk.Now(), 0
 	flush, n.queue = n.queue, nil
 	return flush
+}
+
+// dropNeighLocked forgets a neighbour.
+func (i *Interface) dropNeighLocked(ip netip.Addr) {
+	delete(i.neigh, ip)
+	delete(i.pending, ip)
+}
+
+// neighRoomLocked reports whether the table takes one more neighbour (unresolved:
+// one being resolved), after a forced GC round if it is full.
+func (i *Interface) neighRoomLocked(unresolved bool) bool {
+	if unresolved && len(i.pending) >= maxUnresolved {
+		return false
+	}
+	return len(i.neigh) < maxNeigh || i.forceGCLocked() && len(i.neigh) < maxNeigh
+}
+
+// forceGCLocked runs a GC round early because a table is full, at most once a second
+// (the kernel's forced neigh_forced_gc is rate-limited the same way), and reports
+// whether it ran.
+func (i *Interface) forceGCLocked() bool {
+	now := i.e.clk.Now()
+	if now.Sub(i.forcedAt) < time.Second {
+		return false
+	}
+	i.forcedAt = now
+	i.e.event("%s: neighbour table full (%d neighbours, %d paths): collecting idle ones", i.Name(), len(i.neigh), len(i.paths))
+	// The connections end in the task's next round: ending one takes dmu, which the
+	// caller holds.
+	i.txGone = append(i.txGone, i.gcLocked(true)...)
+	if len(i.txGone) > 0 {
+		i.wake()
+	}
+	return true
+}
+
+// gcLocked is a round of the neighbour GC (__ipoib_reap_neigh): a resolved neighbour
+// not sent to in two rounds in a row (forced: in the last round) is forgotten, and
+// with the last neighbour that uses them, a path and a connected-mode connection
+// (ipoib_neigh_dtor's ipoib_cm_destroy_tx); a path still being queried or holding
+// frames stays. It returns the connections to end, after unlocking.
+func (i *Interface) gcLocked(forced bool) []*cmTx {
+	for ip, n := range i.neigh {
+		if !n.valid {
+			continue // the resolution's retries give it up
+		}
+		if n.used {
+			n.used, n.idle = false, 0
+			continue
+		}
+		if n.idle++; n.idle >= 2 || forced {
+			i.stats.txDropped.Add(uint64(len(n.queue)))
+			i.dropNeighLocked(ip)
+		}
+	}
+	hws := make(map[HWAddr]bool, len(i.neigh))
+	gids := make(map[verbs.GID]bool, len(i.neigh))
+	for _, n := range i.neigh {
+		if n.valid {
+			hws[n.hw], gids[n.hw.GID()] = true, true
+		}
+	}
+	for g, p := range i.paths {
+		if !gids[g] && !p.querying && len(p.queue) == 0 {
+			delete(i.paths, g)
+		}
+	}
+	var txs []*cmTx
+	for hw, t := range i.tx {
+		if !hws[hw] {
+			delete(i.tx, hw)
+			i.stats.txDropped.Add(uint64(len(t.queue)))
+			txs = append(txs, t)
+		}
+	}
+	return txs
+}
+
+// flushNeighLocked forgets every neighbour, dropping the frames that wait for one.
+func (i *Interface) flushNeighLocked() {
+	for _, n := range i.pending {
+		i.stats.txDropped.Add(uint64(len(n.queue)))
+	}
+	clear(i.neigh)
+	clear(i.pending)
 }
 
 // resend sends frames that waited for a neighbour now resolved to hw.
@@ -238,12 +342,26 @@ func (i *Interface) neighRound() time.Duration {
 	var due []sol
 	tm := i.e.tm.Load()
 	i.dmu.Lock()
-	if d := i.data(); !d.up || !d.carrier {
-		i.dmu.Unlock()
-		return next
+	txs := i.txGone
+	i.txGone = nil
+	switch {
+	case len(i.neigh) == 0 && len(i.paths) == 0 && len(i.tx) == 0:
+		i.gcAt = time.Time{}
+	case i.gcAt.IsZero():
+		i.gcAt = now.Add(tm.neighGC)
+	case !now.Before(i.gcAt):
+		txs = append(txs, i.gcLocked(false)...)
+		i.gcAt = now.Add(tm.neighGC)
 	}
-	for ip, n := range i.neigh {
-		if n.valid || len(n.queue) == 0 && n.tries == 0 {
+	if !i.gcAt.IsZero() {
+		next = min(next, i.gcAt.Sub(now))
+	}
+	active := i.data().up && i.data().carrier
+	for ip, n := range i.pending {
+		if !active {
+			break
+		}
+		if len(n.queue) == 0 && n.tries == 0 {
 			continue
 		}
 		if now.Before(n.solicit) {
@@ -252,7 +370,7 @@ func (i *Interface) neighRound() time.Duration {
 		}
 		if n.tries >= arpRetries {
 			i.stats.txDropped.Add(uint64(len(n.queue)))
-			delete(i.neigh, ip)
+			i.dropNeighLocked(ip)
 			continue
 		}
 		n.tries++
@@ -261,6 +379,9 @@ func (i *Interface) neighRound() time.Duration {
 		due = append(due, sol{ip})
 	}
 	i.dmu.Unlock()
+	for _, t := range txs {
+		i.cmTxDestroy(t)
+	}
 	for _, s := range due {
 		if s.ip.Is4() {
 			i.sendARPRequest(s.ip)

@@ -13,8 +13,16 @@ import (
 	"ipoibfs/verbs/sa"
 )
 
-// learnFromARP hands the interface an ARP reply from ip at hw, as if received.
+// learnFromARP hands the interface an ARP reply from ip at hw, as if received for a
+// request it sent (the neighbour waiting for it: a reply alone makes none).
 func learnFromARP(i *Interface, ip string, hw HWAddr) {
+	i.dmu.Lock()
+	if _, ok := i.neigh[netip.MustParseAddr(ip)]; !ok {
+		n := &neigh{}
+		i.neigh[netip.MustParseAddr(ip)] = n
+		i.pending[netip.MustParseAddr(ip)] = n
+	}
+	i.dmu.Unlock()
 	r := arpPacket{Op: arpReply, SenderHW: hw, SenderIP: netip.MustParseAddr(ip), TargetHW: i.HWAddr(), TargetIP: netip.MustParseAddr("10.0.0.1")}
 	i.handleARP(r.appendFrame(nil)[encapLen:])
 }

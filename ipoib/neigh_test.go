@@ -1,0 +1,163 @@
+package ipoib
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"ipoibfs/internal/clock"
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft"
+)
+
+// arpFrom hands i an ARP packet as if received.
+func arpFrom(i *Interface, op uint16, senderIP string, senderHW HWAddr, targetIP string) {
+	a := arpPacket{Op: op, SenderHW: senderHW, SenderIP: netip.MustParseAddr(senderIP), TargetIP: netip.MustParseAddr(targetIP)}
+	i.handleARP(a.appendFrame(nil)[encapLen:])
+}
+
+// peerHW is a made-up unicast hardware address in i's subnet.
+func peerHW(i *Interface, n uint64) HWAddr {
+	return MakeHWAddr(0, verbs.QPN(0x1000+n), verbs.MakeGID(i.HWAddr().GID().Prefix(), verbs.GUID(0x0200000000c00000+n)))
+}
+
+// Only the sender of a request for one of our addresses makes a neighbour (the kernel
+// with arp_accept off, RFC 4861 §7.2.5): an ARP reply nobody asked for, a gratuitous
+// ARP or an advertisement for an unknown target makes none, and updates one that is
+// there.
+func TestNeighbourLearning(t *testing.T) {
+	r := newRig(t)
+	a := iface(t, r.engine("a", 1, Options{}), "ib0")
+	bringUp(t, a, "10.0.0.1/24", "fd00::1/64")
+
+	arpFrom(a, arpReply, "10.0.0.9", peerHW(a, 9), "10.0.0.1")
+	arpFrom(a, arpRequest, "10.0.0.7", peerHW(a, 7), "10.0.0.7") // gratuitous
+	arpFrom(a, arpRequest, "10.0.0.6", peerHW(a, 6), "10.0.0.99")
+	na := a.ndFrame(icmpv6NA, netip.MustParseAddr("fd00::9"), netip.MustParseAddr("ff02::1"), netip.MustParseAddr("fd00::9"), ndOptTgtLL, naFlagOverrid)
+	a.handleND(na[encapLen:])
+	for _, ip := range []string{"10.0.0.9", "10.0.0.7", "10.0.0.6", "fd00::9"} {
+		if _, ok := neighOf(a, ip); ok {
+			t.Errorf("a neighbour for %s from a packet nobody asked for", ip)
+		}
+	}
+
+	arpFrom(a, arpRequest, "10.0.0.8", peerHW(a, 8), "10.0.0.1")
+	if n, ok := neighOf(a, "10.0.0.8"); !ok || !n.valid || n.hw != peerHW(a, 8) {
+		t.Fatalf("the sender of a request for our address: %+v %v", n, ok)
+	}
+	arpFrom(a, arpReply, "10.0.0.8", peerHW(a, 18), "10.0.0.1")
+	if n, _ := neighOf(a, "10.0.0.8"); n.hw != peerHW(a, 18) {
+		t.Fatalf("a reply did not update the neighbour: %s", n.hw)
+	}
+	ns := a.ndFrame(icmpv6NS, netip.MustParseAddr("fd00::8"), solicitedNode(netip.MustParseAddr("fd00::1")), netip.MustParseAddr("fd00::1"), ndOptSrcLL, 0)
+	a.handleND(ns[encapLen:])
+	if n, ok := neighOf(a, "fd00::8"); !ok || !n.valid {
+		t.Fatal("the sender of a solicitation for our address was not learned")
+	}
+}
+
+// A resolved neighbour nobody sends to for two GC rounds is forgotten with its path
+// (__ipoib_reap_neigh), and the next packet resolves it again; one sent to stays.
+// Taking the interface down forgets them all (neigh_ifdown).
+func TestNeighbourGC(t *testing.T) {
+	clk := clock.NewMock(t)
+	_, nodes := testFabricWith(t, "", func(c *soft.Config, o *Options) {
+		if c.Name == "a" {
+			o.Clock = clk
+		}
+	}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	addressNodes(nodes)
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	bGID := b.ib0.HWAddr().GID()
+	if _, ok := pathOf(a.ib0, bGID); !ok {
+		t.Fatal("no path to b after a ping")
+	}
+	taskRound(t, a.ib0) // the GC's first round is planned now
+	rounds := 0
+	for ; rounds < 5; rounds++ {
+		if _, ok := neighOf(a.ib0, "10.0.0.2"); !ok {
+			break
+		}
+		clk.Advance(neighGC)
+		taskRound(t, a.ib0)
+	}
+	// The round that finds it sent to, then two idle ones.
+	if rounds != 3 {
+		t.Fatalf("the idle neighbour went after %d GC rounds, want 3", rounds)
+	}
+	if _, ok := pathOf(a.ib0, bGID); ok {
+		t.Fatal("the path stayed without its neighbour")
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2)
+
+	// Sent to between the rounds: it stays.
+	for k := range 4 {
+		ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", uint16(10+k))
+		clk.Advance(neighGC)
+		taskRound(t, a.ib0)
+	}
+	if n, ok := neighOf(a.ib0, "10.0.0.2"); !ok || !n.valid {
+		t.Fatal("a neighbour in use was forgotten")
+	}
+
+	if err := a.ib0.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	a.ib0.dmu.Lock()
+	left := len(a.ib0.neigh)
+	a.ib0.dmu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d neighbours left on a down interface", left)
+	}
+}
+
+// setBounds lowers the tables' bounds for one test.
+func setBounds(t *testing.T, neighs, unresolved, paths, sendOnly int) {
+	old := [4]int{maxNeigh, maxUnresolved, maxPaths, maxSendOnly}
+	maxNeigh, maxUnresolved, maxPaths, maxSendOnly = neighs, unresolved, paths, sendOnly
+	t.Cleanup(func() { maxNeigh, maxUnresolved, maxPaths, maxSendOnly = old[0], old[1], old[2], old[3] })
+}
+
+// Nothing a peer or the host sends grows the tables past their bounds: requests for
+// our address from ever new senders (a neighbour and a path each), sends to addresses
+// nobody answers for, sends to ever new multicast groups. What does not fit is
+// dropped and counted; a full table first forgets the neighbours not in use.
+func TestNeighbourTablesBounded(t *testing.T) {
+	setBounds(t, 16, 4, 16, 3)
+	r := newRig(t)
+	a := iface(t, r.engine("a", 1, Options{}), "ib0")
+	bringUp(t, a, "10.0.0.1/24")
+	sizes := func() (neighs, pending, paths, sendOnly int) {
+		a.dmu.Lock()
+		defer a.dmu.Unlock()
+		for _, g := range a.mcast {
+			if g.sendOnly {
+				sendOnly++
+			}
+		}
+		return len(a.neigh), len(a.pending), len(a.paths), sendOnly
+	}
+	for k := range uint64(100) {
+		arpFrom(a, arpRequest, fmt.Sprintf("10.0.1.%d", k), peerHW(a, k), "10.0.0.1")
+		if n, _, p, _ := sizes(); n > 16 || p > 16 {
+			t.Fatalf("after %d requests: %d neighbours, %d paths (bounds 16, 16)", k+1, n, p)
+		}
+	}
+	before := a.Stats().TxDropped
+	for k := range 10 {
+		a.Transmit([][]byte{icmp4("10.0.0.1", fmt.Sprintf("10.0.0.%d", 100+k), 8, uint16(k), 56)})
+	}
+	if _, pend, _, _ := sizes(); pend > 4 {
+		t.Fatalf("%d neighbours being resolved, bound 4", pend)
+	}
+	if d := a.Stats().TxDropped - before; d < 6 {
+		t.Fatalf("tx_dropped +%d for 10 sends to unresolved addresses with room for 4", d)
+	}
+	for k := range 10 {
+		a.Transmit([][]byte{udp4("10.0.0.1", fmt.Sprintf("239.1.1.%d", k), 5000, make([]byte, 10))})
+	}
+	if _, _, _, so := sizes(); so != 3 {
+		t.Fatalf("%d send-only groups, bound 3", so)
+	}
+}
