@@ -159,7 +159,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ninepAddr := fl.String("9p", "127.0.0.1:5640", "serve the tree over 9P2000.L on this TCP `address` or unix:PATH (\"\" disables)")
 	ninepAllow := fl.String("9p-allow", "", "comma-separated `CIDRs` allowed to connect to a non-loopback 9P address")
 	fabricKey := fl.String("fabric-key", "", "authenticate fabric management messages with the key in `file` (0600, at least 16 random bytes; the same on every node)")
-	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts (NFS sec=sys); without it they are read-only as nobody")
+	trustUname := fl.Bool("9p-trust-uname", false, "believe the user named in 9P attaches from allowed remote hosts connecting from a reserved port (NFS sec=sys, secure); without it they are read-only as nobody")
 	loadBonding := fl.Bool("bonding", false, "load the bonding driver: class/net/bonding_masters in the tree (implied by bonding files in -config)")
 	hcaName := fl.String("hca", "", "run on this rdma-core `device` instead of the soft HCA (\"list\" prints the devices libibverbs sees; needs a build with -tags rdma)")
 	queues := fl.Int("queues", defaultQueues(), "TUN `queues` of each port's interface (IFF_MULTI_QUEUE; P_Key children have one): flows spread over them both ways, a reader each; 1..256")

@@ -10,15 +10,30 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"ipoibfs/fs/ninep"
 )
 
-// dial9P connects to a tree served over 9P: "unix:PATH" or a TCP address.
+// dial9P connects to a tree served over 9P: "unix:PATH" or a TCP address. Root
+// connects from a reserved port (below 1024), as the Linux client's -o privport does:
+// a server on another host believes attach names (-9p-trust-uname) only from one.
 func dial9P(addr string) (net.Conn, error) {
 	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
 		return net.Dial("unix", p)
+	}
+	if os.Geteuid() == 0 {
+		for port := 1023; port >= 600; port-- {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{Port: port}}
+			c, err := d.Dial("tcp", addr)
+			if err == nil {
+				return c, nil
+			}
+			if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+				return nil, err
+			}
+		}
 	}
 	return net.Dial("tcp", addr)
 }

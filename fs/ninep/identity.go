@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"os/user"
 	"strconv"
@@ -46,17 +45,22 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 		return connIdentity{who: fs.Caller{UID: cred.Uid, GIDs: []uint32{cred.Gid}, Via: "9p",
 			Peer: "unix pid " + strconv.Itoa(int(cred.Pid)), NetAdmin: fs.ProcNetAdmin(uint32(cred.Pid))}, fromKernel: true}
 	case *net.TCPAddr:
-		ip, _ := netip.AddrFromSlice(a.IP)
-		if ip.Unmap().IsLoopback() {
-			uid, inode, err := diag.ownerInode(c.RemoteAddr(), c.LocalAddr())
-			if err != nil {
-				return connIdentity{who: nobody}
-			}
+		// From this host (through any of its addresses, not only loopback) when the
+		// client's end of the connection is a socket here.
+		local, _ := c.LocalAddr().(*net.TCPAddr)
+		uid, inode, here, err := diag.ownerInode(a, local)
+		switch {
+		case err != nil:
+			return connIdentity{who: nobody}
+		case here:
 			// Only root's sockets are looked up: nobody else writes the tree at all.
 			netAdmin := uid == 0 && socketNetAdmin(inode)
 			return connIdentity{who: fs.Caller{UID: uid, GIDs: []uint32{primaryGID(uid)}, Via: "9p", Peer: peer, NetAdmin: netAdmin}, fromKernel: true}
 		}
-		return connIdentity{who: nobody, trustNames: trustUname}
+		// Another host's names are believed only from a reserved port, which only
+		// its root can bind (NFS's "secure" export option): otherwise any of its
+		// users could name root.
+		return connIdentity{who: nobody, trustNames: trustUname && a.Port < 1024}
 	}
 	if unknown != nil { // net.Pipe in tests
 		w := *unknown
@@ -101,32 +105,59 @@ func newSockDiag() *sockDiag {
 	return &sockDiag{h: h}
 }
 
-// owner returns the uid owning the socket whose local address is local and remote
-// address remote (the client's end of a loopback connection).
-func (d *sockDiag) owner(local, remote net.Addr) (uint32, error) {
-	uid, _, err := d.ownerInode(local, remote)
-	return uid, err
-}
-
-// ownerInode is owner plus the socket's inode, which names the processes holding it.
-func (d *sockDiag) ownerInode(local, remote net.Addr) (uint32, uint32, error) {
+// ownerInode returns the uid owning, and the inode of, the established TCP socket in
+// this network namespace whose own address is client and whose peer is server: the
+// client's end of a connection to us. here is false when there is none (the client is
+// on another host, or in another namespace). The match is exact and must be unique:
+// the kernel's dump filters on the ports alone, and a closed socket with the same
+// ports, in TIME_WAIT, is reported as root's with no inode, so taking the first answer
+// would let anyone who reuses a port of root's be root.
+func (d *sockDiag) ownerInode(client, server *net.TCPAddr) (uid, inode uint32, here bool, err error) {
 	if d == nil || d.h == nil {
-		return 0, 0, errors.New("no sock_diag netlink socket")
+		return 0, 0, false, errors.New("no sock_diag netlink socket")
+	}
+	if client == nil || server == nil {
+		return 0, 0, false, errors.New("not a TCP connection")
+	}
+	// A v4 client may hold an AF_INET6 socket with mapped addresses.
+	families := []uint8{unix.AF_INET6}
+	if client.IP.To4() != nil {
+		families = []uint8{unix.AF_INET, unix.AF_INET6}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var s *netlink.Socket
-	var err error
-	for range 3 { // a dump interrupted by a concurrent change is retried
-		if s, err = d.h.SocketGet(local, remote); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
+	var found *netlink.Socket
+	for _, fam := range families {
+		var socks []*netlink.Socket
+		for range 3 { // a dump interrupted by a concurrent change is retried
+			if socks, err = d.h.SocketDiagTCP(fam); !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
+		}
+		if err != nil {
+			return 0, 0, false, fmt.Errorf("sock_diag %s -> %s: %w", client, server, err)
+		}
+		for _, s := range socks {
+			if s.ID.SourcePort != uint16(client.Port) || s.ID.DestinationPort != uint16(server.Port) ||
+				!s.ID.Source.Equal(client.IP) || !s.ID.Destination.Equal(server.IP) {
+				continue
+			}
+			if found != nil {
+				return 0, 0, false, fmt.Errorf("sock_diag %s -> %s: more than one socket", client, server)
+			}
+			found = s
 		}
 	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("sock_diag %s -> %s: %w", local, remote, err)
+	if found == nil {
+		return 0, 0, false, nil
 	}
-	return s.UID, s.INode, nil
+	if found.State != tcpEstablished || found.INode == 0 {
+		return 0, 0, false, fmt.Errorf("sock_diag %s -> %s: the socket is not an open one (state %d)", client, server, found.State)
+	}
+	return found.UID, found.INode, true, nil
 }
+
+const tcpEstablished = 1 // TCP_ESTABLISHED
 
 // socketNetAdmin reports whether a process holding the socket with this inode has
 // CAP_NET_ADMIN, as ss -p finds a socket's processes: through /proc/<pid>/fd. A socket

@@ -276,3 +276,51 @@ func FuzzAttachAs(f *testing.F) {
 		}
 	})
 }
+
+// A TCP connection's user is the owner of exactly the client's socket: sockets of the
+// same client port from other addresses, closed and in TIME_WAIT (which the kernel
+// reports as root's, with no inode), do not stand in for it, nor make it ambiguous.
+func TestTCPIdentityIsTheExactSocket(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
+		}
+		t.Skip("needs root")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialFrom := func(ip string, port int) (client, server net.Conn) {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, s
+	}
+	// Closed by the client first: its end stays in TIME_WAIT.
+	port := 0
+	for k := 3; k < 9; k++ {
+		c, s := dialFrom("127.0.0."+strconv.Itoa(k), port)
+		port = c.LocalAddr().(*net.TCPAddr).Port
+		c.Close()
+		_, _ = io.Copy(io.Discard, s)
+		s.Close()
+	}
+	c, s := dialFrom("127.0.0.2", port)
+	defer c.Close()
+	defer s.Close()
+	diag := newSockDiag()
+	defer diag.close()
+	id := identify(s, diag, false, nil)
+	if id.who.UID != 0 || !id.fromKernel || !id.who.NetAdmin {
+		t.Fatalf("root's connection from port %d beside 6 closed ones: uid %d, from the kernel %v, CAP_NET_ADMIN %v", port, id.who.UID, id.fromKernel, id.who.NetAdmin)
+	}
+}
