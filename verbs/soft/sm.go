@@ -62,6 +62,13 @@ type SM struct {
 	done     chan struct{}
 	sweeps   atomic.Uint64 // sweep rounds done (tests wait for one)
 
+	// LIDs (assignLID), with sm.mu: guid2lid and lidUsed above hold the LIDs given;
+	// lidLast is the highest unicast LID (tests lower it); nextLID is where the search
+	// for a free one starts, after the last one taken; lidsFull is set once a port was
+	// refused for want of a LID (logged once, until a port gets one again).
+	lidLast, nextLID verbs.LID
+	lidsFull         bool
+
 	// The publisher (publisher, publishPass); the fields with sm.mu.
 	pubV    uint64                        // routes version every port has been sent
 	after   []pubAction                   // to do once pubV reaches their version, in order
@@ -141,6 +148,7 @@ func NewSM(p *Port, parts *partitions.Config) (*SM, error) {
 	sm := &SM{port: p, epoch: binary.BigEndian.Uint64(e[:]) | 1, parts: parts,
 		ports: map[netip.AddrPort]*smPort{}, byGUID: map[verbs.GUID]*smPort{},
 		guid2lid: map[verbs.GUID]verbs.LID{}, lidUsed: map[verbs.LID]bool{},
+		lidLast: verbs.LIDUnicastLast, nextLID: 1,
 		stop: make(chan struct{}), done: make(chan struct{}),
 		wake: make(chan struct{}, 1), pubDone: make(chan struct{})}
 	sm.db = sadb.New(smFabric{sm})
@@ -304,12 +312,34 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 	}
 	sp := sm.ports[src]
 	isNew := false
+	var gone []verbs.GID // ports forgotten, whose SA records go once sm.mu is released
 	if sp == nil || sp.guid != h.PortGUID {
+		if sp != nil {
+			// Another port GUID at this address (the node restarted under another
+			// name): the port that was here is gone, as if the sweep had found it
+			// silent. Kept, its GID would still answer queries and its group
+			// memberships would never leave.
+			gone = append(gone, sm.forgetLocked(sp))
+		}
 		if old := sm.byGUID[h.PortGUID]; old != nil { // same port, new address: a restart
 			delete(sm.ports, old.addr)
 		}
-		sp = &smPort{addr: src, guid: h.PortGUID, isSM: src == sm.port.ep.Addr()}
-		sp.lid = sm.assignLID(h.PortGUID)
+		lid, ok := sm.assignLID(h.PortGUID)
+		if !ok {
+			// Every unicast LID belongs to a live port: this one stays out of the
+			// fabric rather than get LID 0, which no port can be reached at.
+			first, used := !sm.lidsFull, len(sm.lidUsed)
+			sm.lidsFull = true
+			sm.mu.Unlock()
+			sm.forgetInDB(gone)
+			if l := sm.port.hca.cfg.Logger; first && l != nil {
+				l.Printf("subnet manager: no free unicast LID for port %#x at %s: live ports hold all %d; port left out",
+					uint64(h.PortGUID), src, used)
+			}
+			return
+		}
+		sm.lidsFull = false
+		sp = &smPort{addr: src, guid: h.PortGUID, isSM: src == sm.port.ep.Addr(), lid: lid}
 		sm.ports[src] = sp
 		sm.byGUID[h.PortGUID] = sp
 		isNew = true
@@ -331,6 +361,7 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 		// others are on their way to it.
 		if sm.afterLocked(sm.routesV, func() { sm.sendConfig(sp, reregister) }) {
 			sm.mu.Unlock()
+			sm.forgetInDB(gone)
 			sm.kick()
 			return
 		}
@@ -345,21 +376,91 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 		defer sm.kick()
 	}
 	sm.mu.Unlock()
+	sm.forgetInDB(gone)
 	sm.sendConfig(sp, reregister)
 }
 
-func (sm *SM) assignLID(g verbs.GUID) verbs.LID {
-	if l, ok := sm.guid2lid[g]; ok {
-		return l
+// forgetLocked removes port sp from the fabric, as the sweep does a silent port, and
+// returns its GID for forgetInDB. Its LID stays reserved for its GUID until LIDs run
+// out (assignLID). Called with sm.mu held.
+func (sm *SM) forgetLocked(sp *smPort) verbs.GID {
+	if sm.ports[sp.addr] == sp {
+		delete(sm.ports, sp.addr)
 	}
-	for l := verbs.LID(1); l <= verbs.LIDUnicastLast; l++ {
+	if sm.byGUID[sp.guid] == sp {
+		delete(sm.byGUID, sp.guid)
+	}
+	sm.routesV++
+	return sp.gid()
+}
+
+// forgetInDB drops the group memberships of the ports forgetLocked removed from the SA
+// database and has the tables without them published. Called without sm.mu.
+func (sm *SM) forgetInDB(gone []verbs.GID) {
+	if len(gone) == 0 {
+		return
+	}
+	for _, g := range gone {
+		sm.db.RemovePort(g)
+	}
+	sm.checkDB()
+	sm.kick()
+}
+
+// assignLID gives port GUID g a unicast LID: the one it had before if it still holds
+// it (as OpenSM's guid2lid), else a free one. When none is free, the LIDs of GUIDs not
+// registered now are taken back; ok is false when live ports hold every LID. Called
+// with sm.mu held.
+func (sm *SM) assignLID(g verbs.GUID) (verbs.LID, bool) {
+	if l, held := sm.guid2lid[g]; held {
+		return l, true
+	}
+	l := sm.freeLIDLocked()
+	// Every registered GUID holds a LID, so the others hold the rest: with none, a
+	// refused port's hellos cost no walk of the table.
+	if l == 0 && len(sm.guid2lid) > len(sm.byGUID) {
+		sm.reclaimLIDsLocked()
+		l = sm.freeLIDLocked()
+	}
+	if l == 0 {
+		return 0, false
+	}
+	sm.lidUsed[l] = true
+	sm.guid2lid[g] = l
+	sm.nextLID = l%sm.lidLast + 1
+	return l, true
+}
+
+// freeLIDLocked returns a LID no GUID holds, or 0 when there is none. The search
+// starts after the last LID taken, so while LIDs are left it finds one at once rather
+// than walking past every LID already given.
+func (sm *SM) freeLIDLocked() verbs.LID {
+	if len(sm.lidUsed) >= int(sm.lidLast) {
+		return 0
+	}
+	l := sm.nextLID
+	for range sm.lidLast {
+		if l < 1 || l > sm.lidLast {
+			l = 1
+		}
 		if !sm.lidUsed[l] {
-			sm.lidUsed[l] = true
-			sm.guid2lid[g] = l
 			return l
 		}
+		l++
 	}
 	return 0
+}
+
+// reclaimLIDsLocked frees the LIDs of the GUIDs that have no port registered now. It
+// walks every LID given, so it runs only when none is left: a port that comes back
+// before then still finds its old LID.
+func (sm *SM) reclaimLIDsLocked() {
+	for g, l := range sm.guid2lid {
+		if sm.byGUID[g] == nil {
+			delete(sm.guid2lid, g)
+			delete(sm.lidUsed, l)
+		}
+	}
 }
 
 func (sm *SM) smLID() verbs.LID {
@@ -666,22 +767,14 @@ func (sm *SM) sweep(hb time.Duration) {
 			caught = floor
 		}
 		sm.mu.Lock()
-		for a, sp := range sm.ports {
+		for _, sp := range sm.ports {
 			if caught.Sub(sp.lastSeen) > 8*hb && !sp.isSM {
-				delete(sm.ports, a)
-				delete(sm.byGUID, sp.guid)
-				dead = append(dead, sp.gid())
-				sm.routesV++
+				dead = append(dead, sm.forgetLocked(sp))
 			}
 		}
 		sm.mu.Unlock()
-		for _, g := range dead {
-			sm.db.RemovePort(g)
-		}
+		sm.forgetInDB(dead)
 		sm.checkDB()
-		if len(dead) > 0 {
-			sm.kick()
-		}
 		sm.sweeps.Add(1)
 	}
 }
