@@ -489,8 +489,8 @@ func (b *Bond) err(op string, errno syscall.Errno, format string, a ...any) erro
 // Name returns the bond's name.
 func (b *Bond) Name() string { return b.name }
 
-// AttachHost connects the bond's kernel device and pushes its MTU, carrier and
-// features.
+// AttachHost connects the bond's kernel device and pushes its MTU, carrier,
+// features, flags and, to a host with a state of its own (AdminHost), up or down.
 func (b *Bond) AttachHost(h Host) {
 	b.hostMu.Lock() // as Interface.AttachHost
 	defer b.hostMu.Unlock()
@@ -500,9 +500,12 @@ func (b *Bond) AttachHost(h Host) {
 	} else {
 		b.host.Store(&hostRef{h})
 	}
-	mtu, carrier, f, mcast, user := b.mtu, b.carrier, b.features, !b.noMulticast, b.flags.user()
+	mtu, carrier, f, mcast, user, up := b.mtu, b.carrier, b.features, !b.noMulticast, b.flags.user(), b.up
 	b.mu.Unlock()
 	if h != nil {
+		if ah, ok := h.(AdminHost); ok {
+			ah.SetAdminUp(up)
+		}
 		h.SetMTU(mtu)
 		h.SetCarrier(carrier)
 		h.SetOffloads(f)
@@ -587,6 +590,7 @@ func (b *Bond) SetUp(up bool) {
 	run(acts)
 	if changed {
 		b.bs.e.event("%s: %s", b.name, map[bool]string{true: "up", false: "down"}[up])
+		b.pushUp() // a write of flags: the device follows (dev_change_flags)
 		b.wake()
 	}
 }

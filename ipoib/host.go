@@ -107,6 +107,17 @@ func (b *Bond) bondPush(read func() func(h Host)) {
 	}
 }
 
+func (b *Bond) pushUp() {
+	b.bondPush(func() func(Host) {
+		up := b.up
+		return func(h Host) {
+			if ah, ok := h.(AdminHost); ok {
+				ah.SetAdminUp(up)
+			}
+		}
+	})
+}
+
 func (b *Bond) pushMTU() {
 	b.bondPush(func() func(Host) { mtu := b.mtu; return func(h Host) { h.SetMTU(mtu) } })
 }

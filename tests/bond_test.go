@@ -261,6 +261,21 @@ cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/
 	waitUntil(t, "a packet socket's promiscuity in bond0's flags", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1503" })
 	unix.Close(ps)
 	waitUntil(t, "gone again", func() bool { return readTrim(t, td.path("class/net/bond0/flags")) == "0x1403" })
+	// Up and down written in the tree reach the device, as dev_change_flags would.
+	isUp := func() bool {
+		return strings.Contains(strings.SplitN(ipOut(t, td.ns, "link", "show", "bond0"), ">", 2)[0], ",UP")
+	}
+	if err := os.WriteFile(td.path("class/net/bond0/flags"), []byte("0x1402\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "bond0's device down", func() bool { return !isUp() })
+	if err := os.WriteFile(td.path("class/net/bond0/flags"), []byte("0x1403\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "bond0's device up again", isUp)
+	if got := readTrim(t, td.path("class/net/bond0/flags")); got != "0x1403" {
+		t.Errorf("bond0's flags after writing 0x1403: %s", got)
+	}
 	// Deleted, the bond's names leave the kernel's cache of the tree at once, as sysfs's.
 	if out := sh(t, "cd "+td.mnt+" && cat class/net/bond0/mtu >/dev/null && echo -bond0 > class/net/bonding_masters && if test -e class/net/bond0; then echo stale; else echo gone; fi"); out != "gone\n" {
 		t.Errorf("class/net/bond0 after -bond0: %q", out)

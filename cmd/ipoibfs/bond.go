@@ -125,7 +125,7 @@ func (br *bondBridge) onLink(l kernel.Link) {
 		}
 	}
 	if l.UpChanged {
-		br.b.SetUp(l.Up)
+		br.adopt(attrUp, l.Up, func() { br.b.SetUp(l.Up) })
 	}
 	if l.MulticastChanged {
 		br.adopt(attrMulticast, l.Multicast, func() { br.b.SetMulticast(l.Multicast) })
@@ -200,9 +200,15 @@ func (br *bondBridge) SetUserFlags(f uint32) {
 	br.logErr(push(&br.adopter, attrUserFlags, f, br.dev.SetUserFlags, br.dev.SetUserFlagsIfChanged))
 }
 
+// SetAdminUp follows the bond's up/down (a write of flags).
+func (br *bondBridge) SetAdminUp(up bool) {
+	br.logErr(push(&br.adopter, attrUp, up, br.dev.SetUp, br.dev.SetUpIfChanged))
+}
+
 var (
 	_ ipoib.MulticastHost = (*bondBridge)(nil)
 	_ ipoib.UserFlagsHost = (*bondBridge)(nil)
+	_ ipoib.AdminHost     = (*bondBridge)(nil)
 )
 
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }
