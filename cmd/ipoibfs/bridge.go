@@ -174,8 +174,11 @@ func (b *bridge) onLink(l kernel.Link) {
 			b.i.PushMTU() // the effective MTU (datagram: at most the group's), in turn with the engine's pushes
 		}
 	}
-	if l.TxQLen >= 0 && uint32(l.TxQLen) != b.i.TxQueueLen() {
-		b.adopt(attrTxq, l.TxQLen, func() { b.i.SetTxQueueLen(uint32(l.TxQLen)) }) // ip link set txqueuelen: adopted as is
+	if l.TxQLenChanged && l.TxQLen >= 0 {
+		// ip link set txqueuelen: adopted as is. Only a change someone else made: a
+		// read of the device that crossed a write of tx_queue_len (the engine already
+		// at the new value, the device not yet) would put the old value back.
+		b.adopt(attrTxq, l.TxQLen, func() { b.i.SetTxQueueLen(uint32(l.TxQLen)) })
 	}
 	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).

@@ -89,8 +89,8 @@ func deleteTogether(ds []*Device) error {
 		}
 	}
 	for _, d := range ds { // still ours: the name and kind we made, in the group
-		if l := byIndex[d.index]; l == nil || l.Attrs().Name != d.name || l.Type() != "tuntap" || l.Attrs().Group != group {
-			return fmt.Errorf("%s (index %d) is not the device it was", d.name, d.index)
+		if l := byIndex[d.index]; l == nil || l.Attrs().Name != d.currentName() || l.Type() != "tuntap" || l.Attrs().Group != group {
+			return fmt.Errorf("%s (index %d) is not the device it was", d.currentName(), d.index)
 		}
 	}
 	return ds[0].inNS(func() error {

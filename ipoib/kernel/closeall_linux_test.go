@@ -149,3 +149,44 @@ func TestNamespaceWorker(t *testing.T) {
 	}
 	unix.Close(dup)
 }
+
+// Devices renamed since they were opened (by this package, or by ip link set name,
+// seen by the watch) are still deleted together: the check that they are the devices
+// they were goes by the names they have now.
+func TestDeleteTogetherAfterRenames(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "dr")
+	var devs []*Device
+	for range 3 {
+		devs = append(devs, open(t, Config{Name: uniq("r"), MTU: 1500, NetNS: ns}))
+	}
+	ours, outside := uniq("ro"), uniq("rx")
+	if err := devs[0].SetName(ours); err != nil {
+		t.Fatal(err)
+	}
+	e := watch(devs[1])
+	ipMust(t, "-n", ns, "link", "set", devs[1].Name(), "name", outside)
+	await(t, e.links, "the new name", func(l Link) bool { return l.Name == outside })
+	for _, d := range devs {
+		if !d.beginClose() {
+			t.Fatal("beginClose on a new device")
+		}
+	}
+	if err := deleteTogether(devs); err != nil {
+		t.Fatalf("renamed devices not deleted together: %v", err)
+	}
+	for _, d := range devs {
+		if err := d.finishClose(); err != nil {
+			t.Error(err)
+		}
+	}
+	out, err := ipCmd(t, "-n", ns, "link", "show")
+	if err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	for _, name := range []string{ours, outside, devs[2].Name()} {
+		if strings.Contains(out, " "+name+":") {
+			t.Errorf("%s still there:\n%s", name, out)
+		}
+	}
+}

@@ -61,6 +61,9 @@ type Device struct {
 	featKnown bool
 	carrier   bool // as last set (under setMu): a device starts without one
 	txq       int  // txqueuelen as last set or seen (under setMu); from the device at Open
+	// now is the device's name as last set or seen (ip link set name); name stays
+	// the one it was opened with, for messages.
+	now atomic.Pointer[string]
 
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
@@ -322,6 +325,14 @@ func (d *Device) MTU() int { return int(d.mtu.Load()) }
 // Name returns the interface name.
 func (d *Device) Name() string { return d.name }
 
+// currentName is the device's name as this package last set or saw it.
+func (d *Device) currentName() string {
+	if n := d.now.Load(); n != nil {
+		return *n
+	}
+	return d.name
+}
+
 // BatchSize is the number of buffers Read wants (and the best Write batch): 128.
 func (d *Device) BatchSize() int { return d.batch }
 
@@ -523,6 +534,7 @@ func (d *Device) SetName(name string) error {
 		if err := d.h.LinkSetName(d.link, name); err != nil {
 			return d.errorf("rename to %s: %w", name, err)
 		}
+		d.now.Store(&name)
 		return nil
 	})
 }
@@ -795,7 +807,7 @@ func (d *Device) finishRelease(err error) error {
 	d.watchers.Wait()
 	// The kernel unregisters a non-persistent TUN when its last fd closes; delete it
 	// explicitly should it still be there (someone made it persistent).
-	if l, lerr := d.h.LinkByIndex(d.index); lerr == nil && l.Attrs().Name == d.name && l.Type() == "tuntap" {
+	if l, lerr := d.h.LinkByIndex(d.index); lerr == nil && l.Attrs().Name == d.currentName() && l.Type() == "tuntap" {
 		if derr := d.h.LinkDel(l); derr != nil {
 			err = errors.Join(err, derr)
 		}

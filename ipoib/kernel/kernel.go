@@ -190,8 +190,8 @@ type Link struct {
 	// differs from the one this package last set or reported: someone else (ip link,
 	// ifconfig, ethtool -K) changed it.
 	MTUChanged, UpChanged, MulticastChanged, FeaturesChanged bool
-	// UserFlagsChanged says the same of UserFlags.
-	UserFlagsChanged bool
+	// UserFlagsChanged and TxQLenChanged say the same of UserFlags and TxQLen.
+	UserFlagsChanged, TxQLenChanged bool
 	// Counted is IFF_PROMISC while the device's promiscuity count has more than the
 	// user's own flag (a packet socket's such as tcpdump's, a bond's): dev->flags has
 	// it then, as sysfs shows it. (IFF_ALLMULTI's count is not read.)
@@ -203,7 +203,7 @@ type Link struct {
 
 // outsideChange reports whether l says someone else changed the device.
 func (l Link) outsideChange() bool {
-	return l.MTUChanged || l.UpChanged || l.MulticastChanged || l.FeaturesChanged || l.UserFlagsChanged || l.CarrierPutBack
+	return l.MTUChanged || l.UpChanged || l.MulticastChanged || l.FeaturesChanged || l.UserFlagsChanged || l.TxQLenChanged || l.CarrierPutBack
 }
 
 // Events are the functions Device.Watch calls; nil ones are not called.

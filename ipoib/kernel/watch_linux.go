@@ -192,6 +192,10 @@ func (d *Device) linkState() (Link, error) {
 			return d.errorf("read link: %w", err)
 		}
 		a := nl.Attrs()
+		if a.Name != d.currentName() {
+			name := a.Name
+			d.now.Store(&name) // ip link set name: deleting it at the end must know it
+		}
 		l = Link{Name: a.Name, MTU: a.MTU, Up: a.RawFlags&unix.IFF_UP != 0, Flags: a.RawFlags, TxQLen: a.TxQLen}
 		// The carrier is the engine's (an IPoIB netdev has no ndo_change_carrier, so
 		// ip link set carrier is refused there; a TUN takes it): one someone changed
@@ -216,6 +220,7 @@ func (d *Device) linkState() (Link, error) {
 		}
 		l.UserFlagsChanged = l.UserFlags != d.user
 		d.user = l.UserFlags
+		l.TxQLenChanged = a.TxQLen != d.txq
 		d.txq = a.TxQLen
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f

@@ -96,6 +96,18 @@ func TestWatchLink(t *testing.T) {
 		t.Errorf("ip link set multicast on not reported as an outside change: %+v", l)
 	}
 
+	// txqueuelen the same: a report that crossed one of ours is not someone else's.
+	if err := d.SetTxQueueLen(2000); err != nil {
+		t.Fatal(err)
+	}
+	if l := await(t, e.links, "txqueuelen 2000", func(l Link) bool { return l.TxQLen == 2000 }); l.TxQLenChanged {
+		t.Errorf("SetTxQueueLen(2000) reported as someone else's change: %+v", l)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "txqueuelen", "3000")
+	if l := await(t, e.links, "txqueuelen 3000", func(l Link) bool { return l.TxQLen == 3000 }); !l.TxQLenChanged {
+		t.Errorf("ip link set txqueuelen 3000 not reported as an outside change: %+v", l)
+	}
+
 	// The multicast list is the kernel's: all-hosts groups once up.
 	if err := d.SetUp(true); err != nil {
 		t.Fatal(err)
