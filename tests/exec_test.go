@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,8 +39,16 @@ echo 0x8005 > /sys/class/net/ib0/create_child
 cat /sys/class/net/ib0.8005/pkey
 cat /sys/module/ib_ipoib/parameters/recv_queue_size
 ls /sys/kernel/debug/ipoib | grep -x ib0_mcg
+stat -c %a /sys/kernel/debug
 if echo bogus > /sys/class/net/ib0/mode 2>/dev/null; then echo "bogus mode accepted"; fi
 `
+	// The directory the tree's debug files are put into keeps the host's mode
+	// (root's alone where debugfs is mounted).
+	st, err := os.Stat("/sys/kernel/debug")
+	if err != nil {
+		t.Fatal(err)
+	}
+	debugMode := strconv.FormatUint(uint64(st.Mode().Perm()), 8)
 	for _, how := range [][]string{{"-tree", td.mnt}, {"-9p", td.addr}} {
 		out, stderr, code := td.exec(t, append(how, "--", "bash", "-c", script)...)
 		if code != 0 {
@@ -49,7 +58,7 @@ if echo bogus > /sys/class/net/ib0/mode 2>/dev/null; then echo "bogus mode accep
 		if how[0] == "-9p" {
 			mode = "connected" // the -tree run switched it
 		}
-		want := "ib0\nlo\n" + mode + "\n65520\n0x8005\n256\nib0_mcg\n"
+		want := "ib0\nlo\n" + mode + "\n65520\n0x8005\n256\nib0_mcg\n" + debugMode + "\n"
 		if out != want {
 			t.Errorf("exec %v printed %q, want %q", how, out, want)
 		}

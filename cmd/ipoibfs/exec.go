@@ -271,7 +271,15 @@ func bindInto(stage, dir string, extra map[string]string) error {
 	}
 	// The binds made from the staging copy stay when the copy itself goes.
 	defer unix.Unmount(orig, unix.MNT_DETACH)
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+	// The tmpfs keeps the directory's mode and owner: /sys/kernel/debug is root's
+	// alone (0700), and a 0755 stand-in would let any user of the namespace read the
+	// tree's debug files and the host's.
+	var st unix.Stat_t
+	if err := unix.Stat(orig, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", dir, err)
+	}
+	opts := fmt.Sprintf("mode=%04o,uid=%d,gid=%d", st.Mode&0o7777, st.Uid, st.Gid)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("tmpfs on %s: %w", dir, err)
 	}
 	es, err := os.ReadDir(orig)
