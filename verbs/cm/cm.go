@@ -34,7 +34,16 @@
 //     IDs, and messages in a state that does not expect them, are ignored.
 //   - After a connection ends it stays in timewait for the peer's retry window (the
 //     longer CM response timeout × (Max CM Retries + 1)), answering duplicate DREQs
-//     with a DREP and duplicate REQs as above; then it is forgotten.
+//     with a DREP and duplicate REQs as above; then it is forgotten. A REQ this side
+//     rejected stays only one CM response timeout, long enough to answer the REQ's
+//     retransmissions that crossed the REJ. A record in timewait keeps no QP and no
+//     callback, only what recognises duplicates.
+//   - What a peer's REQ sets is bounded: CM response timeouts and MRA service
+//     timeouts at 4.096 µs × 2^21 ≈ 8.6 s, retries at 15, one MRA honoured per
+//     connection (as the kernel). A passive connection the peer never completes is
+//     forgotten within about 292 s. At most 4096 passive connections may be half
+//     open (REQ received, REP sent but no RTU yet, or in timewait); a REQ beyond that
+//     is rejected with reason 3 (no resources).
 //   - When a connection ends (DREQ either way, REJ, timeout, Close) the manager moves
 //     its QP to ERR if it had got past INIT, which flushes posted work requests.
 //
@@ -72,6 +81,28 @@ const (
 	// exponents go down to microseconds, which a software fabric sharing CPUs with
 	// everything else cannot meet.
 	MinResponseTimeout = 10 * time.Millisecond
+)
+
+// Limits on what a peer can make the manager keep. A passive connection's timers come
+// from values in the peer's REQ (and MRA), and every REQ with a new communication ID
+// makes a record, so without them a peer could make the manager hold state for days
+// (exponent 31 × 16 tries is about 39 hours in REP_SENT, as much again in timewait)
+// and without bound in number.
+const (
+	// maxPeerCMTimeout is the largest CM response timeout (and MRA service timeout)
+	// exponent taken from a peer: 21, 4.096 µs × 2^21 ≈ 8.6 s per try. IPoIB asks for
+	// 20 and is unaffected; a peer asking for more is answered and given up on sooner.
+	// With at most 15 retries, a passive record the peer never completes lives at most
+	// 34 such timeouts ≈ 292 s: 16 in REP_SENT, 2 more for the one MRA honoured, 16 in
+	// timewait. A DREQ to the peer is given up on after at most 16 ≈ 137 s.
+	maxPeerCMTimeout = 21
+	// maxPeerCMRetries is the most retries of our messages a peer can ask for (the
+	// REQ's 4-bit Max CM Retries field holds no more).
+	maxPeerCMRetries = 15
+	// maxHalfOpen caps the passive records that no consumer holds yet or any longer:
+	// REQ received, REP sent without an RTU yet, and timewait. A REQ beyond it is
+	// rejected (reason 3, no resources) without making a record.
+	maxHalfOpen = 4096
 )
 
 // ErrDisconnected is the Err of a connection that the peer disconnected (DREQ).
@@ -256,8 +287,10 @@ type conn struct {
 	rqpn     verbs.QPN
 	madTo    madAddr // where the peer's CM MADs come from and ours go
 	qp       verbs.QP
-	psn      uint32 // our starting (send) PSN
-	tid      uint64 // transaction ID of the REQ, reused by REP, RTU and their REJ
+	lqpn     verbs.QPN // qp's number, kept in timewait to match duplicate DREQs
+	hasQP    bool      // lqpn is set
+	psn      uint32    // our starting (send) PSN
+	tid      uint64    // transaction ID of the REQ, reused by REP, RTU and their REJ
 
 	// QP attributes for RTR and RTS.
 	ah         verbs.AHAttr
@@ -275,6 +308,8 @@ type conn struct {
 	sent    int
 	timer   clock.Timer
 	gen     uint64
+	mraSeen bool          // an MRA has extended the wait; later ones are ignored
+	rejWait time.Duration // passive: timewait after our REJ of the REQ
 
 	reply []byte // cached answer to duplicates: REP or REJ (passive), RTU (active)
 
@@ -317,6 +352,12 @@ type Manager struct {
 	byRemote   map[remoteKey]*conn
 	byRemoteQP map[remoteQPKey]*conn // live connections only
 	listeners  map[uint64]*listener
+	// halfOpen counts the passive records in REQ_RCVD, REP_SENT or TIMEWAIT (see
+	// setStateLocked); a REQ that would take it past maxHalfOpen is rejected, and
+	// overLimit counts those REQs.
+	halfOpen    int
+	maxHalfOpen int
+	overLimit   uint64
 }
 
 // flushMutex is the manager's lock. MADs and user callbacks are queued while it is
@@ -362,12 +403,13 @@ func New(dev verbs.Device, port int, opts ...Option) (*Manager, error) {
 	}
 	m := &Manager{
 		dev: dev, port: p, portNum: port, agent: p.MAD(), guid: dev.NodeGUID(),
-		clk:        clock.Real{},
-		nextID:     rand.Uint32(),
-		conns:      map[uint32]*conn{},
-		byRemote:   map[remoteKey]*conn{},
-		byRemoteQP: map[remoteQPKey]*conn{},
-		listeners:  map[uint64]*listener{},
+		clk:         clock.Real{},
+		nextID:      rand.Uint32(),
+		conns:       map[uint32]*conn{},
+		byRemote:    map[remoteKey]*conn{},
+		byRemoteQP:  map[remoteQPKey]*conn{},
+		listeners:   map[uint64]*listener{},
+		maxHalfOpen: maxHalfOpen,
 	}
 	m.mu.send = func(o outMAD) { _ = m.sendMAD(o.to, o.b) }
 	for _, o := range opts {
@@ -400,6 +442,7 @@ func (m *Manager) Close() {
 			m.sendLocked(c.madTo, m.dreqMAD(c))
 		}
 		m.endLocked(c, verbs.ErrClosed)
+		m.enterTimewaitLocked(c) // lets go of the QP and callbacks; arms nothing once closed
 		c.stopTimer()
 	}
 	m.listeners = map[uint64]*listener{}
@@ -507,7 +550,8 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 		return fail(verbs.ErrClosed)
 	}
 	c := m.newConnLocked(true)
-	c.qp, c.madTo = qp, madAddr{p.DLID, p.DGID}
+	c.setQP(qp)
+	c.madTo = madAddr{p.DLID, p.DGID}
 	c.psn = rand.Uint32() & 0xffffff
 	c.ah = verbs.AHAttr{Port: m.portNum, DLID: p.DLID, SL: p.SL & 0xf, DGID: p.DGID}
 	if p.DLID == 0 { // no LIDs (RoCE): the GRH routes
@@ -530,6 +574,7 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 	c.msg = mad.NewCMMAD(c.tid, req)
 	c.sent = 1
 	c.pub.ServiceID = p.ServiceID
+	pub := c.pub // timewait clears c.pub under the lock; read it here
 	m.armLocked(c, c.timeout)
 	m.mu.Unlock()
 
@@ -549,7 +594,7 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 		if err != nil {
 			return fail(err)
 		}
-		return c.pub, nil
+		return pub, nil
 	case <-ctx.Done():
 	}
 	m.mu.Lock()
@@ -563,12 +608,16 @@ func (m *Manager) Connect(ctx context.Context, p ConnectParams) (*Conn, error) {
 	if err := <-c.connectCh; err != nil {
 		return fail(err)
 	}
-	return c.pub, nil
+	return pub, nil
 }
 
 // responseTimeout converts a CM response timeout exponent to the retransmission
 // timeout, floored at MinResponseTimeout.
 func responseTimeout(t uint8) time.Duration { return max(mad.CMTimeout(t), MinResponseTimeout) }
+
+// peerTimeout is responseTimeout of an exponent a peer chose, clamped to
+// maxPeerCMTimeout so that the peer cannot make us keep a record for hours.
+func peerTimeout(t uint8) time.Duration { return responseTimeout(min(t&0x1f, maxPeerCMTimeout)) }
 
 func (m *Manager) newConnLocked(active bool) *conn {
 	for m.nextID == 0 || m.conns[m.nextID] != nil {
@@ -579,11 +628,39 @@ func (m *Manager) newConnLocked(active bool) *conn {
 		c.state = stReqSent
 	} else {
 		c.state = stReqRcvd
+		m.halfOpen++
 	}
 	m.nextID++
 	c.pub = &Conn{LocalCommID: c.localID, Active: active, c: c}
 	m.conns[c.localID] = c
 	return c
+}
+
+// isHalfOpen reports whether c counts against maxHalfOpen: a passive record that no
+// consumer holds yet (REQ_RCVD, REP_SENT) or any longer (TIMEWAIT).
+func (c *conn) isHalfOpen() bool {
+	return !c.active && (c.state == stReqRcvd || c.state == stRepSent || c.state == stTimewait)
+}
+
+// setStateLocked moves c to s, keeping m.halfOpen in step while c is a record of m.
+func (m *Manager) setStateLocked(c *conn, s connState) {
+	was := c.isHalfOpen()
+	c.state = s
+	if m.conns[c.localID] != c {
+		return
+	}
+	switch now := c.isHalfOpen(); {
+	case now && !was:
+		m.halfOpen++
+	case was && !now:
+		m.halfOpen--
+	}
+}
+
+// setQP gives c its QP, and remembers the QP's number for after the QP is
+// let go of.
+func (c *conn) setQP(qp verbs.QP) {
+	c.qp, c.lqpn, c.hasQP = qp, qp.Num(), true
 }
 
 // newTID returns a transaction ID for a message that starts an exchange (REQ, DREQ):
@@ -700,7 +777,7 @@ func (m *Manager) endLocked(c *conn, err error) {
 	case stTimewait:
 		return
 	}
-	c.state = stTimewait
+	m.setStateLocked(c, stTimewait)
 	c.stopTimer()
 }
 
@@ -713,20 +790,35 @@ func qpToErr(qp verbs.QP) {
 // enterTimewaitLocked keeps c (already in stTimewait) for the peer's retry window, then
 // forgets it. Its remote QP may be connected again right away.
 func (m *Manager) enterTimewaitLocked(c *conn) {
-	c.state = stTimewait
+	m.timewaitLocked(c, c.twait)
+}
+
+// timewaitLocked keeps c in timewait for d. It lets go of everything a timewait record
+// does not need to recognise duplicates (IDs, QP numbers and a REJ to repeat are
+// enough), so that a record kept for the peer holds no QP, callback or buffer of the
+// consumer's.
+func (m *Manager) timewaitLocked(c *conn, d time.Duration) {
+	m.setStateLocked(c, stTimewait)
 	if k := (remoteQPKey{c.rguid, c.rqpn}); m.byRemoteQP[k] == c {
 		delete(m.byRemoteQP, k)
+	}
+	c.qp, c.accept, c.pub, c.msg = nil, Accept{}, nil, nil
+	if c.reply != nil && binary.BigEndian.Uint16(c.reply[16:]) != mad.AttrCMREJ {
+		c.reply = nil // a REP or RTU is not repeated from timewait
 	}
 	if m.closed {
 		return
 	}
-	m.armLocked(c, c.twait)
+	m.armLocked(c, d)
 }
 
 func (m *Manager) removeLocked(c *conn) {
 	c.stopTimer()
 	if m.conns[c.localID] == c {
 		delete(m.conns, c.localID)
+		if c.isHalfOpen() {
+			m.halfOpen--
+		}
 	}
 	if k := (remoteKey{c.rguid, c.remoteID}); m.byRemote[k] == c {
 		delete(m.byRemote, k)
@@ -758,7 +850,7 @@ func (m *Manager) dreqMAD(c *conn) []byte {
 }
 
 func (m *Manager) sendDREQLocked(c *conn) {
-	c.state = stDreqSent
+	m.setStateLocked(c, stDreqSent)
 	c.err = ErrLocalDisconnect
 	close(c.done)
 	qpToErr(c.qp)
@@ -839,6 +931,12 @@ func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 		reject(mad.RejInvalidGID, req.Primary.LocalGID[:])
 		return
 	}
+	if m.halfOpen >= m.maxHalfOpen {
+		// The REJ needs no record, so a flood of REQs costs no memory here.
+		m.overLimit++
+		reject(mad.RejNoResources, nil)
+		return
+	}
 
 	c := m.newConnLocked(false)
 	c.remoteID, c.rguid, c.rqpn, c.madTo, c.tid = req.LocalCommID, req.LocalCAGUID, req.LocalQPN, madAddr{src.LID, src.GID}, tid
@@ -850,8 +948,11 @@ func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 	}
 	c.mtu, c.rqpsn = req.PathMTU, req.StartingPSN
 	c.ackTimeout, c.retryCnt, c.rnrRetry = pp.LocalACKTimeout, req.RetryCount, req.RNRRetryCount
-	c.timeout, c.retries = responseTimeout(req.LocalCMResponseTimeout), int(req.MaxCMRetries)
-	c.twait = max(c.timeout, responseTimeout(req.RemoteCMResponseTimeout)) * time.Duration(c.retries+1)
+	// The REQ's timeouts and retries drive our REP and DREQ retries and timewait:
+	// clamped, so that the peer cannot make us keep the record for long.
+	c.timeout, c.retries = peerTimeout(req.LocalCMResponseTimeout), min(int(req.MaxCMRetries), maxPeerCMRetries)
+	c.rejWait = max(c.timeout, peerTimeout(req.RemoteCMResponseTimeout))
+	c.twait = c.rejWait * time.Duration(c.retries+1)
 	m.byRemote[remoteKey{c.rguid, c.remoteID}] = c
 	m.byRemoteQP[remoteQPKey{c.rguid, c.rqpn}] = c
 	pub := c.pub
@@ -936,7 +1037,8 @@ func (m *Manager) acceptLocked(c *conn, acc *Accept, r *Request, failover uint8)
 		return mad.RejNoQP, err
 	}
 	c.accept = *acc
-	c.qp, c.pub.QP = qp, qp
+	c.setQP(qp)
+	c.pub.QP = qp
 	c.psn = rand.Uint32() & 0xffffff
 	rep := &mad.CMREP{LocalCommID: c.localID, RemoteCommID: c.remoteID, LocalQPN: qp.Num(), StartingPSN: c.psn,
 		FailoverAccepted: failover, RNRRetryCount: r.RNRRetry, SRQ: acc.SRQ, LocalCAGUID: m.guid}
@@ -944,7 +1046,7 @@ func (m *Manager) acceptLocked(c *conn, acc *Accept, r *Request, failover uint8)
 	c.msg = mad.NewCMMAD(c.tid, rep)
 	c.reply = c.msg
 	c.sent = 1
-	c.state = stRepSent
+	m.setStateLocked(c, stRepSent)
 	m.sendLocked(c.madTo, c.msg)
 	m.armLocked(c, c.timeout)
 	return 0, nil
@@ -957,12 +1059,12 @@ func (m *Manager) failAccept(acc Accept, err error) {
 }
 
 // rejectLocked rejects the REQ of passive connection c and keeps the REJ for
-// duplicates of the REQ during timewait.
+// duplicates of the REQ during a short timewait: one CM response timeout covers the
+// REQs that crossed the REJ, and the peer sends no more once the REJ arrives.
 func (m *Manager) rejectLocked(c *conn, reason mad.CMRejectReason, ari, pd []byte) {
 	c.reply = m.rejMAD(c.tid, c.localID, c.remoteID, mad.CMMsgREQ, reason, ari, pd)
 	m.sendLocked(c.madTo, c.reply)
-	c.state = stTimewait
-	m.enterTimewaitLocked(c)
+	m.timewaitLocked(c, c.rejWait)
 }
 
 func (m *Manager) toRTR(c *conn, qp verbs.QP) error {
@@ -1019,7 +1121,7 @@ func (m *Manager) onREP(src verbs.MADSource, tid uint64, rep *mad.CMREP) {
 	m.byRemote[remoteKey{c.rguid, c.remoteID}] = c
 	c.reply = mad.NewCMMAD(c.tid, &mad.CMRTU{LocalCommID: c.localID, RemoteCommID: c.remoteID})
 	m.sendLocked(c.madTo, c.reply)
-	c.state = stEstablished
+	m.setStateLocked(c, stEstablished)
 	c.connectCh <- nil
 }
 
@@ -1035,7 +1137,7 @@ func (m *Manager) onRTU(rtu *mad.CMRTU) {
 		m.enterTimewaitLocked(c)
 		return
 	}
-	c.state = stEstablished
+	m.setStateLocked(c, stEstablished)
 	if f := c.accept.Established; f != nil {
 		pub := c.pub
 		m.callLocked(func() { f(pub) })
@@ -1070,11 +1172,14 @@ func (m *Manager) onMRA(mra *mad.CMMRA) {
 	if c == nil {
 		return
 	}
-	if (c.state == stReqSent && mra.MessageMRAed == mad.CMMsgREQ) ||
-		(c.state == stRepSent && mra.MessageMRAed == mad.CMMsgREP) {
+	if !c.mraSeen && ((c.state == stReqSent && mra.MessageMRAed == mad.CMMsgREQ) ||
+		(c.state == stRepSent && mra.MessageMRAed == mad.CMMsgREP)) {
 		// The peer needs ServiceTimeout more: wait that long (plus the usual
-		// timeout) before the next retransmission.
-		m.armLocked(c, mad.CMTimeout(mra.ServiceTimeout)+c.timeout)
+		// timeout) before the next retransmission. Only for the first MRA, as the
+		// kernel, and clamped like the REQ's timeouts: otherwise a peer could keep
+		// the connection waiting for ever.
+		c.mraSeen = true
+		m.armLocked(c, mad.CMTimeout(min(mra.ServiceTimeout&0x1f, maxPeerCMTimeout))+c.timeout)
 	}
 }
 
@@ -1087,7 +1192,7 @@ func (m *Manager) onDREQ(src verbs.MADSource, tid uint64, dreq *mad.CMDREQ) {
 		m.sendLocked(madAddr{src.LID, src.GID}, drep(dreq.RemoteCommID, dreq.LocalCommID))
 		return
 	}
-	if dreq.LocalCommID != c.remoteID || c.qp == nil || dreq.RemoteQPN != c.qp.Num() {
+	if dreq.LocalCommID != c.remoteID || !c.hasQP || dreq.RemoteQPN != c.lqpn {
 		return
 	}
 	switch c.state {
