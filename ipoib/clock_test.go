@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"ipoibfs/internal/clock"
+	"ipoibfs/verbs"
 	"ipoibfs/verbs/soft"
 )
 
@@ -68,5 +69,25 @@ func TestPassiveConnectionReapedAfter512sIdle(t *testing.T) {
 	bigTo(3)
 	if n, est := passive(); n != 1 || !est {
 		t.Fatalf("after the reap and new traffic: %d passive connections (established %v), want 1", n, est)
+	}
+
+	// One never established (a REQ whose RTU never came: its QP made, no connection)
+	// is reaped the same way.
+	qp, err := a.e.dev.CreateQP(verbs.QPAttr{Type: verbs.QPTypeRC, Port: a.ib0.port, SendCQ: a.ib0.cmScq, RecvCQ: a.ib0.cmRcq, MaxSendWR: 1, MaxRecvWR: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := &cmRx{qp: qp, last: clk.Now()}
+	a.ib0.dmu.Lock()
+	a.ib0.rx[qp.Num()] = half
+	a.ib0.dmu.Unlock()
+	clk.Advance(cmRxIdle + time.Nanosecond)
+	taskRound(t, a.ib0)
+	a.ib0.dmu.Lock()
+	_, stays := a.ib0.rx[qp.Num()]
+	dead := half.dead
+	a.ib0.dmu.Unlock()
+	if stays || !dead {
+		t.Fatalf("a passive connection never established: still there %v, destroyed %v", stays, dead)
 	}
 }

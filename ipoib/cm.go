@@ -659,7 +659,9 @@ func (i *Interface) cmReap() time.Duration {
 	var idle []*cmRx
 	i.dmu.Lock()
 	for q, r := range i.rx {
-		if r.conn != nil && now.Sub(r.last) > idleFor {
+		// One never established (a REQ whose RTU never came) goes the same way, as
+		// ipoib_cm_stale_task reaps every passive id: its QP must not stay for ever.
+		if now.Sub(r.last) > idleFor {
 			idle = append(idle, r)
 			delete(i.rx, q)
 		}
