@@ -31,6 +31,10 @@ func dial9P(addr string) (net.Conn, error) {
 				return c, nil
 			}
 			if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+				var oe *net.OpError
+				if errors.As(err, &oe) {
+					oe.Source = nil // the server's address is what the message is about
+				}
 				return nil, err
 			}
 		}
