@@ -122,6 +122,10 @@ func (i *Interface) cmClose() {
 	i.dmu.Lock()
 	txs, rxs := i.tx, i.rx
 	i.tx, i.rx = map[HWAddr]*cmTx{}, map[verbs.QPN]*cmRx{}
+	for _, t := range i.txGone { // a forced GC's, which the task may not end now
+		txs[t.hw] = t
+	}
+	i.txGone = nil
 	i.dmu.Unlock()
 	for _, t := range txs {
 		i.cmTxDestroy(t)
@@ -354,8 +358,10 @@ func (i *Interface) cmConnect(t *cmTx) {
 		if qp != nil {
 			qp.Close()
 		}
-		// Frames queued for the connection go over UD when they fit.
-		i.resend(t.hw, fitting(q, i.data().mcastMTU))
+		// Frames queued for the connection go over UD when they fit (not through
+		// the connected route, which would start another connection for them and,
+		// failing the same way, again and again).
+		i.resendVia(t.hw, fitting(q, i.data().mcastMTU), true)
 	}
 	sgid, pkey := i.hw.GID(), i.data().pkey
 	ctx, cancel := context.WithTimeout(i.ctx, 30*time.Second)

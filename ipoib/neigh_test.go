@@ -1,9 +1,13 @@
 package ipoib
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
@@ -159,5 +163,31 @@ func TestNeighbourTablesBounded(t *testing.T) {
 	}
 	if _, _, _, so := sizes(); so != 3 {
 		t.Fatalf("%d send-only groups, bound 3", so)
+	}
+}
+
+// A connection that fails without a reject (here: the SA finds no path for it) sends
+// the frames it held over UD, and the next packet tries again: it does not start
+// connection after connection for the same frames.
+func TestFailedConnectionFallsBackToUD(t *testing.T) {
+	var cmQueries atomic.Int64
+	h := &hookSA{path: func(ctx context.Context, n int, dgid verbs.GID) error {
+		if _, ok := ctx.Deadline(); ok { // the CM's query (UD's has none)
+			cmQueries.Add(1)
+			return errors.New("no path for the connection")
+		}
+		return nil
+	}}
+	_, nodes := testFabricWith(t, "", func(c *soft.Config, o *Options) {
+		if c.Name == "a" {
+			o.wrapSA = h.wrap
+		}
+	}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	connectedNodes(t, nodes)
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	time.Sleep(100 * time.Millisecond) // a loop would go on meanwhile
+	if n := cmQueries.Load(); n > 30 {
+		t.Fatalf("%d connection attempts for one ping", n)
 	}
 }

@@ -109,7 +109,7 @@ func (i *Interface) deliverICMP(m [][]byte) {
 func (i *Interface) sendToHWLocked(hw HWAddr, frame [][]byte) (verbs.AH, verbs.QPN, bool) {
 	p := i.paths[hw.GID()]
 	if p == nil {
-		if len(i.paths) >= maxPaths && !i.forceGCLocked() {
+		if len(i.paths) >= maxPaths && (!i.forceGCLocked() || len(i.paths) >= maxPaths) {
 			i.stats.txDropped.Add(1)
 			return nil, 0, false
 		}
@@ -295,6 +295,7 @@ func (i *Interface) gcLocked(forced bool) []*cmTx {
 		if !hws[hw] {
 			delete(i.tx, hw)
 			i.stats.txDropped.Add(uint64(len(t.queue)))
+			t.queue = nil // counted: a connect that fails later must not send them
 			txs = append(txs, t)
 		}
 	}
@@ -311,14 +312,22 @@ func (i *Interface) flushNeighLocked() {
 }
 
 // resend sends frames that waited for a neighbour now resolved to hw.
-func (i *Interface) resend(hw HWAddr, frames [][]byte) {
+func (i *Interface) resend(hw HWAddr, frames [][]byte) { i.resendVia(hw, frames, false) }
+
+// resendVia is resend, over UD alone when ud is set (the frames of a connection that
+// failed: through the connected route they would start another, and fail again).
+func (i *Interface) resendVia(hw HWAddr, frames [][]byte, ud bool) {
 	if len(frames) == 0 {
 		return
 	}
 	out := make([]outFrame, 0, len(frames))
 	i.dmu.Lock()
 	for _, f := range frames {
-		if o, ok := i.sendToPeerLocked(hw, [][]byte{f}, len(f)); ok {
+		if ud {
+			if ah, qpn, ok := i.sendToHWLocked(hw, [][]byte{f}); ok {
+				out = append(out, outFrame{ah: ah, qpn: qpn, frame: [][]byte{f}, size: len(f)})
+			}
+		} else if o, ok := i.sendToPeerLocked(hw, [][]byte{f}, len(f)); ok {
 			out = append(out, o)
 		}
 	}

@@ -30,6 +30,9 @@ func dial9P(addr string) (net.Conn, error) {
 			if err == nil {
 				return c, nil
 			}
+			if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+				break // root without CAP_NET_BIND_SERVICE: an ordinary port, as before
+			}
 			if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
 				var oe *net.OpError
 				if errors.As(err, &oe) {

@@ -145,10 +145,12 @@ func Serve(ctx context.Context, ln net.Listener, root *fs.Node, o Options) error
 			}
 			return err
 		}
-		id := identify(c.raw, diag, o.TrustUname, o.Unidentified)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Identified on the connection's own goroutine: the lookup dumps the
+			// host's TCP sockets, and must not hold up the accepts of others.
+			id := identify(c.raw, diag, o.TrustUname, o.Unidentified)
 			serveConn(c, root, id, &o)
 		}()
 	}
