@@ -639,3 +639,35 @@ func promiscSocket(t *testing.T, ns string, idx int) int {
 		return s, nil
 	})
 }
+
+// A child's device someone moves to another network namespace (ip link set netns) is
+// put back where the daemon made it, said in the log; the child stays, in the tree
+// and the engine, instead of being taken for deleted (and its moved device with it).
+func TestMovedDeviceIsPutBack(t *testing.T) {
+	td := treeStart(t, "mv", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	if err := os.WriteFile(td.path("class/net/ib0/create_child"), []byte("0x8001\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	other := fmt.Sprintf("ipoibfs-mv%d", os.Getpid())
+	mustRun(t, "ip", "netns", "add", other)
+	t.Cleanup(func() { _, _ = run(t, 10*time.Second, "ip", "netns", "del", other) })
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "netns", other)
+	waitUntil(t, "the put-back said in the log", func() bool {
+		return strings.Contains(td.log.String(), "ib0.8001: moved to another network namespace outside ipoibfs (ip link set netns): put back")
+	})
+	if out := ipOut(t, ns, "link", "show", "ib0.8001"); !strings.Contains(strings.SplitN(out, ">", 2)[0], ",UP") {
+		t.Errorf("ib0.8001 back, but not up: %s", out)
+	}
+	if _, err := run(t, 10*time.Second, "ip", "-n", other, "link", "show", "ib0.8001"); err == nil {
+		t.Error("ib0.8001 still in the other namespace")
+	}
+	if got := readTrim(t, td.path("class/net/ib0.8001/pkey")); got != "0x8001" {
+		t.Errorf("class/net/ib0.8001/pkey after the move: %q", got)
+	}
+	if strings.Contains(td.log.String(), "ib0.8001: device deleted") {
+		t.Errorf("the move was taken for a deletion:\n%s", td.log.String())
+	}
+}

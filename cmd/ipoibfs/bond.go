@@ -67,7 +67,8 @@ func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 		dev.Close()
 		return err
 	}
-	dev.Watch(kernel.Events{Link: br.onLink, Addrs: br.onAddrs, Groups: b.SetHostGroups, Gone: br.onGone})
+	dev.Watch(kernel.Events{Link: br.onLink, Addrs: br.onAddrs, Groups: b.SetHostGroups, Gone: br.onGone,
+		Moved: func(err error) { logMoved(b.Name(), err) }})
 	go br.txLoop()
 	bb.m[b] = br
 	return nil

@@ -139,7 +139,8 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	}
 	// From here the interface follows the device: what ip link, ifconfig and the
 	// stack do to it reaches the engine as the driver would see it.
-	dev.Watch(kernel.Events{Link: b.onLink, Addrs: b.onAddrs, Groups: i.SetHostGroups, Gone: b.onGone})
+	dev.Watch(kernel.Events{Link: b.onLink, Addrs: b.onAddrs, Groups: i.SetHostGroups, Gone: b.onGone,
+		Moved: func(err error) { logMoved(i.Name(), err) }})
 	return b, nil
 }
 
@@ -231,6 +232,15 @@ func (b *bridge) ensureLinkLocal() {
 
 // onGone handles `ip link del`: a child's device takes the child with it; a port's
 // interface cannot be deleted, so its device is made again.
+// logMoved says what became of a device someone moved to another network namespace.
+func logMoved(name string, err error) {
+	if err != nil {
+		log.Printf("%s: moved to another network namespace outside ipoibfs (ip link set netns) and not put back, so it is gone: %v", name, err)
+		return
+	}
+	log.Printf("%s: moved to another network namespace outside ipoibfs (ip link set netns): put back, since the engine keeps its devices where it made them; the move took its addresses", name)
+}
+
 func (b *bridge) onGone() {
 	go b.bs.gone(b) // not on the watch goroutine: closing the device waits for it
 }

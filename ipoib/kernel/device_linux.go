@@ -702,7 +702,7 @@ func (d *Device) Close() error {
 // release (a thousand children 20 s), and the releases overlap. At most maxReleasing
 // are outstanding (each holds a thread in close(2)); WaitReleased waits for them. An
 // error of a release that ends after Delete returned is logged. A device someone moved
-// to another namespace counts as gone from its own. (If a reader is blocked on the
+// to another namespace is deleted there. (If a reader is blocked on the
 // device, the final close, and so the wait for the release, may fall to the reader's
 // thread instead, which then stays with the runtime.)
 func (d *Device) Delete() error {
@@ -847,4 +847,86 @@ func (d *Device) setLinkLocal(addr netip.Addr, stale []netlink.Addr) error {
 // nlAddr is a prefix as netlink takes it.
 func nlAddr(p netip.Prefix) *netlink.Addr {
 	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+}
+
+// linkMissing reports whether the device's index names no link of its namespace.
+func (d *Device) linkMissing() bool {
+	var missing bool
+	_ = d.control(func() error {
+		_, err := d.h.LinkByIndex(d.index)
+		var lnf netlink.LinkNotFoundError
+		missing = errors.As(err, &lnf) || errors.Is(err, unix.ENODEV)
+		return nil
+	})
+	return missing
+}
+
+// moveBack brings the device back to its namespace from the one someone moved it to.
+// The engine keeps the device where it made it: its netlink handle, its watch and the
+// interface's configuration are that namespace's. The kernel takes a device down when
+// it moves it; it is brought up again if it was up. It must come back with the index
+// it had (the kernel keeps it unless another device took it meanwhile).
+func (d *Device) moveBack() error {
+	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
+		var there netns.NsHandle
+		var name string
+		if err := d.ioctl(func(fd int) error {
+			n, err := unix.IoctlRetInt(fd, unix.TUNGETDEVNETNS)
+			if err != nil {
+				return err
+			}
+			there = netns.NsHandle(n)
+			ifr, err := unix.NewIfreq("")
+			if err != nil {
+				return err
+			}
+			if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+				return err
+			}
+			name = ifr.Name()
+			return nil
+		}); err != nil {
+			return d.errorf("moved to another network namespace; finding it: %w", err)
+		}
+		defer there.Close()
+		home := d.ns
+		if !home.IsOpen() {
+			h, err := netns.Get() // not a namespace worker's thread: the process's
+			if err != nil {
+				return d.errorf("moved to another network namespace; this one: %w", err)
+			}
+			defer h.Close()
+			home = h
+		}
+		if there.Equal(home) {
+			return nil // back already (another watch of the device put it back)
+		}
+		hx, err := netlink.NewHandleAt(there)
+		if err != nil {
+			return d.errorf("moved to another network namespace as %s: %w", name, err)
+		}
+		defer hx.Close()
+		l, err := hx.LinkByName(name)
+		if err == nil {
+			err = hx.LinkSetNsFd(l, int(home))
+		}
+		if err != nil {
+			return d.errorf("moved to another network namespace as %s, not put back: %w", name, err)
+		}
+		nl, err := d.h.LinkByIndex(d.index)
+		if err != nil || nl.Attrs().Name != name {
+			return d.errorf("put back from another network namespace as %s, not at index %d: %v", name, d.index, err)
+		}
+		if name != d.currentName() {
+			d.now.Store(&name)
+		}
+		if d.up {
+			if err := d.h.LinkSetUp(d.link); err != nil {
+				return d.errorf("put back from another network namespace; up: %w", err)
+			}
+		}
+		return nil
+	})
 }

@@ -212,6 +212,10 @@ type Events struct {
 	Addrs  func([]netip.Prefix) // the address list changed
 	Groups func([]netip.Addr)   // the multicast list changed
 	Gone   func()               // the device was deleted by someone else; the last call
+	// Moved: someone moved the device to another network namespace (ip link set
+	// netns), and it was put back (err nil: the move took it down and its addresses
+	// with it; it is up again if it was) or could not be (Gone follows).
+	Moved func(err error)
 }
 
 // ErrUnregistered is the reason of a read or wait that failed because the kernel

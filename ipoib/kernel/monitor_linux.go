@@ -247,6 +247,31 @@ func (m *monitor) follow() bool {
 	}
 }
 
+// movedAway reports whether an RTM_DELLINK's body (ifinfomsg and attributes) says the
+// link went to another network namespace (IFLA_NEW_NETNSID), not away for good.
+func movedAway(data []byte) bool {
+	const ifinfoLen = 16
+	if len(data) < ifinfoLen {
+		return false
+	}
+	for a := data[ifinfoLen:]; len(a) >= unix.SizeofRtAttr; {
+		l := int(binary.NativeEndian.Uint16(a[0:2]))
+		typ := binary.NativeEndian.Uint16(a[2:4]) &^ unix.NLA_F_NESTED
+		if l < unix.SizeofRtAttr || l > len(a) {
+			return false
+		}
+		if typ == unix.IFLA_NEW_NETNSID {
+			return true
+		}
+		al := (l + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1)
+		if al >= len(a) {
+			return false
+		}
+		a = a[al:]
+	}
+	return false
+}
+
 // parseMonitorMessages calls mark with the interface index and what changed for each
 // link and address message in b (a netlink datagram); anything else is skipped.
 func parseMonitorMessages(b []byte, mark func(index int, bits uint32)) {
@@ -264,7 +289,11 @@ func parseMonitorMessages(b []byte, mark func(index int, bits uint32)) {
 			case unix.RTM_NEWLINK:
 				mark(index, dirtyLink|dirtyGroups) // up joins the all-hosts groups
 			case unix.RTM_DELLINK:
-				mark(index, dirtyGone)
+				if movedAway(data) {
+					mark(index, dirtyMoved) // ip link set DEV netns X
+				} else {
+					mark(index, dirtyGone)
+				}
 			case unix.RTM_NEWADDR, unix.RTM_DELADDR:
 				mark(index, dirtyAddrs|dirtyGroups) // an IPv6 address has a solicited-node group
 			}

@@ -27,7 +27,7 @@ type marked struct {
 }
 
 // The monitor reads only the index and kind of each message: links changed, links
-// deleted, addresses added or removed; other messages and a truncated tail are
+// deleted or moved to another namespace, addresses added or removed; other messages and a truncated tail are
 // skipped.
 func TestParseMonitorMessages(t *testing.T) {
 	var b []byte
@@ -36,10 +36,19 @@ func TestParseMonitorMessages(t *testing.T) {
 	b = append(b, nlMsg(unix.RTM_NEWROUTE, 9, 0)...)
 	b = append(b, nlMsg(unix.RTM_DELADDR, 10, 0)...)
 	b = append(b, nlMsg(unix.RTM_DELLINK, 11, 5)...)
+	// A deletion that is a move (ip link set netns): IFLA_IFNAME, then IFLA_NEW_NETNSID.
+	moved := nlMsg(unix.RTM_DELLINK, 13, 8+8)
+	attrs := moved[unix.NLMSG_HDRLEN+16:]
+	binary.NativeEndian.PutUint16(attrs[0:], 7)
+	binary.NativeEndian.PutUint16(attrs[2:], unix.IFLA_IFNAME)
+	copy(attrs[4:], "ib0")
+	binary.NativeEndian.PutUint16(attrs[8:], 8)
+	binary.NativeEndian.PutUint16(attrs[10:], unix.IFLA_NEW_NETNSID)
+	b = append(b, moved...)
 	b = append(b, nlMsg(unix.RTM_NEWLINK, 12, 0)[:20]...) // cut short
 	var got []marked
 	parseMonitorMessages(b, func(i int, bits uint32) { got = append(got, marked{i, bits}) })
-	want := []marked{{7, dirtyLink | dirtyGroups}, {8, dirtyAddrs | dirtyGroups}, {10, dirtyAddrs | dirtyGroups}, {11, dirtyGone}}
+	want := []marked{{7, dirtyLink | dirtyGroups}, {8, dirtyAddrs | dirtyGroups}, {10, dirtyAddrs | dirtyGroups}, {11, dirtyGone}, {13, dirtyMoved}}
 	if !slices.Equal(got, want) {
 		t.Errorf("marked %v, want %v", got, want)
 	}

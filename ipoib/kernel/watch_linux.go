@@ -26,6 +26,7 @@ const (
 	dirtyAddrs
 	dirtyGroups
 	dirtyGone
+	dirtyMoved // to another network namespace
 )
 
 // watcher is one Watch call: its events, what is pending, and what it last reported.
@@ -142,6 +143,22 @@ func (d *Device) report(w *watcher, bits uint32) bool {
 	// Gone: the monitor saw it go, or its descriptor says the kernel unregistered it
 	// (a deletion whose message the monitor lost to an overrun, after which it marks
 	// every device's link: the index may already name another device by then).
+	// Moved to another namespace (ip link set DEV netns X; or, its message lost, a
+	// link that cannot be read while the device is still registered): put back.
+	if bits&dirtyMoved != 0 || bits&dirtyLink != 0 && bits&dirtyGone == 0 && !d.unregistered() && d.linkMissing() {
+		if closing() {
+			return false
+		}
+		err := d.moveBack()
+		if w.ev.Moved != nil {
+			w.ev.Moved(err)
+		}
+		if err != nil {
+			bits |= dirtyGone // what cannot be put back is lost to the engine
+		} else {
+			bits |= dirtyLink | dirtyAddrs | dirtyGroups
+		}
+	}
 	if bits&dirtyGone != 0 || d.unregistered() {
 		if !closing() && w.ev.Gone != nil {
 			w.ev.Gone()

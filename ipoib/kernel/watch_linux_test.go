@@ -23,15 +23,17 @@ type events struct {
 	groups chan []netip.Addr
 	addrs  chan []netip.Prefix
 	gone   chan struct{}
+	moved  chan error
 }
 
 func watch(d *Device) *events {
-	e := &events{links: make(chan Link, 64), groups: make(chan []netip.Addr, 64), addrs: make(chan []netip.Prefix, 64), gone: make(chan struct{}, 1)}
+	e := &events{links: make(chan Link, 64), groups: make(chan []netip.Addr, 64), addrs: make(chan []netip.Prefix, 64), gone: make(chan struct{}, 1), moved: make(chan error, 4)}
 	d.Watch(Events{
 		Link:   func(l Link) { e.links <- l },
 		Groups: func(g []netip.Addr) { e.groups <- g },
 		Addrs:  func(a []netip.Prefix) { e.addrs <- a },
 		Gone:   func() { e.gone <- struct{}{} },
+		Moved:  func(err error) { e.moved <- err },
 	})
 	return e
 }
@@ -400,5 +402,41 @@ func TestOutsideChangeToTheLastReportedState(t *testing.T) {
 	d.report(w, dirtyLink)
 	if len(got) != 2 || got[1].UserFlags != unix.IFF_PROMISC || !got[1].UserFlagsChanged {
 		t.Fatalf("promisc on again after the engine's off: reports %+v", got)
+	}
+}
+
+// A device someone moves to another namespace (ip link set netns) is put back where it
+// was made, up again (the move took it down), and its watch goes on: it is not taken
+// for deleted.
+func TestWatchPutsBackAMovedDevice(t *testing.T) {
+	prereqs(t)
+	ns, other := testNS(t, "m"), testNS(t, "o")
+	ipMust(t, "netns", "add", other)
+	d := open(t, Config{Name: uniq("m"), MTU: 1500, NetNS: ns})
+	e := watch(d)
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	await(t, e.links, "up", func(l Link) bool { return l.Up })
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "netns", other)
+	select {
+	case err := <-e.moved:
+		if err != nil {
+			t.Fatalf("not put back: %v", err)
+		}
+	case <-e.gone:
+		t.Fatal("a moved device reported as deleted")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the move was not reported")
+	}
+	if out, err := ipCmd(t, "-n", ns, "link", "show", d.Name()); err != nil || !strings.Contains(strings.SplitN(out, ">", 2)[0], ",UP") {
+		t.Fatalf("after the move: %v %s", err, out)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "mtu", "1400")
+	await(t, e.links, "MTU 1400 from outside", func(l Link) bool { return l.MTU == 1400 && l.MTUChanged })
+	select {
+	case <-e.gone:
+		t.Fatal("reported gone after it was put back")
+	default:
 	}
 }
