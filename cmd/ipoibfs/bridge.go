@@ -57,6 +57,7 @@ const (
 	attrTxq
 	attrMulticast
 	attrUserFlags
+	attrFeatures
 )
 
 // adoption is a device's attribute and the value the engine is being made to follow;
@@ -196,7 +197,9 @@ func (b *bridge) onLink(l kernel.Link) {
 		// The TUN device's rx-checksumming is fixed off (it has no NETIF_F_RXCSUM): the
 		// engine's receive checksum switch is the tree's alone.
 		f := l.Features
-		b.i.SetFeatures(ipoib.Features{RxChecksum: b.i.RequestedFeatures().RxChecksum, TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO})
+		b.adopt(attrFeatures, kernel.Offloads{TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO}, func() {
+			b.i.SetFeatures(ipoib.Features{RxChecksum: b.i.RequestedFeatures().RxChecksum, TxChecksum: f.TxChecksum, TSO: f.TSO, GRO: f.GRO})
+		})
 	}
 	if l.Up {
 		b.startReader()
@@ -460,7 +463,10 @@ func (b *bridge) SetAdminUp(up bool) {
 }
 
 func (b *bridge) SetOffloads(f ipoib.Features) {
-	b.logErr(b.dev.SetOffloads(offloads(f)))
+	// Features taken from the device are not written back over a newer ethtool -K;
+	// what the mode forces (connected mode: checksum and TSO off) is a different
+	// value, which goes to the device as always.
+	b.logErr(push(&b.adopter, attrFeatures, offloads(f), b.dev.SetOffloads, b.dev.SetOffloadsIfChanged))
 }
 
 func offloads(f ipoib.Features) kernel.Offloads {

@@ -454,10 +454,24 @@ func (d *Device) setLink(what string, ifChanged bool, holds func() bool, apply f
 // (the kernel stops/starts handing over super-packets at once, also on established
 // connections), GRO for the following Write calls. TSO without TxChecksum is recorded as
 // TSO off, as ethtool does.
-func (d *Device) SetOffloads(o Offloads) error {
+func (d *Device) SetOffloads(o Offloads) error { return d.setOffloads(o, false) }
+
+// SetOffloadsIfChanged is SetOffloads for offloads taken from the device (ethtool -K):
+// when the device shows them as last read, it is not written again, since it may hold
+// a newer change by now (the watch reports that one next); only Write's GRO follows.
+func (d *Device) SetOffloadsIfChanged(o Offloads) error { return d.setOffloads(o, true) }
+
+func (d *Device) setOffloads(o Offloads, ifChanged bool) error {
 	return d.control(func() error {
 		d.setMu.Lock()
 		defer d.setMu.Unlock()
+		if e := o.effective(); ifChanged && d.featKnown && d.feat.TxChecksum == e.TxChecksum && d.feat.TSO == e.TSO && d.feat.GRO == e.GRO {
+			d.offMu.Lock()
+			d.offloads = e
+			d.gro.Store(e.GRO)
+			d.offMu.Unlock()
+			return nil
+		}
 		if err := d.applyOffloads(o); err != nil {
 			return d.errorf("%w", err)
 		}

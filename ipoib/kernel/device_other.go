@@ -73,6 +73,9 @@ func (d *Device) SetMTUIfChanged(mtu int) error { return d.unsupported() }
 // SetOffloads is not supported.
 func (d *Device) SetOffloads(o Offloads) error { return d.unsupported() }
 
+// SetOffloadsIfChanged is not supported.
+func (d *Device) SetOffloadsIfChanged(o Offloads) error { return d.unsupported() }
+
 // Offloads returns no offloads.
 func (d *Device) Offloads() Offloads { return Offloads{} }
 

@@ -246,6 +246,26 @@ func TestDeviceFeaturesAndSpeed(t *testing.T) {
 	if f, err = d.DeviceFeatures(); err != nil || f.TSO || !f.TxChecksum {
 		t.Errorf("after ethtool -K tso off: %+v %v", f, err)
 	}
+	// Offloads taken from the device (IfChanged) are not written back over a newer
+	// ethtool -K: the device read as TSO off, then someone turned it on again.
+	if _, err := d.linkState(); err != nil { // what the watch does: the device's features read
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", ns, ethtool, "-K", d.Name(), "tso", "on").CombinedOutput(); err != nil {
+		t.Fatalf("ethtool -K tso on: %v %s", err, out)
+	}
+	if err := d.SetOffloadsIfChanged(Offloads{TxChecksum: true, TSO: false, GRO: true}); err != nil {
+		t.Fatal(err)
+	}
+	if f, err = d.DeviceFeatures(); err != nil || !f.TSO {
+		t.Errorf("the older TSO off written back over ethtool -K tso on: %+v %v", f, err)
+	}
+	if err := d.SetOffloads(Offloads{TxChecksum: true, TSO: false, GRO: true}); err != nil {
+		t.Fatal(err)
+	}
+	if f, err = d.DeviceFeatures(); err != nil || f.TSO {
+		t.Errorf("SetOffloads with TSO off: %+v %v", f, err)
+	}
 	if err := d.SetSpeed(40000); err != nil {
 		t.Fatal(err)
 	}
