@@ -25,9 +25,31 @@ type ifAttr struct {
 	scope scope
 	read  func(i *ipoib.Interface) (string, error)
 	write func(i *ipoib.Interface, b []byte) error
-	// netAdmin: a write needs CAP_NET_ADMIN (EPERM), as net-sysfs's netdev_store and
-	// the driver's create_child/delete_child check before anything else.
-	netAdmin bool
+	// netAdmin: a write needs CAP_NET_ADMIN (EPERM), as net-sysfs's netdev_store
+	// checks before anything else; parseFirst runs before that check, as
+	// create_child/delete_child parse their argument first (EINVAL before EPERM).
+	netAdmin   bool
+	parseFirst func(b []byte) error
+}
+
+// checkCreateArg and checkDeleteArg are create_child's and delete_child's parse and
+// range check alone (ipoib_main.c's create_child_store, delete_child_store).
+func checkCreateArg(b []byte) error {
+	v, err := parsePKeyArg(b)
+	if err == nil {
+		if _, ok := ipoib.NormalizePKey(v); !ok {
+			err = errorf(syscall.EINVAL, "P_Key %#x is invalid (0, 0x8000 and values above 0xffff are)", v)
+		}
+	}
+	return err
+}
+
+func checkDeleteArg(b []byte) error {
+	v, err := parsePKeyArg(b)
+	if err == nil && (v < 0 || v > 0xffff) {
+		err = errorf(syscall.EINVAL, "P_Key %#x is out of range", v)
+	}
+	return err
 }
 
 // ifIndexText is an interface index as net-sysfs prints it; without a kernel device
@@ -68,7 +90,7 @@ var ifAttrs = []ifAttr{
 		// net-sysfs's carrier_store: IPoIB has no ndo_change_carrier.
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the port and the broadcast group; it cannot be set", i.Name())
 	}},
-	{name: "create_child", netAdmin: true, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
+	{name: "create_child", netAdmin: true, parseFirst: checkCreateArg, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
 		if err != nil {
 			return err
@@ -76,7 +98,7 @@ var ifAttrs = []ifAttr{
 		_, err = i.CreateChild(v)
 		return err
 	}},
-	{name: "delete_child", netAdmin: true, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
+	{name: "delete_child", netAdmin: true, parseFirst: checkDeleteArg, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
 		if err != nil {
 			return err

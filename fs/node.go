@@ -110,8 +110,11 @@ type Node struct {
 	lookup func(dir, name string) (*Node, error) // directories: optional fast path
 	read   func() ([]byte, error)                // files
 	write  func([]byte) error                    // files: one write call
-	// netAdmin: writes need Caller.NetAdmin (EPERM otherwise).
-	netAdmin bool
+	// netAdmin: writes need Caller.NetAdmin (EPERM otherwise); parseFirst, when set,
+	// runs before that check (the driver's create_child parses and range-checks its
+	// argument before capable(): EINVAL comes first).
+	netAdmin   bool
+	parseFirst func([]byte) error
 	// stream: each open follows what comes from then on (events, capture).
 	stream streamSource
 	commit func([]byte) error // files: accumulated writes of a handle
@@ -390,6 +393,11 @@ func (h *Handle) WriteAs(c Caller, p []byte) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.n.netAdmin && !c.NetAdmin {
+		if h.n.parseFirst != nil {
+			if err := h.n.parseFirst(p); err != nil {
+				return 0, h.n.t.audit(c, h.n.path, p, err)
+			}
+		}
 		return 0, h.n.t.audit(c, h.n.path, p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
 	}
 	if h.n.commit != nil {

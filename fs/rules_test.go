@@ -101,7 +101,8 @@ func TestKernelSmallRules(t *testing.T) {
 }
 
 // net-sysfs's stores and create_child/delete_child need CAP_NET_ADMIN, even for uid 0;
-// mode and umcast (ipoib's own attributes) do not.
+// mode and umcast (ipoib's own attributes) do not. create_child and delete_child parse
+// and range-check their argument first, as the driver does: EINVAL before EPERM.
 func TestNetAdminNeeded(t *testing.T) {
 	v := newEnv(t)
 	root := Caller{UID: 0, GIDs: []uint32{0}, Via: "test"} // no CAP_NET_ADMIN
@@ -111,6 +112,10 @@ func TestNetAdminNeeded(t *testing.T) {
 	}{
 		{"class/net/ib0/create_child", "0x8001\n", syscall.EPERM},
 		{"class/net/ib0/delete_child", "0x8001\n", syscall.EPERM},
+		{"class/net/ib0/create_child", "x\n", syscall.EINVAL},
+		{"class/net/ib0/create_child", "0x8000\n", syscall.EINVAL},
+		{"class/net/ib0/delete_child", "0x10000\n", syscall.EINVAL},
+		{"class/net/ib0/delete_child", "0\n", syscall.EPERM},
 		{"class/net/ib0/mtu", "1500\n", syscall.EPERM},
 		{"class/net/ib0/flags", "0x1002\n", syscall.EPERM},
 		{"class/net/ib0/tx_queue_len", "10\n", syscall.EPERM},

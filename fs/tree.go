@@ -284,7 +284,7 @@ func (t *Tree) ifFile(dir, ifname string, a *ifAttr) *Node {
 		}
 	}
 	n := t.file(dir, a.name, a.perm, read, write)
-	n.netAdmin = a.netAdmin
+	n.netAdmin, n.parseFirst = a.netAdmin, a.parseFirst
 	return n
 }
 
