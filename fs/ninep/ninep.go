@@ -529,7 +529,7 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 }
 
 func (f *file) SetXattr(string, []byte, p9.XattrFlags) error { return linux.EOPNOTSUPP }
-func (f *file) GetXattr(string) ([]byte, error)              { return nil, linux.ENODATA }
+func (f *file) GetXattr(string) ([]byte, error)              { return nil, linux.EOPNOTSUPP } // as the FUSE mount: the tree has no extended attributes
 func (f *file) ListXattrs() ([]string, error)                { return nil, nil }
 func (f *file) RemoveXattr(string) error                     { return linux.EOPNOTSUPP }
 

@@ -511,3 +511,18 @@ func TestSetAttrAndTruncate(t *testing.T) {
 		pc.Close()
 	}
 }
+
+// Extended attributes answer as over the FUSE mount: the tree has none, so a get is
+// EOPNOTSUPP (not the EINVAL of a bad request) and the list is empty (not one empty
+// name).
+func TestXattrAnswers(t *testing.T) {
+	v := newEnv(t)
+	r := exchange(t, v.tree.Root(), Options{}, tversion(), tattach(0),
+		twalk(0, 1, "class", "net", "ib0", "mtu"), txattrwalk(1, 2, "user.x"), txattrwalk(1, 3, ""))
+	if got := rerrno(r[3]); got != uint32(syscall.EOPNOTSUPP) {
+		t.Errorf("Txattrwalk user.x: type %d errno %d, want EOPNOTSUPP", r[3][4], got)
+	}
+	if r[4][4] != 31 || binary.LittleEndian.Uint64(r[4][7:]) != 0 {
+		t.Errorf("Txattrwalk of the list: type %d, size %d; want an empty list", r[4][4], binary.LittleEndian.Uint64(r[4][7:]))
+	}
+}

@@ -998,11 +998,14 @@ func (t *txattrwalk) handle(cs *connState) message {
 		} else {
 			var xattrs []string
 			xattrs, err = ref.file.ListXattrs()
-			if err == nil {
+			if err == nil && len(xattrs) > 0 { // ipoibfs patch: no names is an empty list
 				buf = []byte(strings.Join(xattrs, "\000") + "\000")
 			}
 		}
-		if err != nil || uint32(len(buf)) > maximumLength {
+		if err != nil { // ipoibfs patch: the file's errno (ENODATA, EOPNOTSUPP), not EINVAL
+			return err
+		}
+		if uint32(len(buf)) > maximumLength {
 			return linux.EINVAL
 		}
 		size = len(buf)
