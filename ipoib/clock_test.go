@@ -90,4 +90,20 @@ func TestPassiveConnectionReapedAfter512sIdle(t *testing.T) {
 	if stays || !dead {
 		t.Fatalf("a passive connection never established: still there %v, destroyed %v", stays, dead)
 	}
+
+	// Closed (a deleted child), the interface holds none of its buffers or tables,
+	// though a connection's teardown may keep it reachable for a while.
+	a.ib0.dmu.Lock()
+	had := a.ib0.cmSRQBufs != nil
+	a.ib0.dmu.Unlock()
+	a.ib0.close()
+	a.ib0.mu.Lock()
+	ring := a.ib0.recvBufs != nil
+	a.ib0.mu.Unlock()
+	a.ib0.dmu.Lock()
+	pool, neighs, paths := a.ib0.cmSRQBufs != nil, len(a.ib0.neigh), len(a.ib0.paths)
+	a.ib0.dmu.Unlock()
+	if !had || ring || pool || neighs != 0 || paths != 0 {
+		t.Fatalf("closed: shared pool before %v; ring %v, pool %v, %d neighbours, %d paths", had, ring, pool, neighs, paths)
+	}
 }

@@ -904,6 +904,18 @@ func (i *Interface) close() {
 	if i.cmSRQ != nil {
 		_ = i.cmSRQ.Close() // after its QPs (cmClose) and the receive loop
 	}
+	// A closed interface may stay reachable for a while (a connection's teardown
+	// keeps its QP and with it the CQ handler, until the CM's timewait ends): it
+	// holds none of its buffers or tables meanwhile (the shared receive queue's pool
+	// alone is 16 MiB).
+	i.mu.Lock()
+	i.recvBufs = nil // no drain reads it: the receive states are closed
+	i.mu.Unlock()
+	i.dmu.Lock()
+	i.cmSRQBufs = nil
+	i.flushNeighLocked()
+	i.paths, i.mcast, i.sendOnlyN = map[verbs.GID]*path{}, map[verbs.GID]*mcastGroup{}, 0
+	i.dmu.Unlock()
 }
 
 // flushLevel is the kernel's ipoib_flush_level.
