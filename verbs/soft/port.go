@@ -259,18 +259,33 @@ func (p *Port) ctlForUs(g verbs.GUID) bool {
 // fabric-key MAC (always 0 without a key).
 func (p *Port) AuthFailures() uint64 { return p.cnt.authFail.Load() }
 
+// handleCtl takes a control message from the fabric; the subnet manager on this port
+// hands its own through applyCtl.
 func (p *Port) handleCtl(src netip.AddrPort, mad []byte) {
-	attr, body, err := parseCtl(mad)
+	attr, _, err := parseCtl(mad)
 	if err != nil {
 		p.cnt.malformed.Add(1)
 		return
 	}
-	if sm := p.sm.Load(); sm != nil && attr == ctlAttrHello {
+	sm := p.sm.Load()
+	if sm != nil && attr == ctlAttrHello {
 		sm.handleCtl(src, mad)
 		return
 	}
-	// Only the subnet manager we joined may configure us.
-	if src != p.hca.cfg.SM && p.sm.Load() == nil {
+	// Only the subnet manager we joined may configure us; a port that hosts one
+	// takes its configuration from it alone, never from the network (anyone could
+	// send it a Config or Routes: its P_Keys, its routes, its faults).
+	if sm != nil || src != p.hca.cfg.SM {
+		p.cnt.malformed.Add(1)
+		return
+	}
+	p.applyCtl(mad)
+}
+
+// applyCtl applies a Config, Routes or Delta message from the subnet manager.
+func (p *Port) applyCtl(mad []byte) {
+	attr, body, err := parseCtl(mad)
+	if err != nil {
 		p.cnt.malformed.Add(1)
 		return
 	}

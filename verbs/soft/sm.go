@@ -482,7 +482,7 @@ func (sm *SM) sendConfig(sp *smPort, reregister bool) {
 
 func (sm *SM) sendCtl(dst netip.AddrPort, dstGUID verbs.GUID, body []byte) {
 	if dst == sm.port.ep.Addr() {
-		sm.port.handleCtl(dst, body)
+		sm.port.applyCtl(body) // its own port: not through the network's door
 		return
 	}
 	sm.port.sendCtl(dst, dstGUID, body)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -209,4 +210,30 @@ func TestSMReclaimsLIDsOfGUIDsGone(t *testing.T) {
 		t.Fatalf("GUID 0x2001 at z: LID %#x (registered %v), want %#x, the LID of the port it replaced", l, ok, lz)
 	}
 	check("z restarted")
+}
+
+// The port that hosts the subnet manager takes its configuration from that SM alone:
+// a Config or Routes message from the network (anyone can address QP0) is dropped,
+// whatever source it claims, so nobody rewrites its P_Keys, LID or routes.
+func TestSMPortIgnoresConfigFromTheNetwork(t *testing.T) {
+	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	p := smh.SoftPort(1)
+	waitFor(t, "the SM's port active", func() bool { return p.Attr().State == verbs.PortActive })
+	before, lid := p.PKeyTable(), p.Attr().LID
+	forged := ctlConfig{LID: 0x99, SMLID: 0x99, State: verbs.PortActive, ActiveMTU: verbs.MTU4096, PKeys: []verbs.PKey{0x8123}}
+	body := forged.append(putCtlHeader(nil, ctlAttrConfig, 0))
+	for _, src := range []netip.AddrPort{netip.MustParseAddrPort("127.0.0.99:4791"), p.ep.Addr()} {
+		malformed := p.cnt.malformed.Load()
+		p.handleCtl(src, body)
+		if got := p.PKeyTable(); !slices.Equal(got, before) || p.Attr().LID != lid {
+			t.Fatalf("a Config from %s was applied: P_Keys %v (were %v), LID %#x (was %#x)", src, got, before, p.Attr().LID, lid)
+		}
+		if p.cnt.malformed.Load() != malformed+1 {
+			t.Errorf("a Config from %s was not counted as dropped", src)
+		}
+	}
 }
