@@ -341,6 +341,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			logPortEvent(dev, ev)
 		case s := <-sig:
 			if s != syscall.SIGHUP {
+				// A second one ends the process at once (a shutdown that hangs can
+				// still be stopped).
+				signal.Reset(syscall.SIGINT, syscall.SIGTERM)
 				log.Printf("%v: shutting down", s)
 				for n := 1; n <= dev.NumPorts(); n++ {
 					p, _ := dev.Port(n)

@@ -273,6 +273,16 @@ type trackedConn struct {
 	once sync.Once
 }
 
+// Done is the shim's: closed when the connection ends, so that a read waiting on a
+// stream (events, capture) ends with it (serveConn looks for it; without it a waiting
+// reader held shutdown and its connection until the next event).
+func (c *trackedConn) Done() <-chan struct{} {
+	if d, ok := c.Conn.(interface{ Done() <-chan struct{} }); ok {
+		return d.Done()
+	}
+	return nil
+}
+
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.l.mu.Lock()

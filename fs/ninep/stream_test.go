@@ -1,7 +1,9 @@
 package ninep
 
 import (
+	"context"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +58,49 @@ func TestStreamOver9P(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server still waits in a stream read after its client went away")
+	}
+}
+
+// Serve's connections end a waiting stream read too: stopping the server (the
+// daemon's shutdown) while a client reads events returns, rather than waiting for an
+// event that shutdown never emits.
+func TestServeStopsWithAStreamReadWaiting(t *testing.T) {
+	v := newEnv(t)
+	l := fs.NewEventLog()
+	tree := fs.New(v.e, fs.Options{Events: l})
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ln, tree.Root(), Options{}) }()
+	conn, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f, err := c.walk("events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Open(p9.ReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 4096)
+		_, _ = f.ReadAt(buf, 0) // waits: nothing is emitted
+	}()
+	time.Sleep(100 * time.Millisecond) // the read reaches the server
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve still waits for a stream read after it was stopped")
 	}
 }
