@@ -291,7 +291,10 @@ func (c *Client) bind(r *reply) {
 	l.Addr = netip.PrefixFrom(r.yiaddr, maskBits(r.mask, r.yiaddr))
 	t1, t2 := r.t1, r.t2
 	if t2 <= 0 || t2 > r.lease {
-		t2 = r.lease * 7 / 8
+		// Divided first: lease*7 overflows for leases beyond 41 years, and the
+		// infinite one (0xffffffff s, RFC 2131) put T1 and T2 in the past, so the
+		// client renewed as fast as the server answered.
+		t2 = r.lease / 8 * 7
 	}
 	if t1 <= 0 || t1 > t2 {
 		t1 = min(r.lease/2, t2)

@@ -437,3 +437,30 @@ func FuzzParseReply(f *testing.F) {
 		}
 	})
 }
+
+// The infinite lease (0xffffffff seconds, RFC 2131) and any long one put renewal far
+// ahead: T1 and T2 do not overflow into the past, where the client would renew as fast
+// as the server answers.
+func TestDHCPInfiniteLease(t *testing.T) {
+	h := start(t)
+	defer h.c.Close()
+	h.fire()
+	d := h.next(layers.DHCPMsgTypeDiscover, bcast)
+	h.armed()
+	h.reply(layers.DHCPMsgTypeOffer, d.Xid)
+	r := h.next(layers.DHCPMsgTypeRequest, bcast)
+	h.armed()
+	start := h.clk.Now()
+	h.reply(layers.DHCPMsgTypeAck, r.Xid,
+		layers.NewDHCPOption(layers.DHCPOptLeaseTime, []byte{0xff, 0xff, 0xff, 0xff}),
+		layers.NewDHCPOption(layers.DHCPOptSubnetMask, []byte{255, 255, 255, 0}))
+	h.waitLease()
+	l := h.current()
+	const years = 365 * 24 * time.Hour
+	if !l.Renew.After(start.Add(60*years)) || !l.Rebind.After(l.Renew) || !l.Expiry.After(l.Rebind) {
+		t.Fatalf("infinite lease: renew %v, rebind %v, expiry %v (start %v)", l.Renew, l.Rebind, l.Expiry, start)
+	}
+	if got := h.armed(); !got.Equal(l.Renew) {
+		t.Errorf("next timer at %v, want the renewal at %v", got, l.Renew)
+	}
+}
