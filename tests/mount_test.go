@@ -205,3 +205,33 @@ echo "status of the failed mount: $(cat ` + errFile + `)"
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A mount whose process was killed leaves a dead FUSE mount (every access ENOTCONN);
+// `ipoibfs mount` on the same directory removes it and mounts again, as the daemon
+// does with its own.
+func TestRemoteMountReplacesADeadOne(t *testing.T) {
+	td := treeStart(t, "rmd", "")
+	remote := filepath.Join(t.TempDir(), "remote")
+	first, done, _ := remoteMount(t, td.addr, remote)
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if _, err := os.Stat(filepath.Join(remote, "class")); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("after the mount process was killed: %v, want ENOTCONN (a dead mount)", err)
+	}
+	log := &testenv.Buffer{}
+	again := exec.Command(binPath, "mount", td.addr, remote)
+	again.Stdout, again.Stderr = log, log
+	if err := again.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = again.Process.Kill(); _ = again.Wait() })
+	treeWait(t, remote, log)
+	if got := readTrim(t, filepath.Join(remote, "class/net/ib0/pkey")); got != "0xffff" {
+		t.Errorf("pkey through the new mount: %q", got)
+	}
+	if !strings.Contains(log.String(), "removed a dead mount") {
+		t.Errorf("the new mount did not say it removed the dead one:\n%s", log.String())
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"ipoibfs/fs/fuse"
 	"ipoibfs/mnt"
 )
 
@@ -146,6 +147,13 @@ func mountRemote(addr, dir string) (*mnt.Server, error) {
 	}
 	if err := checkMountPoint(abs); err != nil {
 		return nil, err
+	}
+	// A dead mount left by a killed earlier mount (checkMountPoint lets it through)
+	// answers everything with ENOTCONN, the mount's own stat too: clean it first.
+	if cleaned, err := fuse.CleanupStale(abs); err != nil {
+		return nil, err
+	} else if cleaned {
+		log.Printf("%s: removed a dead mount left by an earlier mount", abs)
 	}
 	conn, err := dial9P(addr)
 	if err != nil {
