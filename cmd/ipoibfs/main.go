@@ -200,6 +200,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *ports < 1 || *ports > 254 {
 		return bad("-ports %d: an HCA has 1..254 ports", *ports)
 	}
+	// Checked with the other flags, before anything is opened or joined: a bad
+	// -param is a bad command line (exit 2), not a failure after startup.
+	mp, warnings, err := params.build()
+	if err != nil {
+		return bad("%v", err)
+	}
 	var plan *hcaPlan
 	if *hcaName != "" {
 		p, err := planDevice(*hcaName) // opens the device: its ports name the interfaces
@@ -270,10 +276,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 	events, cancel := dev.Subscribe(64)
 	defer cancel()
 	hca.started()
-	mp, warnings, err := params.build()
-	if err != nil {
-		return err
-	}
 	for _, w := range warnings {
 		log.Print(w)
 	}

@@ -33,6 +33,7 @@ func TestCommandLine(t *testing.T) {
 		{args: []string{"9p"}, status: exitError, stderr: "usage: ipoibfs 9p ADDR"},
 		{args: []string{"-ports", "0"}, status: exitUsage, stderr: "-ports 0: an HCA has 1..254 ports"},
 		{args: []string{"-ports", "255"}, status: exitUsage, stderr: "-ports 255: an HCA has 1..254 ports"},
+		{args: []string{"-mount", "", "-9p", "", "-param", "debug_level"}, status: exitUsage, stderr: `-param "debug_level": want name=value`, notStderr: "subnet manager on"},
 		{args: []string{"-netns", "a/b"}, status: exitUsage, stderr: `-netns: invalid network namespace name "a/b"`},
 		{args: []string{"-mount", "", "-config", "/nonexistent/ifcfg"}, status: exitUsage, stderr: "-config: stat /nonexistent/ifcfg: no such file or directory"},
 		{args: []string{"-mount", "", "-9p", "", "-name", "flagtest", "-partitions", "/nonexistent/p.conf"}, status: exitError, stderr: "-partitions: open /nonexistent/p.conf"},
