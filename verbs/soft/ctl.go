@@ -27,6 +27,11 @@ const (
 	ctlMethodSend   = 0x03
 	ctlHeaderLen    = 24
 	maxCtlEntries   = 1 << 14
+	// maxRoutesParts bounds what a port keeps of tables in several parts until the
+	// last arrives (a part is at most maxRoutesPart bytes): every unicast LID takes
+	// about 33 parts, so this leaves room for the multicast groups, and a sender that
+	// never sends the last part holds at most this many.
+	maxRoutesParts = 1024
 )
 
 var errCtlShort = errors.New("control message truncated")
@@ -256,7 +261,7 @@ func (m *ctlRoutes) parse(b []byte) error {
 	}
 	m.Version = binary.BigEndian.Uint64(b)
 	m.Part, m.Parts = binary.BigEndian.Uint16(b[8:]), binary.BigEndian.Uint16(b[10:])
-	if m.Parts == 0 || m.Part >= m.Parts {
+	if m.Parts == 0 || m.Part >= m.Parts || m.Parts > maxRoutesParts {
 		return fmt.Errorf("routes: part %d of %d", m.Part, m.Parts)
 	}
 	b = b[4:] // the rest as before parts existed

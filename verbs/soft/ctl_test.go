@@ -37,6 +37,13 @@ func TestCtlRoundTrip(t *testing.T) {
 	if err := r2.parse(body); err != nil || !cmp.Equal(r, r2, addrCmp) {
 		t.Fatalf("routes: %v %v", err, cmp.Diff(r, r2, addrCmp))
 	}
+	// A table in more parts than any fabric needs is refused: a port keeps the parts
+	// until the last comes, and a sender that never sends it must not fill memory.
+	r.Part, r.Parts = 5, maxRoutesParts+1
+	_, body, _ = parseCtl(r.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
+	if err := r2.parse(body); err == nil {
+		t.Fatalf("routes in %d parts accepted", r.Parts)
+	}
 }
 
 // FuzzCtl feeds arbitrary control messages to all four parsers: no panic, and what

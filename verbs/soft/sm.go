@@ -305,6 +305,12 @@ func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
 	if err := h.parse(body); err != nil {
 		return
 	}
+	if h.PortGUID == sm.port.guid && src != sm.port.ep.Addr() {
+		// Only the SM's own port is the SM's port: a hello claiming its GUID from
+		// elsewhere would take its LID, and every port's SA traffic with it.
+		sm.port.cnt.malformed.Add(1)
+		return
+	}
 	sm.mu.Lock()
 	if sm.closed {
 		sm.mu.Unlock()

@@ -237,3 +237,27 @@ func TestSMPortIgnoresConfigFromTheNetwork(t *testing.T) {
 		}
 	}
 }
+
+// A hello from elsewhere claiming the SM port's GUID is dropped: the SM's port keeps
+// its address and LID (everyone's SA traffic goes there).
+func TestSMKeepsItsOwnGUID(t *testing.T) {
+	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	p := smh.SoftPort(1)
+	waitFor(t, "the SM's port active", func() bool { return p.Attr().State == verbs.PortActive })
+	sm := smh.SM()
+	h := ctlHello{NodeGUID: 0x4242, PortGUID: p.guid, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4,
+		LaneMbps: 10000, Epoch: sm.epoch, NodeDesc: "impostor"}
+	sm.handleCtl(netip.MustParseAddrPort("127.0.0.98:4791"), h.append(putCtlHeader(nil, ctlAttrHello, 0)))
+	sm.mu.Lock()
+	own := sm.byGUID[p.guid]
+	_, here := sm.ports[p.ep.Addr()]
+	lid := sm.smLID()
+	sm.mu.Unlock()
+	if own == nil || own.addr != p.ep.Addr() || !here || lid != p.Attr().LID {
+		t.Fatalf("after a hello claiming the SM's GUID: registered at %v, SM's address registered %v", own, here)
+	}
+}

@@ -132,10 +132,16 @@ func (db *DB) unicastPaths(src Port, m *mad.SAMAD, pr *mad.PathRecord) ([][]byte
 	srcs, dsts := se.candidates(all), de.candidates(all)
 	sls := db.partitionSLs()
 
+	// A table longer than an RMPP transfer can carry is refused before it is built:
+	// a GetTable of every source and destination is quadratic in the ports.
+	maxRecs := mad.MaxRMPPSegments * mad.SADataSize / (int(mad.AttrOffsetFor(mad.PathRecordSize)) * 8)
 	var recs [][]byte
 	for _, d := range dsts {
 		for _, s := range srcs {
 			if r, ok := pairPath(src, s, d, m, pr, sls); ok {
+				if len(recs) == maxRecs {
+					return nil, mad.StatusSATooManyRecords
+				}
 				recs = append(recs, pathRecord(&r))
 				if m.Method == mad.MethodGet {
 					return recs, mad.StatusOK

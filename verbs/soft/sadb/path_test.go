@@ -169,3 +169,24 @@ func TestCommonPKeyOrder(t *testing.T) {
 		t.Errorf("records %+v, want P_Key 0x8100 (0x0001 in network order sorts first)", got)
 	}
 }
+
+// A GetTable of every path (no component) on a large fabric is refused with "too many
+// records" before the table is built, when it could not go in one RMPP transfer: it is
+// quadratic in the ports, and one 256-byte request must not make gigabytes.
+func TestPathTableTooLongIsRefused(t *testing.T) {
+	var ports []Port
+	for k := range 300 {
+		g := verbs.MakeGID(0xfe80<<48, verbs.GUID(0x200000+k))
+		ports = append(ports, Port{GUID: verbs.GUID(0x200000 + k), GID: g, LID: verbs.LID(k + 1), MTU: verbs.MTU2048, Rate: 3, PKeys: []verbs.PKey{0xffff}})
+	}
+	ports[0].IsSM = true
+	db := New(listingFabric{&fakeFabric{ports: ports}})
+	if got := send(t, db, ports[0], prReq(mad.MethodGetTable, 0, mad.PathRecord{})).Status; got != mad.StatusSATooManyRecords {
+		t.Fatalf("GetTable of %d x %d paths: status %v, want too many records", len(ports), len(ports), got)
+	}
+	// One source's paths fit.
+	a := send(t, db, ports[0], prReq(mad.MethodGetTable, mad.CompPRSGID, mad.PathRecord{SGID: ports[0].GID}))
+	if a.Status != mad.StatusOK {
+		t.Fatalf("GetTable of one source's paths: status %v", a.Status)
+	}
+}
