@@ -20,11 +20,20 @@ import (
 type gsiAgent struct {
 	port    *Port
 	mu      sync.Mutex
-	pending map[uint32]chan []byte
+	pending map[uint32]pendingCall
 	sending map[rmppKey]chan []byte // RMPP transfers this agent sends, by peer and TID
 	tid     atomic.Uint32
 	hmu     sync.RWMutex
 	handler map[uint8]verbs.MADHandler
+}
+
+// pendingCall is a request waiting for its response: where it went and its class,
+// which the response must come from and carry (the kernel MAD layer's
+// rcv_has_same_gid and class match), so another port cannot answer for the SA.
+type pendingCall struct {
+	ch    chan []byte
+	dlid  verbs.LID
+	class uint8
 }
 
 type rmppKey struct {
@@ -59,7 +68,7 @@ func (g *gsiAgent) Call(ctx context.Context, dlid verbs.LID, req []byte, timeout
 	binary.BigEndian.PutUint32(req[12:], tid)
 	ch := make(chan []byte, pendingDepth)
 	g.mu.Lock()
-	g.pending[tid] = ch
+	g.pending[tid] = pendingCall{ch: ch, dlid: dlid, class: req[1]}
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
@@ -152,11 +161,15 @@ func (g *gsiAgent) receive(src ctlRoute, srcQP verbs.QPN, m []byte) {
 	if m[3]&mad.MethodResp != 0 { // response
 		tid := binary.BigEndian.Uint32(m[12:])
 		g.mu.Lock()
-		ch := g.pending[tid]
+		pc, ok := g.pending[tid]
 		g.mu.Unlock()
-		if ch != nil {
+		if ok {
+			if pc.class != m[1] || pc.dlid != src.LID && pc.dlid != verbs.LIDPermissive {
+				g.port.cnt.malformed.Add(1) // not from where the request went
+				return
+			}
 			select {
-			case ch <- slices.Clone(m):
+			case pc.ch <- slices.Clone(m):
 			default: // a duplicate, or more than a window: the sender resends
 			}
 			return

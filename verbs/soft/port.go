@@ -71,7 +71,7 @@ func newPort(h *HCA, num int, ep Endpoint) *Port {
 		GUID: p.guid, GIDPrefix: verbs.DefaultGIDPrefix, PKeyTabLen: verbs.PKeyTableCapacity,
 		LinkLayer: "InfiniBand", Rate: rateFor(h.cfg.Width, h.cfg.LaneMbps)}
 	p.gsi.port = p
-	p.gsi.pending = map[uint32]chan []byte{}
+	p.gsi.pending = map[uint32]pendingCall{}
 	if h.cfg.FabricKey != nil {
 		p.auth = newFabricAuth(h.cfg.FabricKey, p.guid, nil)
 	}

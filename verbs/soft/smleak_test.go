@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
@@ -12,6 +13,7 @@ import (
 
 	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/sa"
 )
 
@@ -259,5 +261,38 @@ func TestSMKeepsItsOwnGUID(t *testing.T) {
 	sm.mu.Unlock()
 	if own == nil || own.addr != p.ep.Addr() || !here || lid != p.Attr().LID {
 		t.Fatalf("after a hello claiming the SM's GUID: registered at %v, SM's address registered %v", own, here)
+	}
+}
+
+// A response reaches a waiting request only from where the request went and in its
+// class, as the kernel MAD layer checks: another port answering with a guessed TID
+// (they count up from 1) is dropped.
+func TestMADResponseFromElsewhereDropped(t *testing.T) {
+	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	g := &smh.SoftPort(1).gsi
+	ch := make(chan []byte, 4)
+	const tid = 77
+	g.mu.Lock()
+	g.pending[tid] = pendingCall{ch: ch, dlid: 5, class: mad.ClassSA}
+	g.mu.Unlock()
+	defer func() { g.mu.Lock(); delete(g.pending, tid); g.mu.Unlock() }()
+	resp := func(class uint8) []byte {
+		m := make([]byte, mad.Size)
+		m[0], m[1], m[2], m[3] = 1, class, 2, mad.MethodGet|mad.MethodResp
+		binary.BigEndian.PutUint32(m[12:], tid)
+		return m
+	}
+	g.receive(ctlRoute{LID: 9}, 1, resp(mad.ClassSA))   // another port
+	g.receive(ctlRoute{LID: 5}, 1, resp(mad.ClassPerf)) // another class
+	if len(ch) != 0 {
+		t.Fatalf("%d forged responses reached the request", len(ch))
+	}
+	g.receive(ctlRoute{LID: 5}, 1, resp(mad.ClassSA))
+	if len(ch) != 1 {
+		t.Fatal("the response from where the request went did not reach it")
 	}
 }
