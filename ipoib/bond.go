@@ -1040,8 +1040,10 @@ func (b *Bond) Enslave(name string) error {
 		b.fom = fomActive
 		b.logf("(slave %s): The slave device specified does not support setting the MAC address; Setting fail_over_mac to active for active-backup mode", name)
 	}
-	// The first slave sets the bond up as an InfiniBand device (bond_setup_by_slave)
-	// and gives it its address; undone if enslaving fails.
+	// The first slave sets the bond up as an InfiniBand device (bond_setup_by_slave:
+	// type, address length, broadcast; not the MTU, which the slaves take from the
+	// bond, dev_set_mtu in bond_enslave) and gives it its address; undone if
+	// enslaving fails.
 	saved := struct {
 		typ, hwLen, mtu int
 		hw, bcast       HWAddr
@@ -1053,7 +1055,7 @@ func (b *Bond) Enslave(name string) error {
 	}
 	if len(b.slaves) == 0 {
 		if b.typ != typeInfiniband {
-			b.typ, b.hwLen, b.mtu = typeInfiniband, HWAddrLen, i.MTU()
+			b.typ, b.hwLen = typeInfiniband, HWAddrLen
 		}
 		b.bcast = i.Broadcast()
 		if b.randomAddr {

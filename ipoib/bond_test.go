@@ -251,8 +251,8 @@ func TestBondActiveSlaveAndRelease(t *testing.T) {
 	}
 }
 
-// The MTU: the bond takes its first slave's; 65520 only when every slave is in
-// connected mode (a datagram slave refuses it and the bond keeps its MTU).
+// The MTU: the slaves take the bond's; 65520 only when every slave is in connected
+// mode (a datagram slave refuses it and the bond keeps its MTU).
 func TestBondMTU(t *testing.T) {
 	br := newBondRig(t, "")
 	if br.bond.MTU() != br.a0.MTU() || br.bh.state().mtu != br.bond.MTU() {
@@ -349,9 +349,10 @@ func TestBondOptionRules(t *testing.T) {
 		t.Fatalf("primary before it is enslaved %q, want empty", got)
 	}
 	// The first slave: fail_over_mac becomes active (IPoIB cannot change addresses),
-	// the bond an InfiniBand device with its slave's address and MTU.
+	// the bond an InfiniBand device with its slave's address; the slave takes the
+	// bond's MTU (bond_setup_by_slave copies none; bond_enslave's dev_set_mtu).
 	ib1 := iface(t, e, "ib1")
-	mtu := ib1.MTU() // the bond takes it at enslaving; the slave's own follows its join
+	mtu := b.MTU()
 	if err := b.SetOption("slaves", "+ib1"); err != nil {
 		t.Fatal(err)
 	}
@@ -360,8 +361,8 @@ func TestBondOptionRules(t *testing.T) {
 			t.Errorf("%s %q, want %q", name, got, want)
 		}
 	}
-	if b.Type() != 32 || b.AddrLen() != 20 || b.MTU() != mtu || b.HWAddrText() != ib1.HWAddr().String() {
-		t.Fatalf("type %d addr_len %d mtu %d address %s after the first slave", b.Type(), b.AddrLen(), b.MTU(), b.HWAddrText())
+	if b.Type() != 32 || b.AddrLen() != 20 || b.MTU() != 1500 || mtu != 1500 || ib1.MTU() != 1500 || b.HWAddrText() != ib1.HWAddr().String() {
+		t.Fatalf("type %d addr_len %d mtu %d (ib1 %d) address %s after the first slave", b.Type(), b.AddrLen(), b.MTU(), ib1.MTU(), b.HWAddrText())
 	}
 	for _, tc := range []struct {
 		name, val string
