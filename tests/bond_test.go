@@ -56,7 +56,8 @@ func readTrim(t *testing.T, path string) string {
 }
 
 // Active-backup bonding end to end, as the vendor guide configures it: node a has two
-// ports and bond0 over ib0 and ib1 from ifcfg files (ifcfg-bond0 with BONDING_OPTS,
+// ports and bond0 over ib0 and ib1 from ifcfg files (ifcfg-bond0 with BONDING_OPTS, its
+// active_slave applied once the slaves are enslaved,
 // MASTER=bond0 SLAVE=yes in the slaves' files), node b hosts the subnet manager. a
 // pings b every 10 ms through bond0. Taking a's port 1 down in b's sm/faults loses a
 // few packets before active_slave reads ib1 and the ping goes on; bringing the port
@@ -67,7 +68,7 @@ func TestBondActiveBackupFailover(t *testing.T) {
 	treeRequire(t)
 	dir := t.TempDir()
 	files := map[string]string{
-		"ifcfg-bond0": "DEVICE=bond0\nTYPE=Bond\nBONDING_MASTER=yes\nBONDING_OPTS=\"mode=active-backup miimon=100\"\n" +
+		"ifcfg-bond0": "DEVICE=bond0\nTYPE=Bond\nBONDING_MASTER=yes\nBONDING_OPTS=\"mode=active-backup miimon=100 active_slave=ib0\"\n" +
 			"ONBOOT=yes\nBOOTPROTO=static\nIPADDR=10.87.0.1\nPREFIX=24\nMTU=2044\n",
 		"ifcfg-ib0": "DEVICE=ib0\nTYPE=InfiniBand\nONBOOT=yes\nBOOTPROTO=none\nMASTER=bond0\nSLAVE=yes\n",
 		"ifcfg-ib1": "DEVICE=ib1\nTYPE=InfiniBand\nONBOOT=yes\nBOOTPROTO=none\nMASTER=bond0\nSLAVE=yes\n",

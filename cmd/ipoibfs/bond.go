@@ -323,7 +323,7 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 	a.bonds.bonds.Load() // as ifup loads the bonding module for a bond's file
 	ok := map[string]*ipoib.Bond{}
 	for _, c := range masters {
-		b, err := a.applyBondOpts(c)
+		b, err := a.applyBondOpts(c, false, logf)
 		if err != nil {
 			logf("%s: %v", filepath.Base(c.file), err)
 			continue
@@ -337,6 +337,11 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 	}
 	for _, c := range masters {
 		if b := ok[c.device]; b != nil {
+			_, _ = a.applyBondOpts(c, true, logf) // active_slave: it names a slave
+		}
+	}
+	for _, c := range masters {
+		if b := ok[c.device]; b != nil {
 			if err := a.bondUp(c, b); err != nil {
 				logf("%s: %v", filepath.Base(c.file), err)
 			}
@@ -345,24 +350,36 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 }
 
 // applyBondOpts makes the bond if it does not exist and sets the options that differ
-// from what it has (a SIGHUP applies the file again to a bond that is up).
-func (a *ifcfgApplier) applyBondOpts(c *ifcfg) (*ipoib.Bond, error) {
+// from what it has (a SIGHUP applies the file again to a bond that is up); with
+// enslaved, only active_slave, which names a slave and so comes after them. As the
+// initscripts write each option on its own, one the bond refuses is logged and the
+// others still go; an option that may only change without slaves (fail_over_mac) is
+// not written again to a bond that has them.
+func (a *ifcfgApplier) applyBondOpts(c *ifcfg, enslaved bool, logf func(string, ...any)) (*ipoib.Bond, error) {
 	b, ok := a.bonds.bonds.Bond(c.device)
 	if !ok {
+		if enslaved {
+			return nil, nil
+		}
 		var err error
 		if b, err = a.bonds.bonds.Create(c.device); err != nil {
 			return nil, err
 		}
 	}
 	for _, o := range c.bond.opts {
-		if o[0] == "mode" {
+		switch {
+		case o[0] == "mode":
 			continue // checked at parse time: active-backup, the only mode
+		case (o[0] == "active_slave") != enslaved:
+			continue
+		case o[0] == "fail_over_mac" && len(b.Slaves()) > 0:
+			continue
 		}
 		if cur, _ := b.Option(o[0]); sameBondValue(cur, o[1]) {
 			continue
 		}
 		if err := b.SetOption(o[0], o[1]+"\n"); err != nil {
-			return nil, fmt.Errorf("BONDING_OPTS %s=%s: %w", o[0], o[1], err)
+			logf("%s: BONDING_OPTS %s=%s: %v", filepath.Base(c.file), o[0], o[1], err)
 		}
 	}
 	return b, nil
