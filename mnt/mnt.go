@@ -43,6 +43,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 
 	"ipoibfs/fs"
+	"ipoibfs/fs/fuse"
 	"ipoibfs/fs/ninep"
 )
 
@@ -189,12 +190,12 @@ func (s *Server) Wait() {
 	s.c.Close()
 }
 
-// Unmount unmounts the tree (lazily if it is busy) and closes the connection.
+// Unmount unmounts the tree (lazily if it is busy) and closes the connection. A copy
+// of the mount in another mount namespace (ipoibfs exec makes / private) would keep
+// go-fuse's unmount waiting for as long as it lives: the connection is aborted then,
+// as the daemon does with its own mount.
 func (s *Server) Unmount() error {
-	err := s.srv.Unmount()
-	if err != nil {
-		err = syscall.Unmount(s.dir, syscall.MNT_DETACH)
-	}
+	err := fuse.UnmountServer(s.dir, s.srv)
 	s.c.Close()
 	return err
 }

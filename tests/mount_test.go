@@ -235,3 +235,27 @@ func TestRemoteMountReplacesADeadOne(t *testing.T) {
 		t.Errorf("the new mount did not say it removed the dead one:\n%s", log.String())
 	}
 }
+
+// A copy of the remote mount in another mount namespace (private propagation, as
+// ipoibfs exec makes it) does not keep `ipoibfs mount` from ending on SIGTERM: the
+// connection is aborted, as the daemon does with its own mount.
+func TestRemoteMountEndsWithACopyElsewhere(t *testing.T) {
+	unshare := testenv.Tool(t, "unshare")
+	td := treeStart(t, "rmp", "")
+	remote := filepath.Join(t.TempDir(), "remote")
+	cmd, done, log := remoteMount(t, td.addr, remote)
+	pin := exec.Command(unshare, "-m", "--propagation", "private", "sleep", "120")
+	if err := pin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pin.Process.Kill(); _ = pin.Wait() })
+	time.Sleep(300 * time.Millisecond) // the copy is made
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("ipoibfs mount still running 30 s after SIGTERM with a copy of its mount elsewhere; log:\n%s", log.String())
+	}
+}

@@ -124,13 +124,20 @@ func (s *Server) Unmount() error {
 	if s.inv != nil {
 		s.inv.close()
 	}
+	return UnmountServer(s.dir, s.srv)
+}
+
+// UnmountServer unmounts go-fuse server srv's file system at dir as Server.Unmount
+// does (lazily when busy; the connection aborted when a copy of the mount elsewhere
+// keeps it open), for other go-fuse servers (the 9P client's mount, mnt).
+func UnmountServer(dir string, srv *gofuse.Server) error {
 	var dev uint64
 	var st syscall.Stat_t
-	if syscall.Stat(s.dir, &st) == nil {
+	if syscall.Stat(dir, &st) == nil {
 		dev = st.Dev
 	}
 	done := make(chan error, 1)
-	go func() { done <- s.srv.Unmount() }()
+	go func() { done <- srv.Unmount() }()
 	select {
 	case err := <-done:
 		if err == nil {
@@ -138,14 +145,14 @@ func (s *Server) Unmount() error {
 		}
 		// Busy: detach lazily; open files keep being served until closed (or until
 		// the process exits and the kernel drops the connection).
-		derr := syscall.Unmount(s.dir, syscall.MNT_DETACH)
+		derr := syscall.Unmount(dir, syscall.MNT_DETACH)
 		if derr != nil {
-			return fmt.Errorf("unmount %s: %v; lazy unmount: %w", s.dir, err, derr)
+			return fmt.Errorf("unmount %s: %v; lazy unmount: %w", dir, err, derr)
 		}
 		return nil
 	case <-time.After(2 * time.Second):
 		if err := abortConn(dev); err != nil {
-			return fmt.Errorf("unmount %s: the connection stays open elsewhere and could not be aborted: %w", s.dir, err)
+			return fmt.Errorf("unmount %s: the connection stays open elsewhere and could not be aborted: %w", dir, err)
 		}
 		select {
 		case <-done:
