@@ -160,5 +160,26 @@ func (a *fabricAuth) fresh(src verbs.GUID, seq uint64) error {
 	}
 }
 
+// authSender is the sender GUID of a signed message's trailer (0 when there is none);
+// open checks that the MAC covers it.
+func authSender(b []byte) verbs.GUID {
+	if len(b) < authTrailerLen {
+		return 0
+	}
+	return verbs.GUID(binary.BigEndian.Uint64(b[len(b)-authTrailerLen:]))
+}
+
+// helloFrom reports whether a control message that is a hello names the port that
+// signed it (from): a key holder does not register as another port. Other messages
+// pass.
+func helloFrom(mad []byte, from verbs.GUID) bool {
+	attr, body, err := parseCtl(mad)
+	if err != nil || attr != ctlAttrHello {
+		return true
+	}
+	var h ctlHello
+	return h.parse(body) != nil || h.PortGUID == from
+}
+
 // guidOf is the port GUID in a port's GID (its interface ID).
 func guidOf(g verbs.GID) verbs.GUID { return verbs.GUID(binary.BigEndian.Uint64(g[8:])) }

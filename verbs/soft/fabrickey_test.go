@@ -219,8 +219,10 @@ func TestFabricKeyForgedMessagesChangeNothing(t *testing.T) {
 	rec.Marshal(leave.Data[:])
 	bare := leave.Bytes()
 	forger := newFabricAuth(otherKey, pa.guid, nil)
+	// b holds the key, but signs as itself: it does not act as a.
+	holder := newFabricAuth(testKey, pb.guid, nil)
 	smBefore := smh.SM().AuthFailures()
-	for _, payload := range [][]byte{bare, forger.seal(bare, 1, smPort.guid)} {
+	for _, payload := range [][]byte{bare, forger.seal(bare, 1, smPort.guid), holder.seal(bare, 1, smPort.guid)} {
 		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: 0xffff, DestQP: uint32(verbs.GSIQPN)},
 			DETH: wire.DETH{QKey: verbs.GSIQKey, SrcQP: uint32(verbs.GSIQPN)}, Payload: payload}
 		smPort.receive([]Datagram{{Addr: pa.ep.Addr(), Data: pkt.AppendTo(nil, ga, smGID)}}, true)
@@ -234,8 +236,13 @@ func TestFabricKeyForgedMessagesChangeNothing(t *testing.T) {
 		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey)}, Payload: payload}
 		pb.receive([]Datagram{{Addr: smh.Endpoint(1), Data: pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})}}, true)
 	}
-	if got := smh.SM().AuthFailures() - smBefore; got != 2 {
-		t.Errorf("SM counted %d forged SA deletes, want 2", got)
+	// And a hello b signs claiming a's port GUID.
+	hello := ctlHello{NodeGUID: pa.guid, PortGUID: pa.guid, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4, LaneMbps: 10000}
+	hb := holder.seal(hello.append(putCtlHeader(nil, ctlAttrHello, 0)), 0, 0)
+	hpkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey)}, Payload: hb}
+	smPort.receive([]Datagram{{Addr: pb.ep.Addr(), Data: hpkt.AppendTo(nil, verbs.GID{}, verbs.GID{})}}, true)
+	if got := smh.SM().AuthFailures() - smBefore; got != 4 {
+		t.Errorf("SM counted %d forged SA deletes and hellos, want 4", got)
 	}
 	if got := pb.AuthFailures() - bBefore; got != 2 {
 		t.Errorf("b counted %d forged control messages, want 2", got)

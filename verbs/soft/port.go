@@ -521,8 +521,9 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 			}
 			mad := pkt.Payload
 			if p.auth != nil {
+				from := authSender(mad)
 				var err error
-				if mad, err = p.auth.open(mad, 0, p.ctlForUs); err != nil {
+				if mad, err = p.auth.open(mad, 0, p.ctlForUs); err != nil || !helloFrom(mad, from) {
 					p.cnt.authFail.Add(1)
 					continue
 				}
@@ -579,8 +580,11 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, ic *w
 		}
 		mad := pkt.Payload
 		if p.auth != nil {
+			// Signed by the port the source address belongs to: a key holder does
+			// not act as another port (an SA delete of its memberships).
+			from := authSender(mad)
 			var err error
-			if mad, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid }); err != nil {
+			if mad, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid }); err != nil || from != guidOf(src.GID) {
 				p.cnt.authFail.Add(1)
 				return
 			}
