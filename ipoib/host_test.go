@@ -63,15 +63,17 @@ func overtake(t *testing.T, attach func(Host), set func(int) error, mtu func() i
 	h.cmu.Lock()
 	h.armed = true // the attach's own push does not count
 	h.cmu.Unlock()
+	// Two values other than the current one (a set to it pushes nothing).
+	first, second := mtu()-100, mtu()-200
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = set(1500) }() // its push stalls in the host
+	go func() { defer wg.Done(); _ = set(first) }() // its push stalls in the host
 	waitFor(t, "the first push in the host", func() bool {
 		h.cmu.Lock()
 		defer h.cmu.Unlock()
 		return h.calls == 1
 	})
-	if err := set(1400); err != nil {
+	if err := set(second); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
