@@ -53,6 +53,16 @@ type Options struct {
 	Source string
 	// Log receives diagnostic lines (nil discards).
 	Log func(string)
+	// ReadOnly mounts read-only (-o ro): the kernel refuses every write (EROFS).
+	ReadOnly bool
+}
+
+// mountOpts are the FUSE mount's options.
+func mountOpts(ro bool) []string {
+	if ro {
+		return []string{"default_permissions", "ro"}
+	}
+	return []string{"default_permissions"}
 }
 
 // Server is a mounted remote tree.
@@ -165,7 +175,7 @@ func Mount(dir string, conn io.ReadWriteCloser, o Options) (*Server, error) {
 			DirectMountStrict: true,
 			DisableXAttrs:     true,
 			AllowOther:        true,
-			Options:           []string{"default_permissions"},
+			Options:           mountOpts(o.ReadOnly),
 			FsName:            src,
 			Name:              "ipoibfs",
 			Logger:            newLogger(logf),

@@ -259,3 +259,31 @@ func TestRemoteMountEndsWithACopyElsewhere(t *testing.T) {
 		t.Fatalf("ipoibfs mount still running 30 s after SIGTERM with a copy of its mount elsewhere; log:\n%s", log.String())
 	}
 }
+
+// `-o ro` mounts read-only: reads work, every write is EROFS from the local kernel
+// (it was accepted and ignored, a read-write mount).
+func TestRemoteMountReadOnly(t *testing.T) {
+	td := treeStart(t, "rmo", "")
+	remote := filepath.Join(t.TempDir(), "remote")
+	if err := os.MkdirAll(remote, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := &testenv.Buffer{}
+	cmd := exec.Command(binPath, "mount", "-o", "ro,noatime", td.addr, remote)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = syscall.Unmount(remote, syscall.MNT_DETACH) })
+	treeWait(t, remote, log)
+	if got := readTrim(t, filepath.Join(remote, "class/net/ib0/mode")); got != "datagram" {
+		t.Errorf("mode through the read-only mount: %q", got)
+	}
+	err := os.WriteFile(filepath.Join(remote, "class/net/ib0/mode"), []byte("connected\n"), 0)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Errorf("a write through the read-only mount: %v, want EROFS", err)
+	}
+	if got := readTrim(t, td.path("class/net/ib0/mode")); got != "datagram" {
+		t.Errorf("mode on the server after the refused write: %q", got)
+	}
+}

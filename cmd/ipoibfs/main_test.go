@@ -138,3 +138,24 @@ func TestNinepAddressChecks(t *testing.T) {
 		t.Errorf("socket file left after close: %v", err)
 	}
 }
+
+// The mount command line: ADDR and DIR around options either way, ro and rw honoured,
+// mount(8)'s -f (fake) noticed.
+func TestMountArgs(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want mountSpec
+	}{
+		{[]string{"-o", "ro,_netdev", "h:5640", "/m"}, mountSpec{addr: "h:5640", dir: "/m", ro: true}},
+		{[]string{"h:5640", "/m", "-o", "rw"}, mountSpec{addr: "h:5640", dir: "/m"}},
+		{[]string{"h:5640", "/m", "-o", "ro,rw"}, mountSpec{addr: "h:5640", dir: "/m"}},
+		{[]string{"-f", "h:5640", "/m", "-oro"}, mountSpec{addr: "h:5640", dir: "/m", ro: true, fake: true}},
+	} {
+		if got, err := mountArgs(c.args); err != nil || got != c.want {
+			t.Errorf("mountArgs(%q) = %+v, %v; want %+v", c.args, got, err, c.want)
+		}
+	}
+	if _, err := mountArgs([]string{"h:5640"}); err == nil {
+		t.Error("one argument accepted")
+	}
+}

@@ -32,7 +32,7 @@ const envMountChild = "IPOIBFS_MOUNT_CHILD"
 // mountCommand runs `ipoibfs mount [-o OPTS] ADDR DIR` in the foreground until DIR is
 // unmounted (umount DIR) or a SIGINT/SIGTERM arrives.
 func mountCommand(args []string, stderr io.Writer) int {
-	addr, dir, err := mountArgs(args)
+	m, err := mountArgs(args)
 	if err != nil {
 		fmt.Fprintf(stderr, "ipoibfs mount: %v\nusage: ipoibfs mount [-o OPTIONS] ADDR DIR   (ADDR: HOST:PORT or unix:PATH)\n", err)
 		return exitUsage
@@ -41,7 +41,8 @@ func mountCommand(args []string, stderr io.Writer) int {
 	if os.Getenv(envMountChild) != "" {
 		report = os.NewFile(3, "mount-report")
 	}
-	srv, err := mountRemote(addr, dir)
+	dir := m.dir
+	srv, err := mountRemote(m)
 	if err != nil {
 		if report != nil {
 			fmt.Fprintln(report, err)
@@ -73,9 +74,13 @@ func mountCommand(args []string, stderr io.Writer) int {
 // mountHelper is mount.ipoibfs: it starts the serving child detached from mount(8)'s
 // session and returns when the child says the tree is mounted (0) or why not (32).
 func mountHelper(args []string, stderr io.Writer) int {
-	if _, _, err := mountArgs(args); err != nil {
+	m, err := mountArgs(args)
+	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\nusage: %s ADDR DIR [-o OPTIONS]\n", mountHelperName, err, mountHelperName)
 		return exitMountFailure
+	}
+	if m.fake {
+		return exitOK // mount -f: everything but the mount itself
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -114,34 +119,58 @@ func mountHelper(args []string, stderr io.Writer) int {
 	return exitOK
 }
 
+// mountSpec is a mount's command line: what to mount where, read-only (-o ro), and
+// mount(8)'s -f (fake: do everything but mount).
+type mountSpec struct {
+	addr, dir string
+	ro, fake  bool
+}
+
 // mountArgs takes ADDR and DIR in either order of options: `-o OPTS ADDR DIR` (ours) or
-// `ADDR DIR -o OPTS` (how mount(8) calls helpers). Options are accepted and ignored:
-// the generic ones (rw, defaults, _netdev, noauto...) are mount(8)'s business.
-func mountArgs(args []string) (addr, dir string, err error) {
+// `ADDR DIR -o OPTS` (how mount(8) calls helpers). ro and rw are honoured; the other
+// generic options (defaults, _netdev, noauto...) are mount(8)'s business.
+func mountArgs(args []string) (mountSpec, error) {
+	var m mountSpec
 	var pos []string
+	opts := func(list string) {
+		for _, o := range strings.Split(list, ",") {
+			switch o {
+			case "ro":
+				m.ro = true
+			case "rw":
+				m.ro = false
+			}
+		}
+	}
 	for k := 0; k < len(args); k++ {
 		switch a := args[k]; {
 		case a == "-o":
 			if k+1 == len(args) {
-				return "", "", errors.New("-o needs an option list")
+				return m, errors.New("-o needs an option list")
 			}
 			k++
+			opts(args[k])
 		case strings.HasPrefix(a, "-o"):
-		case a == "-n" || a == "-s" || a == "-f" || a == "-v": // mount(8)'s helper flags
+			opts(a[2:])
+		case a == "-f":
+			m.fake = true
+		case a == "-n" || a == "-s" || a == "-v": // mount(8)'s helper flags
 		case strings.HasPrefix(a, "-"):
-			return "", "", fmt.Errorf("unknown flag %s", a)
+			return m, fmt.Errorf("unknown flag %s", a)
 		default:
 			pos = append(pos, a)
 		}
 	}
 	if len(pos) != 2 {
-		return "", "", fmt.Errorf("want ADDR and DIR, got %d arguments", len(pos))
+		return m, fmt.Errorf("want ADDR and DIR, got %d arguments", len(pos))
 	}
-	return pos[0], pos[1], nil
+	m.addr, m.dir = pos[0], pos[1]
+	return m, nil
 }
 
-func mountRemote(addr, dir string) (*mnt.Server, error) {
-	abs, err := filepath.Abs(dir)
+func mountRemote(m mountSpec) (*mnt.Server, error) {
+	addr := m.addr
+	abs, err := filepath.Abs(m.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -159,5 +188,5 @@ func mountRemote(addr, dir string) (*mnt.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return mnt.Mount(abs, conn, mnt.Options{Source: addr, Log: func(l string) { log.Print(l) }})
+	return mnt.Mount(abs, conn, mnt.Options{Source: addr, ReadOnly: m.ro, Log: func(l string) { log.Print(l) }})
 }
