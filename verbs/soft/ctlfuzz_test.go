@@ -1,0 +1,73 @@
+package soft
+
+import (
+	"net/netip"
+	"testing"
+
+	"ipoibfs/verbs"
+)
+
+// FuzzSMHello feeds the subnet manager hellos (and anything else) from a handful of
+// addresses, one fabric for the whole run, as a peer on the fabric could: no panic,
+// and its tables stay consistent (every port registered under its GUID at its
+// address, none with LID 0).
+func FuzzSMHello(f *testing.F) {
+	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { smh.Close() })
+	sm := smh.SM()
+	h := ctlHello{NodeGUID: 7, PortGUID: 7, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4, LaneMbps: 10000, NodeDesc: "x"}
+	f.Add(h.append(putCtlHeader(nil, ctlAttrHello, 0)), uint8(1))
+	h.PortGUID = smh.SoftPort(1).guid
+	f.Add(h.append(putCtlHeader(nil, ctlAttrHello, 0)), uint8(2))
+	f.Add([]byte{1, 9, 1, 3}, uint8(3))
+	f.Fuzz(func(t *testing.T, b []byte, from uint8) {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 9, from % 8}), 4791)
+		sm.handleCtl(src, b)
+		sm.mu.Lock()
+		defer sm.mu.Unlock()
+		for a, sp := range sm.ports {
+			if sp.addr != a || sm.byGUID[sp.guid] != sp || sp.lid == 0 {
+				t.Fatalf("port at %s: registered at %s, under its GUID %v, LID %#x", a, sp.addr, sm.byGUID[sp.guid] == sp, sp.lid)
+			}
+		}
+		if len(sm.byGUID) != len(sm.ports) {
+			t.Fatalf("%d ports by GUID, %d by address", len(sm.byGUID), len(sm.ports))
+		}
+	})
+}
+
+// FuzzPortCtl feeds a port control messages as from its subnet manager (Config,
+// Routes in parts, Delta): no panic, and what it keeps of unfinished tables is bounded.
+func FuzzPortCtl(f *testing.F) {
+	net := NewMemNetwork()
+	smh, err := New(Config{Name: "sm", Network: net, HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { smh.Close() })
+	h, err := New(Config{Name: "a", Network: net, SM: smh.Endpoint(1), Heartbeat: testHB})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { h.Close() })
+	p := h.SoftPort(1)
+	r := ctlRoutes{Version: 9, Uni: []ctlRoute{{LID: 1, GID: verbs.MakeGID(verbs.DefaultGIDPrefix, 1), Addr: netip.MustParseAddrPort("127.0.0.1:4791")}}}
+	for _, part := range r.split() {
+		f.Add(part.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
+	}
+	r.Part, r.Parts = 3, 7
+	f.Add(r.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
+	c := ctlConfig{LID: 5, SMLID: 1, State: verbs.PortActive, ActiveMTU: verbs.MTU2048, PKeys: []verbs.PKey{0xffff}}
+	f.Add(c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p.handleCtl(smh.Endpoint(1), b)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.partial) > maxRoutesParts {
+			t.Fatalf("%d parts kept", len(p.partial))
+		}
+	})
+}
