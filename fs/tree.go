@@ -42,9 +42,10 @@ type Tree struct {
 
 	start time.Time // every node's mtime/ctime/atime
 
-	idMu   sync.Mutex
-	ids    map[string]uint64
-	nextID uint64
+	idMu    sync.Mutex
+	ids     map[string]uint64
+	nextID  uint64
+	pruneAt int // len(ids) at which the names of interfaces gone are forgotten
 
 	root *Node
 }
@@ -65,7 +66,7 @@ type SubnetManager interface {
 
 // New builds the tree of engine e.
 func New(e *ipoib.Engine, o Options) *Tree {
-	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2}
+	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2, pruneAt: minPruneAt}
 	if o.Events != nil {
 		log := t.log
 		t.log = func(l string) {
@@ -104,11 +105,62 @@ func (t *Tree) ino(path string) uint64 {
 	defer t.idMu.Unlock()
 	id, ok := t.ids[path]
 	if !ok {
+		if len(t.ids) >= t.pruneAt {
+			t.pruneLocked()
+		}
 		id = t.nextID
 		t.nextID++
 		t.ids[path] = id
 	}
 	return id
+}
+
+// minPruneAt is the registry's size before its first pruning (a variable for tests).
+var minPruneAt = 4096
+
+// pruneLocked forgets the inode numbers of the paths of interfaces and bonds that no
+// longer exist (children deleted, names changed), as sysfs's go with their kobject: a
+// daemon creating and deleting children under ever new names must not keep them all.
+// It runs when the registry has doubled since the last time, so its cost is spread
+// over the numbers given since. A name made again gets new numbers.
+func (t *Tree) pruneLocked() {
+	gone := map[string]bool{}
+	isGone := func(name string) bool {
+		g, seen := gone[name]
+		if !seen {
+			_, live := t.e.Interface(name)
+			if !live && t.bonds != nil {
+				_, live = t.bonds.Bond(name)
+			}
+			g = !live
+			gone[name] = g
+		}
+		return g
+	}
+	for p := range t.ids {
+		if name, ok := ifaceOfPath(p); ok && isGone(name) {
+			delete(t.ids, p)
+		}
+	}
+	t.pruneAt = max(2*len(t.ids), minPruneAt)
+}
+
+// ifaceOfPath is the interface (or bond) a path of the tree belongs to:
+// class/net/NAME[/...] or kernel/debug/ipoib/NAME_mcg|NAME_path.
+func ifaceOfPath(p string) (string, bool) {
+	if rest, ok := strings.CutPrefix(p, "class/net/"); ok {
+		name, _, _ := strings.Cut(rest, "/")
+		return name, name != "bonding_masters"
+	}
+	if rest, ok := strings.CutPrefix(p, "kernel/debug/ipoib/"); ok {
+		if name, ok := strings.CutSuffix(rest, "_mcg"); ok {
+			return name, true
+		}
+		if name, ok := strings.CutSuffix(rest, "_path"); ok {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 func join(dir, name string) string {
