@@ -365,15 +365,17 @@ func (e *Engine) Close() {
 	}
 }
 
-// eventLoop dispatches port events: CLIENT_REREGISTER and GID_CHANGE flush lightly
-// (rejoin groups), PORT_ERR/PORT_ACTIVE/LID_CHANGE/SM_CHANGE normally (paths too),
-// PKEY_CHANGE heavily (re-find the P_Key and restart the QP).
+// eventLoop dispatches port events as ipoib_event does: CLIENT_REREGISTER, GID_CHANGE
+// and SM_CHANGE flush lightly (rejoin groups; carrier and unicast stay), PORT_ERR,
+// PORT_ACTIVE and LID_CHANGE normally (carrier off, paths too), PKEY_CHANGE heavily
+// (re-find the P_Key and restart the QP; nothing when the interface's key and index
+// did not change).
 func (e *Engine) eventLoop(ch <-chan verbs.Event) {
 	defer close(e.evDone)
 	for ev := range ch {
 		var level flushLevel
 		switch ev.Type {
-		case verbs.EventClientReregister, verbs.EventGIDChange:
+		case verbs.EventClientReregister, verbs.EventGIDChange, verbs.EventSMChange:
 			level = flushLight
 		case verbs.EventPKeyChange:
 			level = flushHeavy

@@ -673,27 +673,30 @@ func (i *Interface) open() {
 // restartQP (re)initialises the QP for the current P_Key. Called without i.mu. It
 // does nothing on an interface that is down or closed: a port event's flush that found
 // the interface up, or an open, may come after a stop or close took the QP down, and
-// must not bring it back (receiving, its buffers posted) under them.
-func (i *Interface) restartQP() {
+// must not bring it back (receiving, its buffers posted) under them. changed says
+// whether the interface's P_Key or its index changed (or the QP was restarted).
+func (i *Interface) restartQP() (changed bool) {
 	p, _ := i.e.dev.Port(i.port)
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if i.closed || !i.data().up {
-		return
+		return false
 	}
 	if i.parent == nil {
 		// The parent follows whatever is at index 0.
 		if tab := p.PKeyTable(); len(tab) > 0 && tab[0].Valid() {
 			if newKey := tab[0] | verbs.PKeyFullMember; newKey != i.data().pkey {
 				i.setLocked(func(d *dataState) { d.pkey, d.bcast = newKey, broadcastAddr(newKey) })
+				changed = true
 			}
 		}
 	}
 	d := i.data()
 	idx, found := p.FindPKey(d.pkey)
 	if d.qpReady && found && idx == i.pkeyIndex {
-		return
+		return changed
 	}
+	changed = true
 	// The receive loop re-posts no buffer while the ring is posted afresh (rxMu), and
 	// none polled from before: their WR IDs carry the old generation.
 	i.rxMu.Lock()
@@ -725,6 +728,7 @@ func (i *Interface) restartQP() {
 	}
 	i.lanesUpLocked()
 	i.setLocked(func(d *dataState) { d.qpReady = true })
+	return true
 }
 
 // resetQPLocked takes the QP down as the driver does (ipoib_ib_dev_stop): to the error
@@ -935,7 +939,19 @@ func (i *Interface) flush(l flushLevel) {
 		return
 	}
 	if l == flushHeavy || !i.data().qpReady {
-		i.restartQP()
+		if !i.restartQP() && l == flushHeavy {
+			// A P_Key change elsewhere in the table: this interface's key and index
+			// are as they were (update_parent_pkey/update_child_pkey: "Not flushing").
+			return
+		}
+	}
+	if l >= flushNormal {
+		// As ipoib_ib_dev_down: carrier off first, then groups and paths go. A light
+		// flush (an SM's client reregister) only rejoins: unicast goes on meanwhile.
+		i.mu.Lock()
+		act := i.setCarrierLocked(false)
+		i.mu.Unlock()
+		act()
 	}
 	i.leaveAll()
 	if l >= flushNormal {

@@ -280,7 +280,13 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 		if i.adminMTU == old {
 			i.adminMTU = mcastMTU
 		}
-		act = i.setCarrierLocked(true)
+		if d := i.data(); d.carrier && d.mode == Datagram {
+			// Rejoined after a light flush, carrier still on: the MTU is settled
+			// again all the same, as carrier_on_task does at every join.
+			act = i.setMTULocked(min(d.mcastMTU, i.adminMTU))
+		} else {
+			act = i.setCarrierLocked(true)
+		}
 	}
 	i.mu.Unlock()
 	if act != nil {
@@ -313,9 +319,7 @@ func (i *Interface) leaveAll() {
 		}
 	}
 	i.leaveMu.Unlock()
-	act := i.setCarrierLocked(false)
 	i.mu.Unlock()
-	act()
 	// Leaves are waited for (all at once, 3 s at most), so that a rejoin started right
 	// after (a flush) cannot reach the SA before a leave and be undone by it. The
 	// groups are out of the table: nothing changes them any more.

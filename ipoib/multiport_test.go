@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/soft"
@@ -107,22 +108,40 @@ func TestTwoPortsTwoIndependentInterfaces(t *testing.T) {
 		t.Fatalf("ib0_mcg:\n%s\nib1_mcg:\n%s\nwant the group on ib1 only", a0.MCGText(), a1.MCGText())
 	}
 
-	// A port event on port 2 alone (the SM adds a P_Key to its table: PKEY_CHANGE)
-	// flushes ib1, which leaves and rejoins its groups and forgets its paths; ib0 keeps
-	// its groups and paths. The event loop flushes the port's interfaces in name order,
-	// so a flush of ib0 would be done before ib1's is seen.
 	bcastGroup := func(i *Interface) *mcastGroup {
 		i.dmu.Lock()
 		defer i.dmu.Unlock()
 		return i.mcast[bcast]
 	}
 	g0, g1 := bcastGroup(a0), bcastGroup(a1)
+	// The SM adds a P_Key to port 2's table (PKEY_CHANGE): ib1's own P_Key and index
+	// are as they were, so nothing is flushed (update_parent_pkey: "Not flushing").
 	conf := fmt.Sprintf("Default=0x7fff, ipoib : ALL=full;\nP1=0x8001, ipoib : %#x=full;\n", uint64(soft.GUIDFromName("a", 2)))
 	parts, err := partitions.Parse("t.conf", strings.NewReader(conf))
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.smh.SM().SetPartitions(parts)
+	waitFor(t, "port 2's table with 0x8001", func() bool {
+		_, ok := a1.e.dev.(*soft.HCA).SoftPort(2).FindPKey(0x8001)
+		return ok
+	})
+	time.Sleep(100 * time.Millisecond) // the event reaches the engine
+	if bcastGroup(a1) != g1 || !a1.Carrier() {
+		t.Fatal("a P_Key added to port 2's table flushed ib1")
+	}
+	// A port event on port 2 alone (its link down and up again: PORT_ERR, ACTIVE)
+	// flushes ib1, which leaves and rejoins its groups and forgets its paths; ib0 keeps
+	// its groups and paths. The event loop flushes the port's interfaces in name order,
+	// so a flush of ib0 would be done before ib1's is seen.
+	for _, down := range []bool{true, false} {
+		if err := r.smh.SM().SetLink("a", 2, down); err != nil {
+			t.Fatal(err)
+		}
+		if down {
+			waitFor(t, "ib1 without carrier", func() bool { return !a1.Carrier() })
+		}
+	}
 	waitFor(t, "ib1 flushed and joined again", func() bool {
 		g := bcastGroup(a1)
 		_, hasPath := pathOf(a1, b1.HWAddr().GID())

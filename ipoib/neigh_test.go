@@ -191,3 +191,30 @@ func TestFailedConnectionFallsBackToUD(t *testing.T) {
 		t.Fatalf("%d connection attempts for one ping", n)
 	}
 }
+
+// A light flush (an SM's client reregister, GID or SM change) leaves and rejoins the
+// groups without taking the carrier down or stopping unicast, as the driver's
+// ipoib_mcast_dev_flush; a heavy one (PKEY_CHANGE) with the interface's P_Key and
+// index unchanged does nothing; a normal one takes the carrier down and rejoins.
+func TestFlushLevels(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	addressNodes(nodes)
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	bcast := a.ib0.data().bcast.GID()
+	group := func() *mcastGroup { a.ib0.dmu.Lock(); defer a.ib0.dmu.Unlock(); return a.ib0.mcast[bcast] }
+	before := group()
+	a.ib0.flush(flushHeavy)
+	if group() != before || !a.ib0.Carrier() {
+		t.Fatal("a heavy flush with the P_Key unchanged flushed")
+	}
+	a.ib0.flush(flushLight)
+	if !a.ib0.Carrier() || !a.host.state().carrier {
+		t.Fatal("a light flush took the carrier down")
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2) // unicast: the path stays
+	waitFor(t, "the broadcast group joined again", func() bool { g := group(); return g != nil && g != before && g.ah != nil })
+	rejoined := group()
+	a.ib0.flush(flushNormal)
+	waitFor(t, "rejoined after a normal flush", func() bool { g := group(); return g != nil && g != rejoined && g.ah != nil && a.ib0.Carrier() })
+}
