@@ -3,6 +3,7 @@
 package kernel
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os/exec"
@@ -12,6 +13,10 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"ipoibfs/internal/testenv"
+
+	"golang.org/x/sys/unix"
 )
 
 // A device with queues is a multi-queue TUN with that many queues in the kernel, and
@@ -149,4 +154,58 @@ func inetChecksum(b []byte) uint16 {
 		s = s>>16 + s&0xffff
 	}
 	return ^uint16(s)
+}
+
+// A UDP datagram whose checksum, completed on the kernel's behalf (checksum offload),
+// comes to 0 leaves as 0xffff: 0 means "no checksum" for UDP (and over IPv6 is
+// dropped), as the kernel's own skb_checksum_help writes it.
+func TestUDPChecksumZeroIsSentAsFFFF(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "z")
+	d := open(t, Config{Name: uniq("z"), MTU: 1500, NetNS: ns, Offloads: Offloads{TxChecksum: true}})
+	addAddr(t, ns, d.Name(), "10.81.0.1/24")
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	fd := testenv.InNetns(t, ns, func() (int, error) { return unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0) })
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: 40000, Addr: [4]byte{10, 81, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// The payload's last two bytes make the one's-complement sum of pseudo-header,
+	// header and data 0xffff: the checksum computed is 0.
+	payload := bytes.Repeat([]byte{0x37}, 64)
+	seg := make([]byte, 12+8+len(payload))
+	copy(seg, []byte{10, 81, 0, 1, 10, 81, 0, 2, 0, unix.IPPROTO_UDP})
+	binary.BigEndian.PutUint16(seg[10:], uint16(8+len(payload)))
+	binary.BigEndian.PutUint16(seg[12:], 40000)
+	binary.BigEndian.PutUint16(seg[14:], 9)
+	binary.BigEndian.PutUint16(seg[16:], uint16(8+len(payload)))
+	binary.BigEndian.PutUint16(payload[len(payload)-2:], 0)
+	copy(seg[20:], payload)
+	sum := ^inetChecksum(seg) // the folded sum without the last two bytes
+	binary.BigEndian.PutUint16(payload[len(payload)-2:], 0xffff-sum)
+	if err := unix.Sendto(fd, payload, 0, &unix.SockaddrInet4{Port: 9, Addr: [4]byte{10, 81, 0, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	bufs, sizes := [][]byte{make([]byte, 1500)}, make([]int, 1)
+	for {
+		n, err := d.Read(bufs, sizes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := bufs[0][:sizes[0]]
+		if n == 1 && len(p) >= 28 && p[9] == unix.IPPROTO_UDP && binary.BigEndian.Uint16(p[22:]) == 9 {
+			if got := binary.BigEndian.Uint16(p[26:]); got != 0xffff {
+				t.Fatalf("UDP checksum %#04x, want 0xffff", got)
+			}
+			if l4Checksum(p) != 0 {
+				t.Fatal("the UDP checksum does not verify")
+			}
+			return
+		}
+	}
 }

@@ -840,6 +840,11 @@ func packetIsGROCandidate(b []byte, canUDPGRO bool) groCandidateType {
 
 const (
 	udphLen = 8
+
+	// ipoibfs patch: the IPv6 fixed header, and where a UDP header's checksum is
+	// (a TCP header's is at 16: csum_offset tells the two apart).
+	ipv6HeaderLen = 40
+	udpCsumOffset = 6
 )
 
 // udpGRO evaluates the UDP packet at pktI in bufs for coalescing with
@@ -1015,7 +1020,9 @@ func gsoSplit(in []byte, hdr virtioNetHdr, outBuffs [][]byte, sizes []int, outOf
 			binary.BigEndian.PutUint16(out[10:], ipv4CSum)
 		} else {
 			// For IPv6 we are responsible for updating the payload length field.
-			binary.BigEndian.PutUint16(out[4:], uint16(totalLen-iphLen))
+			// ipoibfs patch: it counts extension headers too (iphLen, csumStart,
+			// includes them), so it is what follows the fixed 40-byte header.
+			binary.BigEndian.PutUint16(out[4:], uint16(totalLen-ipv6HeaderLen))
 		}
 
 		// copy transport header
@@ -1043,6 +1050,9 @@ func gsoSplit(in []byte, hdr virtioNetHdr, outBuffs [][]byte, sizes []int, outOf
 		lenForPseudo := uint16(transportHeaderLen + segmentDataLen)
 		transportCSumNoFold := pseudoHeaderChecksumNoFold(protocol, in[srcAddrOffset:srcAddrOffset+addrLen], in[srcAddrOffset+addrLen:srcAddrOffset+addrLen*2], lenForPseudo)
 		transportCSum := ^checksum(out[hdr.csumStart:totalLen], transportCSumNoFold)
+		if transportCSum == 0 && protocol == unix.IPPROTO_UDP {
+			transportCSum = 0xffff // ipoibfs patch: 0 is "no checksum" for UDP (RFC 768)
+		}
 		binary.BigEndian.PutUint16(out[hdr.csumStart+hdr.csumOffset:], transportCSum)
 
 		nextSegmentDataAt += int(hdr.gsoSize)
@@ -1056,6 +1066,12 @@ func gsoNoneChecksum(in []byte, cSumStart, cSumOffset uint16) error {
 	// checksum we compute. This is typically the pseudo-header checksum.
 	initial := binary.BigEndian.Uint16(in[cSumAt:])
 	in[cSumAt], in[cSumAt+1] = 0, 0
-	binary.BigEndian.PutUint16(in[cSumAt:], ^checksum(in[cSumStart:], uint64(initial)))
+	c := ^checksum(in[cSumStart:], uint64(initial))
+	if c == 0 && cSumOffset == udpCsumOffset {
+		// ipoibfs patch: a computed 0 goes out as 0xffff for UDP, where 0 means
+		// "no checksum" (forbidden over IPv6), as the kernel's skb_checksum_help.
+		c = 0xffff
+	}
+	binary.BigEndian.PutUint16(in[cSumAt:], c)
 	return nil
 }
