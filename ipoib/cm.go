@@ -135,11 +135,15 @@ func (i *Interface) cmClose() {
 	}
 }
 
+// cmAnnouncedMTU is the receive MTU the private data announces (a variable for the
+// tests, which play a peer that takes less).
+var cmAnnouncedMTU uint32 = cmBufSize
+
 // cmPrivateData is the 8-byte REQ/REP private data: UD QPN, receive MTU.
 func (i *Interface) cmPrivateData() []byte {
 	b := make([]byte, 8)
 	binary.BigEndian.PutUint32(b, uint32(i.hw.QPN()))
-	binary.BigEndian.PutUint32(b[4:], cmBufSize)
+	binary.BigEndian.PutUint32(b[4:], cmAnnouncedMTU)
 	return b
 }
 
@@ -204,14 +208,18 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 			go func() {
 				<-c.Done()
 				i.dmu.Lock()
-				delete(i.rx, qp.Num())
+				if i.rx[qp.Num()] == rx { // a QP number reused since is another's
+					delete(i.rx, qp.Num())
+				}
 				i.dmu.Unlock()
 				i.cmRxDestroy(rx)
 			}()
 		},
 		Failed: func(error) {
 			i.dmu.Lock()
-			delete(i.rx, qp.Num())
+			if i.rx[qp.Num()] == rx {
+				delete(i.rx, qp.Num())
+			}
 			i.dmu.Unlock()
 			i.cmRxDestroy(rx)
 		}}
@@ -414,9 +422,22 @@ func (i *Interface) cmConnect(t *cmTx) {
 		return
 	}
 	t.conn, t.up, t.mtu = c, true, mtu
-	q := t.queue
+	// The frames that waited were queued before the peer's receive MTU was known:
+	// what it cannot take is dropped with the ICMP error, as for a frame sent now
+	// (ipoib_cm_rep_handler sends them again through the device, and so the check).
+	var q [][]byte
+	for _, f := range t.queue {
+		if len(f) > mtu {
+			i.tooLongLocked([][]byte{f})
+			continue
+		}
+		q = append(q, f)
+	}
 	t.queue = nil
+	icmp := i.icmpOut
+	i.icmpOut = nil
 	i.dmu.Unlock()
+	i.deliverICMP(icmp)
 	i.e.tracef(1, "%s: connected to %s (peer receive MTU %d)", i.Name(), t.hw, mtu)
 	i.e.event("%s: connection to %s up", i.Name(), t.hw)
 	i.cmPost(t, q)

@@ -2,6 +2,7 @@ package ipoib
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -202,10 +203,17 @@ func TestFlushLevels(t *testing.T) {
 	addressNodes(nodes)
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
 	bcast := a.ib0.data().bcast.GID()
-	group := func() *mcastGroup { a.ib0.dmu.Lock(); defer a.ib0.dmu.Unlock(); return a.ib0.mcast[bcast] }
-	before := group()
+	// group is the broadcast group's entry and whether it is joined (its address
+	// handle made), read under the table's lock.
+	group := func() (*mcastGroup, bool) {
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
+		g := a.ib0.mcast[bcast]
+		return g, g != nil && g.ah != nil
+	}
+	before, _ := group()
 	a.ib0.flush(flushHeavy)
-	if group() != before || !a.ib0.Carrier() {
+	if g, _ := group(); g != before || !a.ib0.Carrier() {
 		t.Fatal("a heavy flush with the P_Key unchanged flushed")
 	}
 	a.ib0.flush(flushLight)
@@ -213,8 +221,38 @@ func TestFlushLevels(t *testing.T) {
 		t.Fatal("a light flush took the carrier down")
 	}
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 2) // unicast: the path stays
-	waitFor(t, "the broadcast group joined again", func() bool { g := group(); return g != nil && g != before && g.ah != nil })
-	rejoined := group()
+	waitFor(t, "the broadcast group joined again", func() bool { g, joined := group(); return joined && g != before })
+	rejoined, _ := group()
 	a.ib0.flush(flushNormal)
-	waitFor(t, "rejoined after a normal flush", func() bool { g := group(); return g != nil && g != rejoined && g.ah != nil && a.ib0.Carrier() })
+	waitFor(t, "rejoined after a normal flush", func() bool { g, joined := group(); return joined && g != rejoined && a.ib0.Carrier() })
+}
+
+// Frames queued while a connection is made are checked against the receive MTU the
+// peer announces in its REP, as a frame sent afterwards: one it cannot take is dropped
+// with fragmentation-needed to the sender, instead of being posted and failing the
+// connection at the responder.
+func TestQueuedFramesCheckedAgainstThePeersMTU(t *testing.T) {
+	old := cmAnnouncedMTU
+	cmAnnouncedMTU = 8192 + encapLen
+	t.Cleanup(func() { cmAnnouncedMTU = old })
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	connectedNodes(t, nodes)
+	// The first packet to b waits for ARP, then for the connection it starts.
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 2, 20000)})
+	waitFor(t, "fragmentation-needed for the 20000-byte packet", func() bool {
+		fn := a.host.take(func(p []byte) bool { return len(p) >= 28 && p[9] == 1 && p[20] == 3 && p[21] == 4 })
+		return len(fn) > 0 && int(binary.BigEndian.Uint16(fn[0][26:])) == 2044
+	})
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 3)
+	a.ib0.dmu.Lock()
+	t0 := a.ib0.tx[b.ib0.HWAddr()]
+	up := t0 != nil && t0.up
+	a.ib0.dmu.Unlock()
+	if !up {
+		t.Fatal("the connection did not stay up")
+	}
+	if got := b.host.take(isICMP4(2)); len(got) != 0 {
+		t.Fatal("the 20000-byte packet reached a peer that takes 8192")
+	}
 }
