@@ -119,6 +119,12 @@ func (i *Interface) cmClose() {
 		return
 	}
 	i.cmStop()
+	i.cmEndAll()
+}
+
+// cmEndAll ends every connection, both ways (ipoib_cm_dev_stop for the passive ones;
+// the transmit ones go with their neighbours in the driver).
+func (i *Interface) cmEndAll() {
 	i.dmu.Lock()
 	txs, rxs := i.tx, i.rx
 	i.tx, i.rx = map[HWAddr]*cmTx{}, map[verbs.QPN]*cmRx{}
@@ -150,11 +156,17 @@ func (i *Interface) cmPrivateData() []byte {
 // cmListen decides on an incoming REQ (ipoib_cm_req_handler).
 func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 	i.dmu.Lock()
-	mode, n := i.data().mode, len(i.rx)
+	mode, up, n := i.data().mode, i.data().up, len(i.rx)
 	i.dmu.Unlock()
 	if mode != Connected {
 		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface in datagram mode", i.Name(), req.RemoteLID)
 		return cm.Reject{Reason: mad.RejConsumerDefined}
+	}
+	if !up {
+		// A down interface has no listener in the driver (ipoib_cm_dev_stop destroys
+		// it): the CM answers such a REQ with "invalid service ID".
+		i.e.tracef(1, "%s: rejecting a connection from LID %#x: interface down", i.Name(), req.RemoteLID)
+		return cm.Reject{Reason: mad.RejInvalidServiceID}
 	}
 	if !i.startLoops() { // a peer may connect to an interface never brought up
 		return cm.Reject{Reason: mad.RejNoQP}

@@ -769,10 +769,13 @@ func (i *Interface) resetQPLocked() {
 // posted in, and its index in the ring.
 func recvWRID(gen uint32, k int) uint64 { return uint64(gen)<<32 | uint64(uint32(k)) }
 
-// stopDev takes the interface down: groups are left, paths and neighbours flushed
-// (the kernel's neigh_ifdown), carrier off.
+// stopDev takes the interface down: groups are left, connections ended, paths and
+// neighbours flushed (the kernel's neigh_ifdown), carrier off.
 func (i *Interface) stopDev() {
 	i.leaveAll()
+	if i.cmMgr != nil {
+		i.cmEndAll() // ipoib_cm_dev_stop; the transmit side goes with the neighbours
+	}
 	i.mu.Lock()
 	i.dmu.Lock()
 	i.flushPathsLocked()

@@ -256,3 +256,60 @@ func TestQueuedFramesCheckedAgainstThePeersMTU(t *testing.T) {
 		t.Fatal("the 20000-byte packet reached a peer that takes 8192")
 	}
 }
+
+// Taking an interface down ends its connections both ways (ipoib_cm_dev_stop; the
+// transmit ones go with the neighbours in the driver), and a down interface refuses
+// connection requests, as one without a listener does.
+func TestDownEndsConnections(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	connectedNodes(t, nodes)
+	waitFor(t, "a 20000-byte packet over a connection", func() bool {
+		a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 7, 20000)})
+		time.Sleep(20 * time.Millisecond)
+		return len(b.host.take(isICMP4(7))) > 0
+	})
+	conns := func(i *Interface) (tx, rx int) {
+		i.dmu.Lock()
+		defer i.dmu.Unlock()
+		return len(i.tx), len(i.rx)
+	}
+	if tx, _ := conns(a.ib0); tx != 1 {
+		t.Fatalf("a has %d transmit connections", tx)
+	}
+	if _, rx := conns(b.ib0); rx != 1 {
+		t.Fatalf("b has %d passive connections", rx)
+	}
+	if err := b.ib0.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if tx, rx := conns(b.ib0); tx != 0 || rx != 0 {
+		t.Fatalf("b down: %d transmit, %d passive connections", tx, rx)
+	}
+	if err := a.ib0.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if tx, rx := conns(a.ib0); tx != 0 || rx != 0 {
+		t.Fatalf("a down: %d transmit, %d passive connections", tx, rx)
+	}
+	// a up again, b still down: a's connection to b is refused (it falls back to UD,
+	// where b, down, takes nothing either).
+	if err := a.ib0.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a's carrier", a.ib0.Carrier)
+	hw := b.ib0.HWAddr()
+	a.ib0.dmu.Lock()
+	a.ib0.neigh[netip.MustParseAddr("10.0.0.2")] = &neigh{hw: hw, valid: true}
+	a.ib0.dmu.Unlock()
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 8, 20000)})
+	waitFor(t, "a's connection to the down b refused", func() bool {
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
+		t0 := a.ib0.tx[hw]
+		return t0 != nil && !t0.rejected.IsZero()
+	})
+	if _, rx := conns(b.ib0); rx != 0 {
+		t.Fatal("the down b accepted a connection")
+	}
+}
