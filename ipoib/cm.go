@@ -381,7 +381,9 @@ func (i *Interface) cmConnect(t *cmTx) {
 		// Frames queued for the connection go over UD when they fit (not through
 		// the connected route, which would start another connection for them and,
 		// failing the same way, again and again).
-		i.resendVia(t.hw, fitting(q, i.data().mcastMTU), true)
+		fit := fitting(q, i.data().mcastMTU)
+		i.stats.txDropped.Add(uint64(len(q) - len(fit)))
+		i.resendVia(t.hw, fit, true)
 	}
 	sgid, pkey := i.hw.GID(), i.data().pkey
 	ctx, cancel := context.WithTimeout(i.ctx, 30*time.Second)

@@ -157,7 +157,6 @@ func (i *Interface) mcastRoundLocked(active bool, now time.Time, gone *[]*mcastG
 			continue
 		}
 		i.e.mtracef(1, "%s: reaping idle send-only group %s", i.Name(), g.mgid.KernelString())
-		i.stats.txDropped.Add(uint64(len(g.queue)))
 		i.dropGroupLocked(g, gone)
 	}
 	for _, g := range i.mcast {
@@ -306,6 +305,9 @@ func (i *Interface) leaveAll() {
 	i.dmu.Lock()
 	groups := i.mcast
 	i.mcast, i.sendOnlyN = map[verbs.GID]*mcastGroup{}, 0
+	for _, g := range groups {
+		i.stats.txDropped.Add(uint64(len(g.queue))) // ipoib_mcast_free's count
+	}
 	i.dmu.Unlock()
 	// The leaves are pending before mu is released: a round of the join task while
 	// they are on their way (a flush does not stop the QP) would otherwise join again,
@@ -341,6 +343,7 @@ func (i *Interface) dropGroupLocked(g *mcastGroup, gone *[]*mcastGroup) {
 	if g.sendOnly {
 		i.sendOnlyN--
 	}
+	i.stats.txDropped.Add(uint64(len(g.queue))) // frames that waited for its join
 	delete(i.mcast, g.mgid)
 	*gone = append(*gone, g)
 }

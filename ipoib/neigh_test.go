@@ -12,6 +12,7 @@ import (
 
 	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
+	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/soft"
 )
 
@@ -311,5 +312,41 @@ func TestDownEndsConnections(t *testing.T) {
 	})
 	if _, rx := conns(b.ib0); rx != 0 {
 		t.Fatal("the down b accepted a connection")
+	}
+}
+
+// Frames that wait for a group's join and are dropped with the group (a flush leaving
+// every group) count in tx_dropped, as ipoib_mcast_free counts them.
+func TestFramesOfDroppedGroupsCounted(t *testing.T) {
+	release := make(chan struct{})
+	h := &hookSA{join: func(ctx context.Context, n int, rec mad.MCMemberRecord) error {
+		if rec.MGID[2] == 0xee { // the send-only group below: held until the flush
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return errors.New("held")
+		}
+		return nil
+	}}
+	r := newRig(t)
+	a := iface(t, r.engine("a", 1, Options{wrapSA: h.wrap}), "ib0")
+	bringUp(t, a, "10.0.0.1/24")
+	defer close(release)
+	mgid := verbs.GID{0xff, 0x12, 0xee, 1, 15: 9}
+	frame := append([]byte{0x08, 0x00, 0, 0}, icmp4("10.0.0.1", "239.1.2.3", 8, 1, 56)...)
+	a.dmu.Lock()
+	for range 3 {
+		a.sendMulticastLocked(mgid, frame)
+	}
+	queued := len(a.mcast[mgid].queue)
+	a.dmu.Unlock()
+	if queued != 3 {
+		t.Fatalf("%d frames queued for the send-only group", queued)
+	}
+	before := a.Stats().TxDropped
+	a.leaveAll()
+	if d := a.Stats().TxDropped - before; d != 3 {
+		t.Fatalf("tx_dropped +%d when a group with 3 frames waiting was left, want +3", d)
 	}
 }
