@@ -132,6 +132,12 @@ func (i *Interface) cmEndAll() {
 		txs[t.hw] = t
 	}
 	i.txGone = nil
+	for _, t := range txs {
+		// Dropped and counted: a connect still under way that fails later must
+		// not send them (over UD, on an interface that may be down by then).
+		i.stats.txDropped.Add(uint64(len(t.queue)))
+		t.queue = nil
+	}
 	i.dmu.Unlock()
 	for _, t := range txs {
 		i.cmTxDestroy(t)
@@ -193,6 +199,13 @@ func (i *Interface) cmListen(req *cm.Request) cm.Decision {
 		rx.bufs = make([][]byte, i.e.params.RecvQueueSize)
 	}
 	i.dmu.Lock()
+	if d := i.data(); !d.up || d.mode != Connected {
+		// Went down (or to datagram mode) while the QP was made: its connections
+		// were ended without this one.
+		i.dmu.Unlock()
+		_ = qp.Close()
+		return cm.Reject{Reason: mad.RejInvalidServiceID}
+	}
 	i.rx[qp.Num()] = rx
 	i.dmu.Unlock()
 	return cm.Accept{QP: qp, PrivateData: i.cmPrivateData(), SRQ: srq != nil,

@@ -772,7 +772,7 @@ func recvWRID(gen uint32, k int) uint64 { return uint64(gen)<<32 | uint64(uint32
 // stopDev takes the interface down: groups are left, connections ended, paths and
 // neighbours flushed (the kernel's neigh_ifdown), carrier off.
 func (i *Interface) stopDev() {
-	i.leaveAll()
+	i.leaveAll(true)
 	if i.cmMgr != nil {
 		i.cmEndAll() // ipoib_cm_dev_stop; the transmit side goes with the neighbours
 	}
@@ -948,15 +948,10 @@ func (i *Interface) flush(l flushLevel) {
 			return
 		}
 	}
-	if l >= flushNormal {
-		// As ipoib_ib_dev_down: carrier off first, then groups and paths go. A light
-		// flush (an SM's client reregister) only rejoins: unicast goes on meanwhile.
-		i.mu.Lock()
-		act := i.setCarrierLocked(false)
-		i.mu.Unlock()
-		act()
-	}
-	i.leaveAll()
+	// A normal or heavy flush takes the carrier down with the groups, as
+	// ipoib_ib_dev_down; a light one (an SM's client reregister) only rejoins, and
+	// unicast goes on meanwhile.
+	i.leaveAll(l >= flushNormal)
 	if l >= flushNormal {
 		i.dmu.Lock()
 		i.flushPathsLocked()

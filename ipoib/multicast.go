@@ -299,8 +299,10 @@ func (i *Interface) joinDone(g *mcastGroup, rec mad.MCMemberRecord, err error) {
 // superseded join (it may take leaveMu, which comes after mu).
 var testHookSuperseded func(i *Interface, mgid verbs.GID)
 
-// leaveAll leaves and detaches every group (ipoib_mcast_dev_flush).
-func (i *Interface) leaveAll() {
+// leaveAll leaves and detaches every group (ipoib_mcast_dev_flush), with carrierOff
+// taking the carrier down in the same step (under mu, so that a join completing
+// meanwhile cannot turn it on again for a group that is about to go).
+func (i *Interface) leaveAll(carrierOff bool) {
 	i.mu.Lock()
 	i.dmu.Lock()
 	groups := i.mcast
@@ -321,7 +323,12 @@ func (i *Interface) leaveAll() {
 		}
 	}
 	i.leaveMu.Unlock()
+	act := func() {}
+	if carrierOff {
+		act = i.setCarrierLocked(false)
+	}
 	i.mu.Unlock()
+	act()
 	// Leaves are waited for (all at once, 3 s at most), so that a rejoin started right
 	// after (a flush) cannot reach the SA before a leave and be undone by it. The
 	// groups are out of the table: nothing changes them any more.

@@ -345,8 +345,56 @@ func TestFramesOfDroppedGroupsCounted(t *testing.T) {
 		t.Fatalf("%d frames queued for the send-only group", queued)
 	}
 	before := a.Stats().TxDropped
-	a.leaveAll()
+	a.leaveAll(false)
 	if d := a.Stats().TxDropped - before; d != 3 {
 		t.Fatalf("tx_dropped +%d when a group with 3 frames waiting was left, want +3", d)
+	}
+}
+
+// Going down while a connection is being made drops the frames waiting for it, counted,
+// and the connect failing afterwards sends none of them.
+func TestDownDropsFramesWaitingForAConnection(t *testing.T) {
+	release := make(chan struct{})
+	var cmQueries atomic.Int64
+	h := &hookSA{path: func(ctx context.Context, n int, dgid verbs.GID) error {
+		if _, ok := ctx.Deadline(); ok { // the CM's query: held until the interface is down
+			cmQueries.Add(1)
+			<-release
+			return errors.New("no path")
+		}
+		return nil
+	}}
+	_, nodes := testFabricWith(t, "", func(c *soft.Config, o *Options) {
+		if c.Name == "a" {
+			o.wrapSA = h.wrap
+		}
+	}, "a", "b")
+	a, b := nodes[0], nodes[1]
+	connectedNodes(t, nodes)
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 9, 20000)})
+	waitFor(t, "the frame waiting for a connection", func() bool {
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
+		t0 := a.ib0.tx[b.ib0.HWAddr()]
+		return cmQueries.Load() > 0 && t0 != nil && len(t0.queue) == 1
+	})
+	before := a.ib0.Stats().TxDropped
+	if err := a.ib0.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if d := a.ib0.Stats().TxDropped - before; d != 1 {
+		t.Fatalf("tx_dropped +%d for the frame that waited, want +1", d)
+	}
+	close(release)
+	time.Sleep(100 * time.Millisecond) // the connect fails and would send what it held
+	if got := b.host.take(isICMP4(9)); len(got) != 0 {
+		t.Fatal("the frame was sent after the interface went down")
 	}
 }
