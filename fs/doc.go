@@ -41,7 +41,9 @@
 //
 // # Locking
 //
-// Tree.idMu guards the inode registry. A [Handle] has one mutex for its snapshot and
+// Tree.idMu guards the inode registry; its pruning asks the engine and the bonds
+// whether an interface still exists with idMu held (Engine.mu and Bonds.mu are below
+// it: neither calls into the tree). A [Handle] has one mutex for its snapshot and
 // accumulated bytes; it is held while the node's read or write function runs, so the
 // reads and writes of one handle are serialised (9P may run them concurrently). The
 // engine serialises writes of different handles with its own locks. Nodes are immutable.
