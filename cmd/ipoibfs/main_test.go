@@ -158,4 +158,9 @@ func TestMountArgs(t *testing.T) {
 	if _, err := mountArgs([]string{"h:5640"}); err == nil {
 		t.Error("one argument accepted")
 	}
+	// -f mounts nothing: not even the server is dialled (nobody listens on port 1).
+	var out, errb bytes.Buffer
+	if code := cli([]string{"mount", "-f", "127.0.0.1:1", t.TempDir()}, strings.NewReader(""), &out, &errb); code != exitOK {
+		t.Errorf("ipoibfs mount -f: exit %d, stderr %q", code, errb.String())
+	}
 }

@@ -37,6 +37,9 @@ func mountCommand(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ipoibfs mount: %v\nusage: ipoibfs mount [-o OPTIONS] ADDR DIR   (ADDR: HOST:PORT or unix:PATH)\n", err)
 		return exitUsage
 	}
+	if m.fake {
+		return exitOK // -f, as mount(8)'s: everything but the mount itself
+	}
 	var report *os.File
 	if os.Getenv(envMountChild) != "" {
 		report = os.NewFile(3, "mount-report")
