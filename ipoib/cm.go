@@ -133,10 +133,7 @@ func (i *Interface) cmEndAll() {
 	}
 	i.txGone = nil
 	for _, t := range txs {
-		// Dropped and counted: a connect still under way that fails later must
-		// not send them (over UD, on an interface that may be down by then).
-		i.stats.txDropped.Add(uint64(len(t.queue)))
-		t.queue = nil
+		i.dropTxQueueLocked(t)
 	}
 	i.dmu.Unlock()
 	for _, t := range txs {
@@ -145,6 +142,14 @@ func (i *Interface) cmEndAll() {
 	for _, r := range rxs {
 		i.cmRxDestroy(r)
 	}
+}
+
+// dropTxQueueLocked drops and counts the frames waiting for a connection taken out of
+// the table: a connect still under way that fails later must not send them (over UD,
+// on an interface that may be down by then). Called with dmu held.
+func (i *Interface) dropTxQueueLocked(t *cmTx) {
+	i.stats.txDropped.Add(uint64(len(t.queue)))
+	t.queue = nil
 }
 
 // cmAnnouncedMTU is the receive MTU the private data announces (a variable for the

@@ -173,20 +173,7 @@ func TestNeighbourTablesBounded(t *testing.T) {
 // connection after connection for the same frames.
 func TestFailedConnectionFallsBackToUD(t *testing.T) {
 	var cmQueries atomic.Int64
-	h := &hookSA{path: func(ctx context.Context, n int, dgid verbs.GID) error {
-		if _, ok := ctx.Deadline(); ok { // the CM's query (UD's has none)
-			cmQueries.Add(1)
-			return errors.New("no path for the connection")
-		}
-		return nil
-	}}
-	_, nodes := testFabricWith(t, "", func(c *soft.Config, o *Options) {
-		if c.Name == "a" {
-			o.wrapSA = h.wrap
-		}
-	}, "a", "b")
-	a, b := nodes[0], nodes[1]
-	connectedNodes(t, nodes)
+	a, b := cmPathFailing(t, func() { cmQueries.Add(1) })
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
 	time.Sleep(100 * time.Millisecond) // a loop would go on meanwhile
 	if n := cmQueries.Load(); n > 30 {
@@ -356,21 +343,7 @@ func TestFramesOfDroppedGroupsCounted(t *testing.T) {
 func TestDownDropsFramesWaitingForAConnection(t *testing.T) {
 	release := make(chan struct{})
 	var cmQueries atomic.Int64
-	h := &hookSA{path: func(ctx context.Context, n int, dgid verbs.GID) error {
-		if _, ok := ctx.Deadline(); ok { // the CM's query: held until the interface is down
-			cmQueries.Add(1)
-			<-release
-			return errors.New("no path")
-		}
-		return nil
-	}}
-	_, nodes := testFabricWith(t, "", func(c *soft.Config, o *Options) {
-		if c.Name == "a" {
-			o.wrapSA = h.wrap
-		}
-	}, "a", "b")
-	a, b := nodes[0], nodes[1]
-	connectedNodes(t, nodes)
+	a, b := cmPathFailing(t, func() { cmQueries.Add(1); <-release }) // held until a is down
 	defer func() {
 		select {
 		case <-release:
@@ -397,4 +370,25 @@ func TestDownDropsFramesWaitingForAConnection(t *testing.T) {
 	if got := b.host.take(isICMP4(9)); len(got) != 0 {
 		t.Fatal("the frame was sent after the interface went down")
 	}
+}
+
+// cmPathFailing makes nodes a and b in connected mode, where every path query a's
+// connection manager makes (one with a deadline; UD's has none) runs query, then
+// finds no path.
+func cmPathFailing(t *testing.T, query func()) (a, b *node) {
+	t.Helper()
+	h := &hookSA{path: func(ctx context.Context, n int, dgid verbs.GID) error {
+		if _, ok := ctx.Deadline(); ok {
+			query()
+			return errors.New("no path for the connection")
+		}
+		return nil
+	}}
+	_, nodes := testFabricWith(t, "", func(c *soft.Config, o *Options) {
+		if c.Name == "a" {
+			o.wrapSA = h.wrap
+		}
+	}, "a", "b")
+	connectedNodes(t, nodes)
+	return nodes[0], nodes[1]
 }

@@ -294,8 +294,7 @@ func (i *Interface) gcLocked(forced bool) []*cmTx {
 	for hw, t := range i.tx {
 		if !hws[hw] {
 			delete(i.tx, hw)
-			i.stats.txDropped.Add(uint64(len(t.queue)))
-			t.queue = nil // counted: a connect that fails later must not send them
+			i.dropTxQueueLocked(t)
 			txs = append(txs, t)
 		}
 	}

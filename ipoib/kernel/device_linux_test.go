@@ -988,15 +988,7 @@ func TestWaitReadable(t *testing.T) {
 // own check of the buffers against the MTU it knows.
 func TestReadKeepsAPacketLargerThanItsBuffers(t *testing.T) {
 	prereqs(t)
-	ns := testNS(t, "k")
-	d := open(t, Config{Name: uniq("k"), MTU: 1500, NetNS: ns, Offloads: Offloads{TxChecksum: true}})
-	addAddr(t, ns, d.Name(), "10.79.0.1/24")
-	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
-		t.Fatalf("sysctl: %v %s", err, out)
-	}
-	if err := d.SetUp(true); err != nil {
-		t.Fatal(err)
-	}
+	ns, d := ipv4Device(t, "k", "10.79.0.1/24")
 	if out, err := ipCmd(t, "-n", ns, "link", "set", d.Name(), "mtu", "9000"); err != nil {
 		t.Fatalf("ip link set mtu: %v %s", err, out)
 	}
@@ -1463,4 +1455,20 @@ func TestWriteInPlaceKeepsLengths(t *testing.T) {
 		t.Errorf("largest packet handed up %d bytes: nothing coalesced", largest)
 	}
 	t.Logf("%d segments handed up as packets of up to %d bytes", segs, largest)
+}
+
+// ipv4Device opens an up device with checksum offload in a namespace of its own, with
+// address prefix and no IPv6 (whose own packets would mix with a test's).
+func ipv4Device(t *testing.T, letter, prefix string) (string, *Device) {
+	t.Helper()
+	ns := testNS(t, letter)
+	d := open(t, Config{Name: uniq(letter), MTU: 1500, NetNS: ns, Offloads: Offloads{TxChecksum: true}})
+	addAddr(t, ns, d.Name(), prefix)
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, out)
+	}
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	return ns, d
 }

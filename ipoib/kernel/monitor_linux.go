@@ -140,7 +140,7 @@ func (m *monitor) markAll() {
 	}
 	m.mu.Unlock()
 	for _, d := range devs {
-		d.mark(dirtyLink | dirtyAddrs | dirtyGroups)
+		d.mark(dirtyLink | dirtyAddrs | dirtyGroups | dirtyResync)
 	}
 }
 

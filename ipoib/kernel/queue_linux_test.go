@@ -161,15 +161,7 @@ func inetChecksum(b []byte) uint16 {
 // dropped), as the kernel's own skb_checksum_help writes it.
 func TestUDPChecksumZeroIsSentAsFFFF(t *testing.T) {
 	prereqs(t)
-	ns := testNS(t, "z")
-	d := open(t, Config{Name: uniq("z"), MTU: 1500, NetNS: ns, Offloads: Offloads{TxChecksum: true}})
-	addAddr(t, ns, d.Name(), "10.81.0.1/24")
-	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf."+d.Name()+".disable_ipv6=1").CombinedOutput(); err != nil {
-		t.Fatalf("sysctl: %v %s", err, out)
-	}
-	if err := d.SetUp(true); err != nil {
-		t.Fatal(err)
-	}
+	ns, d := ipv4Device(t, "z", "10.81.0.1/24")
 	fd := testenv.InNetns(t, ns, func() (int, error) { return unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0) })
 	defer unix.Close(fd)
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: 40000, Addr: [4]byte{10, 81, 0, 1}}); err != nil {

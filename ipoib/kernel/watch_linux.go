@@ -26,7 +26,8 @@ const (
 	dirtyAddrs
 	dirtyGroups
 	dirtyGone
-	dirtyMoved // to another network namespace
+	dirtyMoved  // to another network namespace
+	dirtyResync // marked after a (re)subscription: a message may have been lost
 )
 
 // watcher is one Watch call: its events, what is pending, and what it last reported.
@@ -140,12 +141,10 @@ func (d *Device) report(w *watcher, bits uint32) bool {
 			return false
 		}
 	}
-	// Gone: the monitor saw it go, or its descriptor says the kernel unregistered it
-	// (a deletion whose message the monitor lost to an overrun, after which it marks
-	// every device's link: the index may already name another device by then).
-	// Moved to another namespace (ip link set DEV netns X; or, its message lost, a
-	// link that cannot be read while the device is still registered): put back.
-	if bits&dirtyMoved != 0 || bits&dirtyLink != 0 && bits&dirtyGone == 0 && !d.unregistered() && d.linkMissing() {
+	// Moved to another namespace (ip link set DEV netns X; or, its message lost in an
+	// overrun, a link that cannot be read while the device is still registered): put
+	// back. Only after a resubscription is the link looked up for that.
+	if bits&dirtyMoved != 0 || bits&dirtyResync != 0 && bits&dirtyGone == 0 && !d.unregistered() && d.linkMissing() {
 		if closing() {
 			return false
 		}
@@ -159,6 +158,9 @@ func (d *Device) report(w *watcher, bits uint32) bool {
 			bits |= dirtyLink | dirtyAddrs | dirtyGroups
 		}
 	}
+	// Gone: the monitor saw it go, or its descriptor says the kernel unregistered it
+	// (a deletion whose message the monitor lost to an overrun, after which it marks
+	// every device's link: the index may already name another device by then).
 	if bits&dirtyGone != 0 || d.unregistered() {
 		if !closing() && w.ev.Gone != nil {
 			w.ev.Gone()

@@ -218,13 +218,8 @@ func TestSMReclaimsLIDsOfGUIDsGone(t *testing.T) {
 // a Config or Routes message from the network (anyone can address QP0) is dropped,
 // whatever source it claims, so nobody rewrites its P_Keys, LID or routes.
 func TestSMPortIgnoresConfigFromTheNetwork(t *testing.T) {
-	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { smh.Close() })
+	smh := lonelySM(t)
 	p := smh.SoftPort(1)
-	waitFor(t, "the SM's port active", func() bool { return p.Attr().State == verbs.PortActive })
 	before, lid := p.PKeyTable(), p.Attr().LID
 	forged := ctlConfig{LID: 0x99, SMLID: 0x99, State: verbs.PortActive, ActiveMTU: verbs.MTU4096, PKeys: []verbs.PKey{0x8123}}
 	body := forged.append(putCtlHeader(nil, ctlAttrConfig, 0))
@@ -243,13 +238,8 @@ func TestSMPortIgnoresConfigFromTheNetwork(t *testing.T) {
 // A hello from elsewhere claiming the SM port's GUID is dropped: the SM's port keeps
 // its address and LID (everyone's SA traffic goes there).
 func TestSMKeepsItsOwnGUID(t *testing.T) {
-	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { smh.Close() })
+	smh := lonelySM(t)
 	p := smh.SoftPort(1)
-	waitFor(t, "the SM's port active", func() bool { return p.Attr().State == verbs.PortActive })
 	sm := smh.SM()
 	h := ctlHello{NodeGUID: 0x4242, PortGUID: p.guid, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4,
 		LaneMbps: 10000, Epoch: sm.epoch, NodeDesc: "impostor"}
@@ -268,11 +258,7 @@ func TestSMKeepsItsOwnGUID(t *testing.T) {
 // class, as the kernel MAD layer checks: another port answering with a guessed TID
 // (they count up from 1) is dropped.
 func TestMADResponseFromElsewhereDropped(t *testing.T) {
-	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { smh.Close() })
+	smh := lonelySM(t)
 	g := &smh.SoftPort(1).gsi
 	ch := make(chan []byte, 4)
 	const tid = 77
@@ -295,4 +281,16 @@ func TestMADResponseFromElsewhereDropped(t *testing.T) {
 	if len(ch) != 1 {
 		t.Fatal("the response from where the request went did not reach it")
 	}
+}
+
+// lonelySM is an HCA hosting the subnet manager on a fabric of its own, its port active.
+func lonelySM(t *testing.T) *HCA {
+	t.Helper()
+	smh, err := New(Config{Name: "sm", Network: NewMemNetwork(), HostSM: true, Heartbeat: testHB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { smh.Close() })
+	waitFor(t, "the SM's port active", func() bool { return smh.SoftPort(1).Attr().State == verbs.PortActive })
+	return smh
 }
