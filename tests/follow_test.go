@@ -664,6 +664,10 @@ func TestMovedDeviceIsPutBack(t *testing.T) {
 	if _, err := run(t, 10*time.Second, "ip", "-n", other, "link", "show", "ib0.8001"); err == nil {
 		t.Error("ib0.8001 still in the other namespace")
 	}
+	// The move took the device's addresses; its GUID-derived link-local comes back.
+	waitUntil(t, "ib0.8001's link-local address back", func() bool {
+		return strings.Contains(ipOut(t, ns, "-6", "addr", "show", "dev", "ib0.8001"), "inet6 fe80::")
+	})
 	if got := readTrim(t, td.path("class/net/ib0.8001/pkey")); got != "0x8001" {
 		t.Errorf("class/net/ib0.8001/pkey after the move: %q", got)
 	}

@@ -155,7 +155,11 @@ func (d *Device) report(w *watcher, bits uint32) bool {
 		if err != nil {
 			bits |= dirtyGone // what cannot be put back is lost to the engine
 		} else {
+			// The move took the device's addresses and groups: what it has now is
+			// reported even if it equals the last report (both empty when the move
+			// came before the first address), so that the user puts back what is kept.
 			bits |= dirtyLink | dirtyAddrs | dirtyGroups
+			w.seen &^= dirtyAddrs | dirtyGroups
 		}
 	}
 	// Gone: the monitor saw it go, or its descriptor says the kernel unregistered it

@@ -433,11 +433,19 @@ func TestWatchPutsBackAMovedDevice(t *testing.T) {
 	ns, other := testNS(t, "m"), testNS(t, "o")
 	ipMust(t, "netns", "add", other)
 	d := open(t, Config{Name: uniq("m"), MTU: 1500, NetNS: ns})
+	// No address of its own: the move comes before any, as a move right after
+	// `ip link set up` does, and the addresses after it are the same (none: without
+	// carrier the kernel makes no link-local after the move either).
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "addrgenmode", "none")
 	e := watch(d)
+	if err := d.SetCarrier(false); err != nil {
+		t.Fatal(err)
+	}
 	if err := d.SetUp(true); err != nil {
 		t.Fatal(err)
 	}
 	await(t, e.links, "up", func(l Link) bool { return l.Up })
+	await(t, e.addrs, "no address", func(a []netip.Prefix) bool { return len(a) == 0 })
 	ipMust(t, "-n", ns, "link", "set", d.Name(), "netns", other)
 	select {
 	case err := <-e.moved:
@@ -451,6 +459,11 @@ func TestWatchPutsBackAMovedDevice(t *testing.T) {
 	}
 	if out, err := ipCmd(t, "-n", ns, "link", "show", d.Name()); err != nil || !strings.Contains(strings.SplitN(out, ">", 2)[0], ",UP") {
 		t.Fatalf("after the move: %v %s", err, out)
+	}
+	// The addresses are reported again, though the same: the move took whatever the
+	// user keeps on the device (the GUID-derived link-local), to be put back.
+	if a := await(t, e.addrs, "the addresses after the move", func([]netip.Prefix) bool { return true }); len(a) != 0 {
+		t.Fatalf("addresses after the move: %v, want none", a)
 	}
 	ipMust(t, "-n", ns, "link", "set", d.Name(), "mtu", "1400")
 	await(t, e.links, "MTU 1400 from outside", func(l Link) bool { return l.MTU == 1400 && l.MTUChanged })
