@@ -144,20 +144,29 @@ func (q *Queue) ReadOffset(bufs [][]byte, sizes []int, offset int) (n int, err e
 		q.readErr = nil
 		return 0, err
 	}
+	good := 0 // packets of the reads that returned
 	defer func() {
 		// The patched split checks the buffers' length (ShortBuffer); this stays so
-		// that a slip in the copied code cannot crash the engine.
+		// that a slip in the copied code cannot crash the engine. The packets of the
+		// reads before the one that panicked are good; the error waits for the next
+		// call then, as any error met after the first packet.
 		if r := recover(); r != nil {
-			n, err = 0, q.d.errorf("read: packet larger than the buffers (MTU changed outside ipoibfs?): %v", r)
+			perr := q.d.errorf("read: packet larger than the buffers (MTU changed outside ipoibfs?): %v", r)
+			if good > 0 {
+				n, err, q.readErr = good, nil, perr
+			} else {
+				n, err = 0, perr
+			}
 		}
 	}()
-	n, err = q.tun.Read(bufs, sizes, offset)
+	m, err := q.tun.Read(bufs, sizes, offset)
 	if err != nil {
-		return n, q.d.readIOErr("read", err)
+		return m, q.d.readIOErr("read", err)
 	}
+	good = m
 	if tr, ok := q.tun.(tryReader); ok {
-		for n < len(bufs) {
-			m, err := tr.TryRead(bufs[n:], sizes[n:], offset)
+		for good < len(bufs) {
+			m, err := tr.TryRead(bufs[good:], sizes[good:], offset)
 			if err != nil {
 				q.readErr = q.d.readIOErr("read", err) // the packets so far are good
 				break
@@ -165,10 +174,10 @@ func (q *Queue) ReadOffset(bufs [][]byte, sizes []int, offset int) (n int, err e
 			if m == 0 {
 				break
 			}
-			n += m
+			good += m
 		}
 	}
-	return n, nil
+	return good, nil
 }
 
 // tryReader is the patched wireguard TUN's read without waiting (third_party/wireguard).

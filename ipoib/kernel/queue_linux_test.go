@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.zx2c4.com/wireguard/tun"
 
 	"ipoibfs/internal/testenv"
 
@@ -199,5 +200,39 @@ func TestUDPChecksumZeroIsSentAsFFFF(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// panickyTUN returns one packet from a read and panics in the read without waiting
+// that follows, as a slip in the copied split code would.
+type panickyTUN struct {
+	tun.Device
+}
+
+func (panickyTUN) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	sizes[0] = copy(bufs[0][offset:], "packet")
+	return 1, nil
+}
+
+func (panickyTUN) TryRead(bufs [][]byte, sizes []int, offset int) (int, error) {
+	panic("index out of range")
+}
+
+func (panickyTUN) ReadKept() bool { return false }
+
+// A panic recovered in a read keeps the packets of the reads before it in the batch
+// and returns its error from the next call, as any error after the first packet.
+func TestReadPanicKeepsTheBatch(t *testing.T) {
+	d := &Device{name: "fake"}
+	d.mtu.Store(1500)
+	q := &Queue{d: d, tun: panickyTUN{}}
+	bufs := [][]byte{make([]byte, 1500), make([]byte, 1500)}
+	sizes := make([]int, 2)
+	n, err := q.Read(bufs, sizes)
+	if err != nil || n != 1 || string(bufs[0][:sizes[0]]) != "packet" {
+		t.Fatalf("read: %d packets, %v (%q); want the packet read before the panic", n, err, bufs[0][:sizes[0]])
+	}
+	if n, err := q.Read(bufs, sizes); n != 0 || err == nil || !strings.Contains(err.Error(), "index out of range") {
+		t.Fatalf("the read after: %d packets, %v; want the panic's error", n, err)
 	}
 }
