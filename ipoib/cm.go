@@ -752,6 +752,9 @@ func (i *Interface) SetMode(m Mode) error {
 	i.dmu.Lock()
 	i.publishLocked(func(d *dataState) { d.mode = m })
 	txs := i.tx
+	for _, t := range txs {
+		i.dropTxQueueLocked(t) // ipoib_neigh_free counts what waited in tx_dropped
+	}
 	i.tx = map[HWAddr]*cmTx{}
 	i.flushPathsLocked()
 	i.dmu.Unlock()

@@ -338,37 +338,47 @@ func TestFramesOfDroppedGroupsCounted(t *testing.T) {
 	}
 }
 
-// Going down while a connection is being made drops the frames waiting for it, counted,
-// and the connect failing afterwards sends none of them.
+// Going down or to datagram mode while a connection is being made drops the frames
+// waiting for it, counted, and the connect failing afterwards sends none of them.
 func TestDownDropsFramesWaitingForAConnection(t *testing.T) {
-	release := make(chan struct{})
-	var cmQueries atomic.Int64
-	a, b := cmPathFailing(t, func() { cmQueries.Add(1); <-release }) // held until a is down
-	defer func() {
-		select {
-		case <-release:
-		default:
+	for _, c := range []struct {
+		name string
+		do   func(i *Interface) error
+	}{
+		{"down", func(i *Interface) error { return i.SetUp(false) }},
+		{"mode datagram", func(i *Interface) error { return i.SetMode(Datagram) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			release := make(chan struct{})
+			var cmQueries atomic.Int64
+			a, b := cmPathFailing(t, func() { cmQueries.Add(1); <-release }) // held until after c.do
+			defer func() {
+				select {
+				case <-release:
+				default:
+					close(release)
+				}
+			}()
+			a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 9, 20000)})
+			waitFor(t, "the frame waiting for a connection", func() bool {
+				a.ib0.dmu.Lock()
+				defer a.ib0.dmu.Unlock()
+				t0 := a.ib0.tx[b.ib0.HWAddr()]
+				return cmQueries.Load() > 0 && t0 != nil && len(t0.queue) == 1
+			})
+			before := a.ib0.Stats().TxDropped
+			if err := c.do(a.ib0); err != nil {
+				t.Fatal(err)
+			}
+			if d := a.ib0.Stats().TxDropped - before; d != 1 {
+				t.Fatalf("tx_dropped +%d for the frame that waited, want +1", d)
+			}
 			close(release)
-		}
-	}()
-	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 9, 20000)})
-	waitFor(t, "the frame waiting for a connection", func() bool {
-		a.ib0.dmu.Lock()
-		defer a.ib0.dmu.Unlock()
-		t0 := a.ib0.tx[b.ib0.HWAddr()]
-		return cmQueries.Load() > 0 && t0 != nil && len(t0.queue) == 1
-	})
-	before := a.ib0.Stats().TxDropped
-	if err := a.ib0.SetUp(false); err != nil {
-		t.Fatal(err)
-	}
-	if d := a.ib0.Stats().TxDropped - before; d != 1 {
-		t.Fatalf("tx_dropped +%d for the frame that waited, want +1", d)
-	}
-	close(release)
-	time.Sleep(100 * time.Millisecond) // the connect fails and would send what it held
-	if got := b.host.take(isICMP4(9)); len(got) != 0 {
-		t.Fatal("the frame was sent after the interface went down")
+			time.Sleep(100 * time.Millisecond) // the connect fails and would send what it held
+			if got := b.host.take(isICMP4(9)); len(got) != 0 {
+				t.Fatal("the frame was sent after it was dropped")
+			}
+		})
 	}
 }
 
