@@ -384,12 +384,34 @@ func (e *Engine) eventLoop(ch <-chan verbs.Event) {
 		}
 		e.tracef(1, "port %d event %v: %v flush", ev.Port, ev.Type, level)
 		e.event("port %d: %v", ev.Port, ev.Type)
-		for _, i := range e.Interfaces() {
-			if i.port == ev.Port {
-				i.flush(level)
-			}
-		}
+		e.flushPort(ev.Port, level)
 	}
+}
+
+// flushParallel bounds the interfaces a port event flushes at once.
+const flushParallel = 64
+
+// flushPort flushes the port's interfaces, at most flushParallel at a time, and
+// returns when all are done. The driver flushes each on its own ordered workqueue, so
+// one interface's leaves, waiting up to 3 s for a slow SA, do not hold up the others':
+// one after another, a client reregister would reach the thousandth child after
+// minutes, its memberships unknown to the new SM until then. Waiting for all before
+// the next event keeps each interface's flushes in the order of the events.
+func (e *Engine) flushPort(port int, level flushLevel) {
+	sem := make(chan struct{}, flushParallel)
+	var wg sync.WaitGroup
+	for _, i := range e.Interfaces() {
+		if i.port != port {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			i.flush(level)
+		}()
+	}
+	wg.Wait()
 }
 
 // tracef logs when debug_level >= level.

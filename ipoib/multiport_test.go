@@ -132,8 +132,9 @@ func TestTwoPortsTwoIndependentInterfaces(t *testing.T) {
 	}
 	// A port event on port 2 alone (its link down and up again: PORT_ERR, ACTIVE)
 	// flushes ib1, which leaves and rejoins its groups and forgets its paths; ib0 keeps
-	// its groups and paths. The event loop flushes the port's interfaces in name order,
-	// so a flush of ib0 would be done before ib1's is seen.
+	// its groups and paths. The event loop flushes a port's interfaces side by side,
+	// each taking its group table first thing, so a flush of ib0 would have replaced
+	// ib0's by the time ib1 has left and joined again.
 	for _, down := range []bool{true, false} {
 		if err := r.smh.SM().SetLink("a", 2, down); err != nil {
 			t.Fatal(err)

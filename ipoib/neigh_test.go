@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/mad"
 	"ipoibfs/verbs/soft"
+	"ipoibfs/verbs/soft/partitions"
 )
 
 // arpFrom hands i an ARP packet as if received.
@@ -401,4 +403,53 @@ func cmPathFailing(t *testing.T, query func()) (a, b *node) {
 	}, "a", "b")
 	connectedNodes(t, nodes)
 	return nodes[0], nodes[1]
+}
+
+// A port event flushes the port's interfaces side by side, as the driver's per-interface
+// workqueues do: one waiting for a slow SA's answer to its leaves does not hold up the
+// others' (in turn, a reregister reached the thousandth child after minutes).
+func TestPortFlushIsParallel(t *testing.T) {
+	const children = 6
+	r := newRig(t)
+	conf := "Default=0x7fff, ipoib : ALL=full;\n"
+	for k := range children {
+		conf += fmt.Sprintf("P%d=%#x, ipoib : ALL=full;\n", k, 0x8001+k)
+	}
+	parts, err := partitions.Parse("t.conf", strings.NewReader(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.smh.SM().SetPartitions(parts)
+	release := make(chan struct{})
+	var held atomic.Int32
+	e := r.engine("a", 1, Options{wrapSA: (&hookSA{leave: func(ctx context.Context, rec mad.MCMemberRecord) error {
+		if rec.MGID[0] == 0xff && rec.MGID[1]&0x0f == 2 && rec.MGID[2] == 0x40 && rec.MGID[3] == 0x1b { // IPv4 groups
+			held.Add(1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}}).wrap})
+	ib0 := iface(t, e, "ib0")
+	all := []*Interface{ib0}
+	for k := range children {
+		c, err := ib0.CreateChild(int64(0x8001 + k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, c)
+	}
+	for _, i := range all {
+		_ = i.SetUp(true)
+	}
+	for _, i := range all {
+		waitFor(t, i.Name()+" carrier", i.Carrier)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); e.flushPort(1, flushNormal) }()
+	waitFor(t, "every interface's leave of its broadcast group under way at once", func() bool { return held.Load() >= int32(len(all)) })
+	close(release)
+	<-done
 }
