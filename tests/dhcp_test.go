@@ -37,6 +37,11 @@ func TestDHCPReservedAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	nsA, nsB := netns(t, "dha"), netns(t, "dhb")
+	// Strict reverse-path filtering on the client's side, RHEL's default: the OFFER
+	// comes from a server the client has no route to yet, which the IP layer drops
+	// before any UDP socket sees it.
+	mustRun(t, "ip", "netns", "add", nsA)
+	mustRun(t, "ip", "netns", "exec", nsA, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1", "net.ipv4.conf.default.rp_filter=1")
 	startDaemon(t, "dhb", "-sm", "127.0.1.71:4791", "-netns", nsB)
 	waitLink(t, nsB, "ib0")
 	mustRun(t, "ip", "-n", nsB, "addr", "add", serverAddr+"/24", "dev", "ib0")
