@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -524,5 +526,64 @@ func TestXattrAnswers(t *testing.T) {
 	}
 	if r[4][4] != 31 || binary.LittleEndian.Uint64(r[4][7:]) != 0 {
 		t.Errorf("Txattrwalk of the list: type %d, size %d; want an empty list", r[4][4], binary.LittleEndian.Uint64(r[4][7:]))
+	}
+}
+
+// heapAfterGC is the live heap once garbage is collected.
+func heapAfterGC() uint64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// A connection's path tree keeps no node for a name nothing refers to any more: the
+// names of children created, walked and deleted, and names given to Tunlinkat (the
+// p9 server kept a node for each until the connection ended: a long-lived mount grew
+// with every child it ever saw).
+func TestPathTreeForgetsNames(t *testing.T) {
+	v := newEnv(t)
+	c := pipeClient(t, v.tree.Root(), Options{})
+	dir, err := c.walk("class/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	const unlinks = 20000
+	unlinkAll := func(from int) {
+		for k := range unlinks {
+			if err := dir.UnlinkAt(fmt.Sprintf("name-%d", from+k), 0); err == nil {
+				t.Fatal("unlink in class/net succeeded")
+			}
+		}
+	}
+	unlinkAll(0) // warm: buffers and pools at their size
+	before := heapAfterGC()
+	unlinkAll(unlinks)
+	if grew := int64(heapAfterGC()) - int64(before); grew > 1<<20 {
+		t.Errorf("the heap grew by %d KiB over %d unlinks of new names", grew>>10, unlinks)
+	}
+
+	const children = 2000
+	cycle := func(from int) {
+		for k := range children {
+			pkey := 0x1000 + from + k
+			if err := c.WriteFile("class/net/ib0/create_child", fmt.Appendf(nil, "%#x\n", pkey)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.ReadFile(fmt.Sprintf("class/net/ib0.%04x/pkey", pkey|0x8000)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.WriteFile("class/net/ib0/delete_child", fmt.Appendf(nil, "%#x\n", pkey|0x8000)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cycle(0)
+	before = heapAfterGC()
+	cycle(children)
+	if grew := int64(heapAfterGC()) - int64(before); grew > 1<<20 {
+		t.Errorf("the heap grew by %d KiB over %d children created, read and deleted", grew>>10, children)
 	}
 }

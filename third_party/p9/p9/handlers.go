@@ -392,9 +392,9 @@ func (t *tlcreate) do(cs *connState, uid UID) (*rlcreate, error) {
 			opened:    true,
 			openFlags: t.OpenFlags,
 			mode:      ModeRegular,
-			pathNode:  ref.pathNode.pathNodeFor(t.Name),
 		}
-		ref.pathNode.addChild(newRef, t.Name)
+		// ipoibfs patch: the node and the reference in one step (addChildNode).
+		newRef.pathNode = ref.pathNode.addChildNode(newRef, t.Name)
 		ref.IncRef() // Acquire parent reference.
 		return nil
 	}); err != nil {
@@ -592,6 +592,9 @@ func (t *tunlinkat) handle(cs *connState) message {
 		// since we always acquire deeper in the hierarchy, we know
 		// that we are free of lock cycles.
 		childPathNode := ref.pathNode.pathNodeFor(t.Name)
+		// ipoibfs patch: the node made for the name alone goes once done (after
+		// opMu is released: deferred before it), or every name unlinked stays.
+		defer ref.pathNode.prune(t.Name)
 		childPathNode.opMu.Lock()
 		defer childPathNode.opMu.Unlock()
 
@@ -1278,13 +1281,12 @@ func doWalk(cs *connState, ref *fidRef, names []string, getattr bool) (qids []QI
 			// anonymous. They exist in the tree for tracking
 			// purposes.
 			newRef := &fidRef{
-				server:   cs.server,
-				parent:   walkRef,
-				file:     sf,
-				mode:     attr.Mode.FileType(),
-				pathNode: walkRef.pathNode.pathNodeFor(names[i]),
+				server: cs.server,
+				parent: walkRef,
+				file:   sf,
+				mode:   attr.Mode.FileType(),
 			}
-			walkRef.pathNode.addChild(newRef, names[i])
+			newRef.pathNode = walkRef.pathNode.addChildNode(newRef, names[i]) // ipoibfs patch
 			// We allow our walk reference to become the new parent
 			// reference here and so we don't IncRef. Instead, just
 			// set walkRef to the newRef above and acquire a new

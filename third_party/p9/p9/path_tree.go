@@ -112,6 +112,51 @@ func (p *pathNode) pathNodeFor(name string) *pathNode {
 	return pn
 }
 
+// addChildNode adds a child reference to p under name and returns the child's
+// pathNode, made if there is none. ipoibfs patch: getting the node and adding the
+// reference in one hold of childMu, so that removeChild, which drops a node once
+// the last reference to it goes, cannot drop one a reference is being added to.
+func (p *pathNode) addChildNode(ref *fidRef, name string) *pathNode {
+	p.childMu.Lock()
+	defer p.childMu.Unlock()
+	pn, ok := p.childNodes[name]
+	if !ok {
+		pn = newPathNode()
+		p.childNodes[name] = pn
+	}
+	p.addChildLocked(ref, name)
+	return pn
+}
+
+// pruneLocked drops the node of name when no reference is left to it or below it.
+// ipoibfs patch: upstream kept a node for every name ever walked until the
+// connection ended, so a long-lived mount grew with the names of children created
+// and deleted (and with every name given to Tunlinkat).
+//
+// Precondition: childMu is locked for write.
+func (p *pathNode) pruneLocked(name string) {
+	if len(p.childRefs[name]) != 0 {
+		return
+	}
+	pn, ok := p.childNodes[name]
+	if !ok {
+		return
+	}
+	pn.childMu.RLock()
+	idle := len(pn.childRefs) == 0 && len(pn.childNodes) == 0
+	pn.childMu.RUnlock()
+	if idle {
+		delete(p.childNodes, name)
+	}
+}
+
+// prune is pruneLocked with childMu taken.
+func (p *pathNode) prune(name string) {
+	p.childMu.Lock()
+	p.pruneLocked(name)
+	p.childMu.Unlock()
+}
+
 // nameFor returns the name for the given fidRef.
 //
 // Precondition: addChild is called for ref before nameFor.
@@ -177,6 +222,7 @@ func (p *pathNode) removeChild(ref *fidRef) {
 		delete(m, ref)
 		if len(m) == 0 {
 			delete(p.childRefs, name)
+			p.pruneLocked(name) // ipoibfs patch
 		}
 	}
 
