@@ -113,6 +113,21 @@ func TestDHCPReservedAddress(t *testing.T) {
 		t.Errorf("no renewal in the daemon's log")
 	}
 
+	// Moved to another namespace and put back (which unbinds packet sockets on the
+	// device, and takes its addresses): the client still hears the server, and the
+	// next ACK, of a renewal or a rebinding, puts the address back.
+	other := netns(t, "dho")
+	mustRun(t, "ip", "netns", "add", other)
+	mustRun(t, "ip", "-n", nsA, "link", "set", "ib0", "netns", other)
+	dhcpWait(t, 10*time.Second, "the put-back", func() bool {
+		return strings.Contains(a.log.String(), "ib0: moved to another network namespace outside ipoibfs (ip link set netns): put back")
+	})
+	acks := strings.Count(srvLog.String(), "DHCPACK(ib0) "+reserved)
+	dhcpWait(t, 30*time.Second, "an ACK after the move and the address back", func() bool {
+		return strings.Count(srvLog.String(), "DHCPACK(ib0) "+reserved) > acks &&
+			strings.Contains(ipOut(t, nsA, "-4", "addr", "show", "dev", "ib0"), "inet "+reserved+"/24 ")
+	})
+
 	// The file removed, then SIGHUP: the lease is released and the address goes.
 	ifcfg := filepath.Join(conf, "ifcfg-ib0")
 	text, err := os.ReadFile(ifcfg)

@@ -29,11 +29,10 @@ type udpTransport struct {
 	conn *net.UDPConn
 	dev  func() string
 
-	pkt   *os.File // the packet socket
-	prc   syscall.RawConn
-	mu    sync.Mutex // bound
-	bound int        // the device index the packet socket is bound to
-	buf   []byte     // Recv's packet, with room for the headers
+	pkt *os.File // the packet socket
+	prc syscall.RawConn
+	mu  sync.Mutex // serialises the packet socket's binds
+	buf []byte     // Recv's packet, with room for the headers
 }
 
 // Open makes the transport of the device called dev() in the named network namespace
@@ -63,7 +62,7 @@ func Open(netnsName string, dev func() string) (Transport, error) {
 		unix.Close(r.pkt)
 		return nil, err
 	}
-	t := &udpTransport{conn: c.(*net.UDPConn), dev: dev, bound: r.index, pkt: os.NewFile(uintptr(r.pkt), "dhcp-packet")}
+	t := &udpTransport{conn: c.(*net.UDPConn), dev: dev, pkt: os.NewFile(uintptr(r.pkt), "dhcp-packet")}
 	if t.prc, err = t.pkt.SyscallConn(); err != nil {
 		t.Close()
 		return nil, err
@@ -89,7 +88,7 @@ func udpSocket(dev string) (fd, index int, err error) {
 		err = unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev)
 	}
 	if err == nil {
-		index, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX)
+		index, err = ifIndex(fd, dev)
 	}
 	if err == nil {
 		// Nothing is read from it (replies come from the packet socket).
@@ -127,6 +126,19 @@ func packetSocket(index int) (int, error) {
 	return fd, nil
 }
 
+// ifIndex is the index of the device called dev in the namespace of the socket fd
+// (SIOCGIFINDEX answers for the socket's namespace, whatever the thread's).
+func ifIndex(fd int, dev string) (int, error) {
+	ifr, err := unix.NewIfreq(dev)
+	if err != nil {
+		return 0, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr); err != nil {
+		return 0, err
+	}
+	return int(ifr.Uint32()), nil
+}
+
 func bindPacket(fd, index int) error {
 	return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: index})
 }
@@ -152,30 +164,30 @@ func (t *udpTransport) Send(b []byte, to netip.Addr) error {
 	}
 	var serr error
 	index := 0
+	dev := t.dev()
 	if err := rc.Control(func(fd uintptr) {
-		if serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, t.dev()); serr == nil {
-			index, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX)
+		if serr = unix.SetsockoptString(int(fd), unix.SOL_SOCKET, unix.SO_BINDTODEVICE, dev); serr == nil {
+			index, serr = ifIndex(int(fd), dev)
 		}
 	}); err != nil {
 		return err
 	}
 	if serr != nil {
-		return fmt.Errorf("bind to %s: %w", t.dev(), serr)
+		return fmt.Errorf("bind to %s: %w", dev, serr)
 	}
-	// A device deleted and made again has a new index: the replies are taken there.
+	// The packet socket is bound again before every send: a device deleted and made
+	// again has a new index, and one moved to another namespace and put back (at its
+	// index) has unbound every packet socket on it (NETDEV_UNREGISTER). A send comes
+	// before every reply the client waits for.
 	t.mu.Lock()
-	if index != t.bound {
-		var berr error
-		if err := t.prc.Control(func(fd uintptr) { berr = bindPacket(int(fd), index) }); err != nil {
-			berr = err
-		}
-		if berr != nil {
-			t.mu.Unlock()
-			return fmt.Errorf("receive on %s: %w", t.dev(), berr)
-		}
-		t.bound = index
+	var berr error
+	if err := t.prc.Control(func(fd uintptr) { berr = bindPacket(int(fd), index) }); err != nil {
+		berr = err
 	}
 	t.mu.Unlock()
+	if berr != nil {
+		return fmt.Errorf("receive on %s: %w", dev, berr)
+	}
 	if !to.IsValid() {
 		to = netip.AddrFrom4([4]byte{255, 255, 255, 255})
 	}
@@ -200,6 +212,9 @@ func (t *udpTransport) Recv(b []byte) (int, error) {
 			return rerr != unix.EAGAIN
 		}); err != nil {
 			return 0, err
+		}
+		if rerr == unix.ENETDOWN || rerr == unix.EINTR {
+			continue // the device went down (reported once), or a signal
 		}
 		if rerr != nil {
 			return 0, rerr
