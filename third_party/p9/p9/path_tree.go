@@ -142,7 +142,12 @@ func (p *pathNode) pruneLocked(name string) {
 	if !ok {
 		return
 	}
-	pn.childMu.RLock()
+	// Only tried: a rename holds the child's childMu while a reference it drops
+	// prunes its parent (renameChildTo), and a clunk locks parent then child. A
+	// node left now goes at the next removal of a reference to its name.
+	if !pn.childMu.TryRLock() {
+		return
+	}
 	idle := len(pn.childRefs) == 0 && len(pn.childNodes) == 0
 	pn.childMu.RUnlock()
 	if idle {
