@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -78,6 +79,8 @@ func yes01(v bool) string {
 // ifAttrs is the table of class/net/<if>/ files, sorted by name. Formats follow
 // net-sysfs and ipoib_main.c / ipoib_cm.c (see reference/kernel-ipoib.md §1-§3).
 var ifAttrs = []ifAttr{
+	// NET_ADDR_PERM: the address is the port's GID and the QP's number, not random or set.
+	{name: "addr_assign_type", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},
 	{name: "addr_len", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "20\n", nil }},
 	{name: "address", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.HWAddr().String() + "\n", nil }},
 	{name: "broadcast", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return i.Broadcast().String() + "\n", nil }},
@@ -89,6 +92,21 @@ var ifAttrs = []ifAttr{
 	}, write: func(i *ipoib.Interface, b []byte) error {
 		// net-sysfs's carrier_store: IPoIB has no ndo_change_carrier.
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the port and the broadcast group; it cannot be set", i.Name())
+	}},
+	// The carrier's changes since the interface was made (the netdev's counts of
+	// netif_carrier_on and netif_carrier_off), the engine's: a TUN device counts its
+	// own, from its creation.
+	{name: "carrier_changes", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		up, down := i.CarrierCounts()
+		return fmt.Sprintf("%d\n", up+down), nil
+	}},
+	{name: "carrier_down_count", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		_, down := i.CarrierCounts()
+		return fmt.Sprintf("%d\n", down), nil
+	}},
+	{name: "carrier_up_count", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		up, _ := i.CarrierCounts()
+		return fmt.Sprintf("%d\n", up), nil
 	}},
 	{name: "create_child", netAdmin: true, parseFirst: checkCreateArg, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
@@ -109,6 +127,19 @@ var ifAttrs = []ifAttr{
 	// (__ipoib_vlan_add) keep the defaults, 0.
 	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
 	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
+	{name: "dormant", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},
+	// duplex and speed are ethtool's link settings (ipoib_get_link_ksettings): EINVAL
+	// while the device is down, unknown (-1) without carrier, else full and the port's
+	// per-lane speed times its width in Mb/s.
+	{name: "duplex", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		if !i.IsUp() {
+			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
+		}
+		if !i.Carrier() {
+			return "unknown\n", nil
+		}
+		return "full\n", nil
+	}},
 	// flags is dev->flags (net-sysfs's format_flags), not the ioctl view with RUNNING
 	// and LOWER_UP; a write goes through dev_change_flags: IFF_UP (up/down as ip link
 	// set), IFF_MULTICAST, PROMISC and ALLMULTI, and the bits a netdev only stores.
@@ -121,8 +152,19 @@ var ifAttrs = []ifAttr{
 			// change_flags passes (unsigned int)new_flags: the bits above 32 are dropped.
 			return i.SetFlags(uint32(v))
 		}},
+	// ifalias follows the device's (ip link set alias) both ways; net-sysfs ignores one
+	// trailing newline of a write and shows nothing without an alias.
+	{name: "ifalias", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) {
+		if a := i.Alias(); a != "" {
+			return a + "\n", nil
+		}
+		return "", nil
+	}, write: func(i *ipoib.Interface, b []byte) error {
+		return i.SetAlias(string(bytes.TrimSuffix(b, []byte("\n"))))
+	}},
 	{name: "ifindex", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfIndex(), i) }},
 	{name: "iflink", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfLink(), i) }},
+	{name: "link_mode", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},
 	{name: "mode", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return i.Mode().String() + "\n", nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			m, err := parseMode(b)
@@ -148,6 +190,15 @@ var ifAttrs = []ifAttr{
 		return p.Name() + "\n", nil
 	}},
 	{name: "pkey", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("0x%04x\n", uint16(i.PKey())), nil }},
+	{name: "speed", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		if !i.IsUp() {
+			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
+		}
+		if mbps := i.SpeedMbps(); i.Carrier() && mbps > 0 {
+			return fmt.Sprintf("%d\n", mbps), nil
+		}
+		return "-1\n", nil
+	}},
 	{name: "tx_queue_len", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.TxQueueLen()), nil },
 		write: func(i *ipoib.Interface, b []byte) error {
 			v, err := kstrtoul(b)

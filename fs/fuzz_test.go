@@ -209,6 +209,19 @@ func FuzzWrite(f *testing.F) {
 					t.Fatalf("flags 0x1003 after %q: %v", data, err)
 				}
 			}
+		case "ifalias":
+			// Stored as written, one trailing newline dropped; shown with one, or
+			// nothing when empty (net-sysfs's ifalias_store and ifalias_show).
+			want := strings.TrimSuffix(string(data), "\n")
+			if want != "" {
+				want += "\n"
+			}
+			if got, rerr := read(tr, target); rerr != 0 || got != want {
+				t.Fatalf("ifalias after %q: %q %v, want %q", data, got, rerr, want)
+			}
+			if len(changed) != 1 || changed[0] != target {
+				t.Fatalf("write %q to %s changed %q", data, target, changed)
+			}
 		case "partitions":
 			if len(changed) > 1 || (len(changed) == 1 && changed[0] != "sm/partitions") {
 				t.Fatalf("partitions write changed %q", changed)

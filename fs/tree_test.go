@@ -90,8 +90,10 @@ func TestLayout(t *testing.T) {
 		"class/infiniband/n1/ports":  {"1"},
 		"kernel/debug/ipoib":         {"ib0_mcg", "ib0_path"},
 		"module/ib_ipoib/parameters": ipoib.ParamNames,
-		"class/net/ib0": {"addr_len", "address", "broadcast", "carrier", "create_child", "delete_child", "dev_id", "dev_port", "dhcp",
-			"ethtool", "flags", "ifindex", "iflink", "mode", "mtu", "operstate", "pkey", "statistics", "tx_queue_len", "type", "umcast"},
+		"class/net/ib0": {"addr_assign_type", "addr_len", "address", "broadcast", "carrier", "carrier_changes", "carrier_down_count",
+			"carrier_up_count", "create_child", "delete_child", "dev_id", "dev_port", "dhcp", "dormant", "duplex", "ethtool", "flags",
+			"ifalias", "ifindex", "iflink", "link_mode", "mode", "mtu", "operstate", "pkey", "speed", "statistics", "tx_queue_len",
+			"type", "umcast"},
 		"class/net/ib0/ethtool": {"coalesce", "features", "statistics"},
 		"class/net/ib0/statistics": { // net-sysfs's 24
 			"collisions", "multicast", "rx_bytes", "rx_compressed", "rx_crc_errors", "rx_dropped", "rx_errors",
@@ -125,6 +127,15 @@ func TestFormats(t *testing.T) {
 		"class/net/ib0/umcast":                              "0\n",
 		"class/net/ib0/carrier":                             "1\n",
 		"class/net/ib0/operstate":                           "up\n",
+		"class/net/ib0/speed":                               "40000\n", // 4X QDR
+		"class/net/ib0/duplex":                              "full\n",
+		"class/net/ib0/carrier_up_count":                    "1\n",
+		"class/net/ib0/carrier_down_count":                  "0\n",
+		"class/net/ib0/carrier_changes":                     "1\n",
+		"class/net/ib0/ifalias":                             "",
+		"class/net/ib0/addr_assign_type":                    "0\n",
+		"class/net/ib0/dormant":                             "0\n",
+		"class/net/ib0/link_mode":                           "0\n",
 		"class/net/ib0/dev_id":                              "0x0\n",
 		"class/net/ib0/dev_port":                            "0\n",
 		"class/net/ib0/tx_queue_len":                        "1000\n",
@@ -225,6 +236,95 @@ func TestCarrierDownIsEINVAL(t *testing.T) {
 	}
 	if got, _ := read(v.tree, "class/net/ib0.8001/operstate"); got != "down\n" {
 		t.Errorf("operstate %q", got)
+	}
+	// Link settings too: EINVAL while down; up without carrier (its P_Key is not in
+	// the port's table), unknown.
+	for _, f := range []string{"speed", "duplex"} {
+		if _, errno := read(v.tree, "class/net/ib0.8001/"+f); errno != syscall.EINVAL {
+			t.Errorf("%s of a down interface: %v, want EINVAL", f, errno)
+		}
+	}
+	if err := c.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if c.Carrier() {
+		t.Fatal("ib0.8001 has carrier")
+	}
+	for f, want := range map[string]string{"speed": "-1\n", "duplex": "unknown\n", "carrier": "0\n"} {
+		if got, errno := read(v.tree, "class/net/ib0.8001/"+f); got != want || errno != 0 {
+			t.Errorf("%s of an interface without carrier: %q %v, want %q", f, got, errno, want)
+		}
+	}
+}
+
+// The carrier's changes are counted as the netdev counts them.
+func TestCarrierCounts(t *testing.T) {
+	v := newEnv(t)
+	counts := func() string {
+		t.Helper()
+		var out []string
+		for _, f := range []string{"carrier_up_count", "carrier_down_count", "carrier_changes"} {
+			got, errno := read(v.tree, "class/net/ib0/"+f)
+			if errno != 0 {
+				t.Fatalf("%s: %v", f, errno)
+			}
+			out = append(out, strings.TrimSpace(got))
+		}
+		return strings.Join(out, " ")
+	}
+	if got := counts(); got != "1 0 1" {
+		t.Fatalf("up, down, changes at start: %s, want 1 0 1", got)
+	}
+	if err := v.ib0.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.ib0.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ib0's carrier back", v.ib0.Carrier)
+	if got := counts(); got != "2 1 3" {
+		t.Fatalf("up, down, changes after a down and up: %s, want 2 1 3", got)
+	}
+}
+
+// ifalias takes what is written, less one trailing newline, and shows it with one;
+// an administrator's (EPERM otherwise), at most 255 bytes (EINVAL), "" removes it.
+func TestIfAlias(t *testing.T) {
+	v := newEnv(t)
+	const f = "class/net/ib0/ifalias"
+	for _, c := range []struct{ in, want string }{
+		{"rack 4 port 1\n", "rack 4 port 1\n"},
+		{"two\n\n", "two\n\n"},
+		{strings.Repeat("x", 255), strings.Repeat("x", 255) + "\n"},
+		{"\n", ""},
+	} {
+		if errno := write(v.tree, f, c.in); errno != 0 {
+			t.Fatalf("write %q: %v", c.in, errno)
+		}
+		if got, errno := read(v.tree, f); got != c.want || errno != 0 {
+			t.Errorf("after %q: %q %v, want %q", c.in, got, errno, c.want)
+		}
+	}
+	if errno := write(v.tree, f, "kept"); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno := write(v.tree, f, strings.Repeat("x", 256)); errno != syscall.EINVAL {
+		t.Errorf("256 bytes: %v, want EINVAL", errno)
+	}
+	n, err := v.tree.Lookup(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := n.Open(Caller{UID: 0, GIDs: []uint32{0}, Via: "test"}, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Write([]byte("other")); err != syscall.EPERM {
+		t.Errorf("without CAP_NET_ADMIN: %v, want EPERM", err)
+	}
+	h.Release()
+	if got := v.ib0.Alias(); got != "kept" {
+		t.Errorf("alias after the refused writes: %q, want kept", got)
 	}
 }
 

@@ -71,6 +71,11 @@ type TxQueueHost interface {
 	SetTxQueueLen(n uint32)
 }
 
+// AliasHost is a Host whose device has an alias of its own (IFLA_IFALIAS).
+type AliasHost interface {
+	SetAlias(s string)
+}
+
 // MulticastHost is a Host whose device has an IFF_MULTICAST flag of its own.
 type MulticastHost interface {
 	SetMulticast(on bool)

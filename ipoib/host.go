@@ -55,6 +55,18 @@ func (i *Interface) pushTxQueueLen() {
 	}
 }
 
+// pushAlias tells a host that follows it the current alias.
+func (i *Interface) pushAlias() {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	i.mu.Lock()
+	s, h := i.alias, i.data().host
+	i.mu.Unlock()
+	if ah, ok := h.(AliasHost); ok {
+		ah.SetAlias(s)
+	}
+}
+
 // pushMulticast tells a host that follows it the current IFF_MULTICAST.
 func (i *Interface) pushMulticast() {
 	i.hostMu.Lock()

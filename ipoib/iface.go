@@ -94,7 +94,8 @@ type Interface struct {
 	hostGroups    []netip.Addr
 	hostGroupsSet bool
 	txQueueLen    uint32
-	noMulticast   bool // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
+	alias         string // ifalias (net-sysfs), which the kernel device follows
+	noMulticast   bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	flags         devFlags
 	closed        bool
 	legacy        bool          // a create_child child (not AddLink's)
@@ -164,6 +165,10 @@ type Interface struct {
 	// replaced whole under mu.
 	tx0   txLane
 	lanes atomic.Pointer[[]*txLane]
+
+	// carrierUps and carrierDowns count the carrier's changes (carrier_up_count,
+	// carrier_down_count: the netdev's, which netif_carrier_on/off count).
+	carrierUps, carrierDowns atomic.Uint64
 }
 
 // dataState is what the data path reads of an interface: the receive and transmit
@@ -526,6 +531,38 @@ func (i *Interface) IfLink() int {
 	return i.IfIndex()
 }
 
+// Alias is the interface's alias (ifalias; ip link set alias), "" without one.
+func (i *Interface) Alias() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.alias
+}
+
+// maxAlias is the longest alias (IFALIASZ - 1, as dev_set_alias takes).
+const maxAlias = 255
+
+// SetAlias sets the interface's alias, which the kernel device follows; "" removes it.
+// Longer than 255 bytes is EINVAL, as dev_set_alias has it.
+func (i *Interface) SetAlias(s string) error {
+	if len(s) > maxAlias {
+		return &Error{Op: "set_alias", If: i.Name(), Err: syscall.EINVAL, Detail: fmt.Sprintf("%d bytes, at most %d", len(s), maxAlias)}
+	}
+	i.mu.Lock()
+	changed := i.alias != s
+	i.alias = s
+	i.mu.Unlock()
+	if changed {
+		i.e.event("%s: alias %q", i.Name(), s)
+		i.pushAlias()
+	}
+	return nil
+}
+
+// CarrierCounts returns how many times the carrier came on and went off.
+func (i *Interface) CarrierCounts() (up, down uint64) {
+	return i.carrierUps.Load(), i.carrierDowns.Load()
+}
+
 // TxQueueLen is the device's transmit queue length (1000 as ipoib_setup_common sets).
 func (i *Interface) TxQueueLen() uint32 {
 	i.mu.Lock()
@@ -556,7 +593,7 @@ func (i *Interface) AttachHost(h Host) {
 	i.setLocked(func(d *dataState) { d.host = h })
 	d := i.data()
 	mtu, carrier, up, f, txq, mcast := d.mtu, d.carrier, d.up, i.effectiveFeaturesLocked(), i.txQueueLen, !i.noMulticast
-	user := i.flags.user()
+	user, alias := i.flags.user(), i.alias
 	i.mu.Unlock()
 	if h == nil {
 		return
@@ -572,6 +609,9 @@ func (i *Interface) AttachHost(h Host) {
 	}
 	if uh, ok := h.(UserFlagsHost); ok {
 		uh.SetUserFlags(user)
+	}
+	if ah, ok := h.(AliasHost); ok && alias != "" { // a new device has none
+		ah.SetAlias(alias)
 	}
 	if ah, ok := h.(AdminHost); ok {
 		ah.SetAdminUp(up)
@@ -797,6 +837,11 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 		return func() {}
 	}
 	i.setLocked(func(d *dataState) { d.carrier = on })
+	if on {
+		i.carrierUps.Add(1)
+	} else {
+		i.carrierDowns.Add(1)
+	}
 	i.e.event("%s: carrier %s", i.Name(), onOff(on))
 	var mtuAct func()
 	if on && d.mode == Datagram {

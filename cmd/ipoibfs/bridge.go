@@ -58,6 +58,7 @@ const (
 	attrMulticast
 	attrUserFlags
 	attrFeatures
+	attrAlias
 )
 
 // adoption is a device's attribute and the value the engine is being made to follow;
@@ -185,6 +186,14 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
 		b.adopt(attrMulticast, l.Multicast, func() { b.i.SetMulticast(l.Multicast) })
+	}
+	if l.AliasChanged {
+		// ip link set alias: the interface's ifalias shows it.
+		b.adopt(attrAlias, l.Alias, func() {
+			if err := b.i.SetAlias(l.Alias); err != nil {
+				log.Printf("%s: alias set on the device: %v", name, err)
+			}
+		})
 	}
 	if l.UserFlagsChanged {
 		// ip link set promisc/allmulticast: the interface's flags show them.
@@ -442,6 +451,11 @@ func (b *bridge) SetCarrier(on bool) {
 // SetTxQueueLen follows a tx_queue_len write.
 func (b *bridge) SetTxQueueLen(n uint32) {
 	b.logErr(push(&b.adopter, attrTxq, int(n), b.dev.SetTxQueueLen, b.dev.SetTxQueueLenIfChanged))
+}
+
+// SetAlias follows the interface's alias (an ifalias write).
+func (b *bridge) SetAlias(s string) {
+	b.logErr(push(&b.adopter, attrAlias, s, b.dev.SetAlias, b.dev.SetAliasIfChanged))
 }
 
 // SetMulticast follows the interface's IFF_MULTICAST (a flags write).

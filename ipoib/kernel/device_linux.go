@@ -59,8 +59,9 @@ type Device struct {
 	user      uint32      // IFF_PROMISC|IFF_ALLMULTI as last set or reported (under setMu)
 	feat      DevFeatures // ethtool -k as last read after our change or reported (under setMu)
 	featKnown bool
-	carrier   bool // as last set (under setMu): a device starts without one
-	txq       int  // txqueuelen as last set or seen (under setMu); from the device at Open
+	carrier   bool   // as last set (under setMu): a device starts without one
+	txq       int    // txqueuelen as last set or seen (under setMu); from the device at Open
+	alias     string // ifalias as last set or seen (under setMu); from the device at Open
 	// now is the device's name as last set or seen (ip link set name); name stays
 	// the one it was opened with, for messages.
 	now atomic.Pointer[string]
@@ -162,6 +163,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	d.noMcast = l.Attrs().RawFlags&unix.IFF_MULTICAST == 0
 	d.user = l.Attrs().RawFlags & UserFlagMask
 	d.txq = l.Attrs().TxQLen
+	d.alias = l.Attrs().Alias
 	d.link = &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: d.index, Name: d.name}}
 	d.mtu.Store(int64(l.Attrs().MTU))
 	// Never let the kernel build a super-packet with more segments than one Read can
@@ -564,6 +566,19 @@ func (d *Device) setTxQueueLen(n int, ifChanged bool) error {
 		func() bool { return d.txq == n },
 		func() error { return d.h.LinkSetTxQLen(d.link, n) },
 		func() { d.txq = n })
+}
+
+// SetAlias sets the device's alias (ip link set alias); "" removes it.
+func (d *Device) SetAlias(s string) error { return d.setAlias(s, false) }
+
+// SetAliasIfChanged: see SetMTUIfChanged.
+func (d *Device) SetAliasIfChanged(s string) error { return d.setAlias(s, true) }
+
+func (d *Device) setAlias(s string, ifChanged bool) error {
+	return d.setLink(fmt.Sprintf("alias %q", s), ifChanged,
+		func() bool { return d.alias == s },
+		func() error { return d.h.LinkSetAlias(d.link, s) },
+		func() { d.alias = s })
 }
 
 // SetMulticast sets or clears IFF_MULTICAST on the kernel device (ip link set multicast).

@@ -130,6 +130,12 @@ func (d *Device) Groups() ([]netip.Addr, error) { return nil, d.unsupported() }
 // EnsureLinkLocal is not supported.
 func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported() }
 
+// SetAlias is not supported.
+func (d *Device) SetAlias(s string) error { return d.unsupported() }
+
+// SetAliasIfChanged is not supported.
+func (d *Device) SetAliasIfChanged(s string) error { return d.unsupported() }
+
 // SetTxQueueLen is not supported.
 func (d *Device) SetTxQueueLen(n int) error { return d.unsupported() }
 

@@ -192,6 +192,10 @@ type Link struct {
 	MTUChanged, UpChanged, MulticastChanged, FeaturesChanged bool
 	// UserFlagsChanged and TxQLenChanged say the same of UserFlags and TxQLen.
 	UserFlagsChanged, TxQLenChanged bool
+	// Alias is the device's alias (ip link set alias; ifalias), and AliasChanged says
+	// someone else changed it.
+	Alias        string
+	AliasChanged bool
 	// Counted is IFF_PROMISC while the device's promiscuity count has more than the
 	// user's own flag (a packet socket's such as tcpdump's, a bond's): dev->flags has
 	// it then, as sysfs shows it. (IFF_ALLMULTI's count is not read.)
@@ -203,7 +207,8 @@ type Link struct {
 
 // outsideChange reports whether l says someone else changed the device.
 func (l Link) outsideChange() bool {
-	return l.MTUChanged || l.UpChanged || l.MulticastChanged || l.FeaturesChanged || l.UserFlagsChanged || l.TxQLenChanged || l.CarrierPutBack
+	return l.MTUChanged || l.UpChanged || l.MulticastChanged || l.FeaturesChanged || l.UserFlagsChanged || l.TxQLenChanged ||
+		l.AliasChanged || l.CarrierPutBack
 }
 
 // Events are the functions Device.Watch calls; nil ones are not called.

@@ -245,6 +245,8 @@ func (d *Device) linkState() (Link, error) {
 		d.user = l.UserFlags
 		l.TxQLenChanged = a.TxQLen != d.txq
 		d.txq = a.TxQLen
+		l.Alias, l.AliasChanged = a.Alias, a.Alias != d.alias
+		d.alias = a.Alias
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
 			l.FeaturesChanged = d.featKnown && f != d.feat

@@ -120,6 +120,19 @@ func TestWatchLink(t *testing.T) {
 		return slices.Contains(g, all4) && slices.Contains(g, all6)
 	})
 
+	// The alias the same (up: the kernel announces an alias change only on an up
+	// device, netdev_state_change).
+	if err := d.SetAlias("ours"); err != nil {
+		t.Fatal(err)
+	}
+	if l := await(t, e.links, "alias ours", func(l Link) bool { return l.Alias == "ours" }); l.AliasChanged {
+		t.Errorf("SetAlias(ours) reported as someone else's change: %+v", l)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "alias", "theirs")
+	if l := await(t, e.links, "alias theirs", func(l Link) bool { return l.Alias == "theirs" }); !l.AliasChanged {
+		t.Errorf("ip link set alias theirs not reported as an outside change: %+v", l)
+	}
+
 	// Deleted from outside: Gone.
 	ipMust(t, "-n", ns, "link", "del", d.Name())
 	select {
