@@ -76,6 +76,22 @@ func yes01(v bool) string {
 	return "0\n"
 }
 
+// linkSpeed is the speed ethtool's link settings give (speed_show, duplex_show): -1
+// without carrier, EINVAL while down or when the port's rate is unknown.
+func linkSpeed(i *ipoib.Interface) (int, error) {
+	if !i.IsUp() {
+		return 0, errorf(syscall.EINVAL, "%s is down", i.Name())
+	}
+	if !i.Carrier() {
+		return -1, nil
+	}
+	mbps := i.SpeedMbps()
+	if mbps <= 0 {
+		return 0, errorf(syscall.EINVAL, "%s: the port's rate is unknown", i.Name())
+	}
+	return mbps, nil
+}
+
 // ifAttrs is the table of class/net/<if>/ files, sorted by name. Formats follow
 // net-sysfs and ipoib_main.c / ipoib_cm.c (see reference/kernel-ipoib.md §1-§3).
 var ifAttrs = []ifAttr{
@@ -94,8 +110,9 @@ var ifAttrs = []ifAttr{
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the port and the broadcast group; it cannot be set", i.Name())
 	}},
 	// The carrier's changes since the interface was made (the netdev's counts of
-	// netif_carrier_on and netif_carrier_off), the engine's: a TUN device counts its
-	// own, from its creation.
+	// netif_carrier_on and netif_carrier_off), as its device counts them: off once at
+	// setup, then every change the engine makes (a device made again after `ip link
+	// del` starts its own count again).
 	{name: "carrier_changes", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
 		up, down := i.CarrierCounts()
 		return fmt.Sprintf("%d\n", up+down), nil
@@ -127,15 +144,21 @@ var ifAttrs = []ifAttr{
 	// (__ipoib_vlan_add) keep the defaults, 0.
 	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
 	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
-	{name: "dormant", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},
-	// duplex and speed are ethtool's link settings (ipoib_get_link_ksettings): EINVAL
-	// while the device is down, unknown (-1) without carrier, else full and the port's
-	// per-lane speed times its width in Mb/s.
-	{name: "duplex", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		if !i.IsUp() {
+	{name: "dormant", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		if !i.IsUp() { // net-sysfs: as carrier, EINVAL for a device not running
 			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
 		}
-		if !i.Carrier() {
+		return "0\n", nil
+	}},
+	// duplex and speed are ethtool's link settings (ipoib_get_link_ksettings): EINVAL
+	// while the device is down, unknown (-1) without carrier, else full and the port's
+	// per-lane speed times its width in Mb/s (EINVAL when the port cannot say).
+	{name: "duplex", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
+		mbps, err := linkSpeed(i)
+		switch {
+		case err != nil:
+			return "", err
+		case mbps < 0:
 			return "unknown\n", nil
 		}
 		return "full\n", nil
@@ -191,13 +214,11 @@ var ifAttrs = []ifAttr{
 	}},
 	{name: "pkey", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("0x%04x\n", uint16(i.PKey())), nil }},
 	{name: "speed", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		if !i.IsUp() {
-			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
+		mbps, err := linkSpeed(i)
+		if err != nil {
+			return "", err
 		}
-		if mbps := i.SpeedMbps(); i.Carrier() && mbps > 0 {
-			return fmt.Sprintf("%d\n", mbps), nil
-		}
-		return "-1\n", nil
+		return fmt.Sprintf("%d\n", mbps), nil
 	}},
 	{name: "tx_queue_len", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", i.TxQueueLen()), nil },
 		write: func(i *ipoib.Interface, b []byte) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -167,7 +168,8 @@ type Interface struct {
 	lanes atomic.Pointer[[]*txLane]
 
 	// carrierUps and carrierDowns count the carrier's changes (carrier_up_count,
-	// carrier_down_count: the netdev's, which netif_carrier_on/off count).
+	// carrier_down_count: the netdev's, which netif_carrier_on/off count), the
+	// turning off at setup included.
 	carrierUps, carrierDowns atomic.Uint64
 }
 
@@ -237,6 +239,9 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		i.sa = e.wrapSA(i.sa)
 	}
 	i.name.Store(&name)
+	// A netdev's carrier is turned off once as it is set up (the TUN device's when the
+	// kernel bridge opens it): counted, so that the counts read as the device's.
+	i.carrierDowns.Store(1)
 	i.ctx, i.cancel = context.WithCancel(context.Background())
 	if i.maxIBMTU == 0 {
 		i.maxIBMTU = 2048
@@ -542,10 +547,16 @@ func (i *Interface) Alias() string {
 const maxAlias = 255
 
 // SetAlias sets the interface's alias, which the kernel device follows; "" removes it.
-// Longer than 255 bytes is EINVAL, as dev_set_alias has it.
+// Longer than 255 bytes is EINVAL, as dev_set_alias has it; the alias ends at a NUL
+// byte, as the kernel reads it. It goes to the device even when unchanged, as every
+// ifalias write does: the kernel announces no alias change on a device that is down,
+// so the device may hold another one.
 func (i *Interface) SetAlias(s string) error {
 	if len(s) > maxAlias {
 		return &Error{Op: "set_alias", If: i.Name(), Err: syscall.EINVAL, Detail: fmt.Sprintf("%d bytes, at most %d", len(s), maxAlias)}
+	}
+	if k := strings.IndexByte(s, 0); k >= 0 {
+		s = s[:k]
 	}
 	i.mu.Lock()
 	changed := i.alias != s
@@ -553,8 +564,8 @@ func (i *Interface) SetAlias(s string) error {
 	i.mu.Unlock()
 	if changed {
 		i.e.event("%s: alias %q", i.Name(), s)
-		i.pushAlias()
 	}
+	i.pushAlias()
 	return nil
 }
 

@@ -675,3 +675,71 @@ func TestMovedDeviceIsPutBack(t *testing.T) {
 		t.Errorf("the move was taken for a deletion:\n%s", td.log.String())
 	}
 }
+
+// The tree's class/net files that describe the device read the same as the kernel's
+// sysfs for the TUN device that stands for it (in its namespace, as `ip netns exec`
+// mounts it), before and after changes made with ip and through the tree: MTU,
+// txqueuelen, index, carrier, operstate, link settings and alias. ib0 has carrier; the
+// child, whose P_Key is not in the port's table, is up without.
+func TestTreeAgreesWithSysfs(t *testing.T) {
+	td := treeStart(t, "agree", "")
+	ns := td.ns
+	waitLink(t, ns, "ib0")
+	if err := os.WriteFile(td.path("class/net/ib0/create_child"), []byte("0x8001\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
+	files := []string{"mtu", "tx_queue_len", "ifindex", "carrier", "operstate", "speed", "duplex", "ifalias", "dormant",
+		"carrier_up_count", "carrier_down_count", "carrier_changes"}
+	// differ lists the files that read differently (content or errno) for dev.
+	differ := func(dev string) []string {
+		var out []string
+		for _, f := range files {
+			tree, terr := os.ReadFile(td.path("class/net/" + dev + "/" + f))
+			sys, serr := run(t, 10*time.Second, "ip", "netns", "exec", ns, "cat", "/sys/class/net/"+dev+"/"+f)
+			if (terr == nil) != (serr == nil) || terr == nil && string(tree) != sys {
+				out = append(out, fmt.Sprintf("%s: tree %q %v, sysfs %q %v", f, tree, terr, sys, serr))
+			}
+		}
+		return out
+	}
+	agree := func(when string) {
+		t.Helper()
+		var last []string
+		for _, dev := range []string{"ib0", "ib0.8001"} {
+			ok := false
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				if last = differ(dev); len(last) == 0 {
+					ok = true
+					break
+				}
+			}
+			if !ok {
+				t.Fatalf("%s, %s: the tree and sysfs differ:\n%s", when, dev, strings.Join(last, "\n"))
+			}
+		}
+	}
+	agree("at start")
+	if got := readTrim(t, td.path("class/net/ib0.8001/speed")); got != "-1" {
+		t.Fatalf("the child without carrier has speed %q", got)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0", "mtu", "1500", "txqueuelen", "700", "alias", "set by ip")
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "alias", "child")
+	agree("after ip link set")
+	for f, v := range map[string]string{"class/net/ib0/mtu": "2000\n", "class/net/ib0/tx_queue_len": "900\n", "class/net/ib0/ifalias": "set in the tree\n"} {
+		if err := os.WriteFile(td.path(f), []byte(v), 0); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	agree("after writes to the tree")
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "down")
+	agree("with the child down")
+	// An alias set with ip on a device that is down is not announced (the kernel's
+	// netdev_state_change), so the engine keeps its own; a write of that same alias
+	// still puts it on the device, as every ifalias write sets it.
+	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "alias", "unseen")
+	if err := os.WriteFile(td.path("class/net/ib0.8001/ifalias"), []byte("child\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	agree("after the same alias written again")
+}

@@ -32,6 +32,9 @@ type bridge struct {
 	// sends nothing, and most children are never brought up), or, in stopReader,
 	// marks them as never to start.
 	txOnce sync.Once
+	// speed is what the device's link settings say (SetCarrier's), -1 unknown; 0
+	// until the first SetCarrier.
+	speed int
 
 	adopter
 }
@@ -134,11 +137,6 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	// which starts the readers.
 	i.AttachHost(b)
 	i.SetIfIndex(dev.Index())
-	if mbps := i.SpeedMbps(); mbps > 0 { // ethtool ib0 shows the port's rate, as the driver's
-		if err := dev.SetSpeed(mbps); err != nil {
-			log.Printf("%s: %v", i.Name(), err)
-		}
-	}
 	// From here the interface follows the device: what ip link, ifconfig and the
 	// stack do to it reaches the engine as the driver would see it.
 	dev.Watch(kernel.Events{Link: b.onLink, Addrs: b.onAddrs, Groups: i.SetHostGroups, Gone: b.onGone,
@@ -444,8 +442,25 @@ func (b *bridge) SetMTU(mtu int) {
 	b.logErr(push(&b.adopter, attrMTU, mtu, b.dev.SetMTU, b.dev.SetMTUIfChanged))
 }
 
+// SetCarrier follows the interface's carrier, and with it the link settings ethtool
+// and sysfs show (ipoib_get_link_ksettings): the port's rate with carrier, unknown
+// without; so a port that trains at another rate later shows it. Pushes are
+// serialised (the interface's hostMu).
 func (b *bridge) SetCarrier(on bool) {
 	b.logErr(b.dev.SetCarrier(on))
+	speed := -1
+	if on {
+		if mbps := b.i.SpeedMbps(); mbps > 0 {
+			speed = mbps
+		}
+	}
+	if speed != b.speed {
+		if err := b.dev.SetSpeed(speed); err != nil {
+			log.Printf("%s: %v", b.i.Name(), err)
+			return
+		}
+		b.speed = speed
+	}
 }
 
 // SetTxQueueLen follows a tx_queue_len write.
@@ -495,6 +510,7 @@ var (
 	_ ipoib.TxQueueHost   = (*bridge)(nil)
 	_ ipoib.MulticastHost = (*bridge)(nil)
 	_ ipoib.UserFlagsHost = (*bridge)(nil)
+	_ ipoib.AliasHost     = (*bridge)(nil)
 )
 
 // bridges keeps one bridge per engine interface. The engine calls Create and Delete

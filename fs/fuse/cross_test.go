@@ -174,9 +174,9 @@ func TestSameBytesBothFrontEnds(t *testing.T) {
 		errnos[ex]++
 	}
 	// Both kinds of failure were exercised: 0200 files and a down interface's carrier,
-	// duplex and speed.
-	if errnos[syscall.EACCES] != 2 || errnos[syscall.EINVAL] != 3 {
-		t.Errorf("errno counts %v, want 2 EACCES (ib0's create_child and delete_child) and 3 EINVAL", errnos)
+	// dormant, duplex and speed.
+	if errnos[syscall.EACCES] != 2 || errnos[syscall.EINVAL] != 4 {
+		t.Errorf("errno counts %v, want 2 EACCES (ib0's create_child and delete_child) and 4 EINVAL", errnos)
 	}
 }
 

@@ -106,8 +106,9 @@ func (d *Device) deviceFeatures(name string) (DevFeatures, error) {
 	return f, err
 }
 
-// SetSpeed sets the link speed `ethtool` reports (Mb/s, full duplex): the TUN driver
-// keeps whatever it is given, so the device can show the port's rate.
+// SetSpeed sets the link speed `ethtool` and sysfs report (Mb/s, full duplex): the TUN
+// driver keeps whatever it is given, so the device can show the port's rate. mbps <= 0
+// sets speed and duplex unknown, as IPoIB reports them without carrier.
 func (d *Device) SetSpeed(mbps int) error {
 	return d.control(func() error {
 		return d.ethtool("", func(ioctl func(unsafe.Pointer) error) error {
@@ -118,6 +119,9 @@ func (d *Device) SetSpeed(mbps int) error {
 			c.cmd = unix.ETHTOOL_SSET
 			c.speed, c.speedHi = uint16(mbps), uint16(mbps>>16)
 			c.duplex = 1 // DUPLEX_FULL
+			if mbps <= 0 {
+				c.speed, c.speedHi, c.duplex = 0xffff, 0xffff, 0xff // SPEED_UNKNOWN, DUPLEX_UNKNOWN
+			}
 			c.maxtxpkt, c.maxrxpkt = 0, 0
 			if err := ioctl(unsafe.Pointer(&c)); err != nil {
 				return d.errorf("ethtool set speed %d: %w", mbps, err)
