@@ -592,7 +592,9 @@ func (t *Tree) listSM(dir string) ([]*Node, error) {
 		// Management messages the SM's port dropped for want of a valid fabric-key MAC.
 		t.file(dir, "auth_failures", 0444, func() (string, error) { return fmt.Sprintf("%d\n", sm.AuthFailures()), nil }, nil),
 		faults,
-		t.file(dir, "groups", 0444, func() (string, error) { return sm.GroupsText(), nil }, nil),
+		// Every group's members, by GID: root's alone, as the SA shows members only to
+		// requests with the SM_Key (fabric/groups shows anyone the groups without them).
+		t.file(dir, "groups", 0400, func() (string, error) { return sm.GroupsText(), nil }, nil),
 		t.file(dir, "nodes", 0444, func() (string, error) { return sm.NodesText(), nil }, nil),
 		parts,
 	}, nil

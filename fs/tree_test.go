@@ -703,3 +703,26 @@ func TestFabricViewMatchesSM(t *testing.T) {
 		t.Errorf("fabric/groups (errno %v):\n%s\nsm/groups without members:\n%s", errno, groups, want.String())
 	}
 }
+
+// sm/groups lists every member of every group by GID: root's alone, as the SA shows
+// members only to requests with the SM_Key; fabric/groups shows anyone the groups.
+func TestSMGroupsRootOnly(t *testing.T) {
+	v := newEnv(t)
+	user := Caller{UID: 1000, GIDs: []uint32{1000}}
+	for path, want := range map[string]error{"sm/groups": syscall.EACCES, "fabric/groups": nil} {
+		n, err := v.tree.Lookup(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.Open(user, syscall.O_RDONLY)
+		if !errors.Is(err, want) || want != nil && err == nil {
+			t.Errorf("%s opened by uid 1000: %v, want %v", path, err, want)
+		}
+		if h != nil {
+			h.Release()
+		}
+	}
+	if got, errno := read(v.tree, "sm/groups"); errno != 0 || !strings.Contains(got, "join_state") {
+		t.Errorf("sm/groups as root: %q %v", got, errno)
+	}
+}
