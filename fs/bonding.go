@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"fmt"
 	"sort"
 	"syscall"
@@ -59,6 +60,36 @@ var bondAttrs = []bondAttr{
 	}, write: func(b *ipoib.Bond, p []byte) error {
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the slaves' links; it cannot be set", b.Name())
 	}},
+	// The carrier's changes, counted as the bond's device counts them (off at setup).
+	{name: "carrier_changes", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		up, down := b.CarrierCounts()
+		return fmt.Sprintf("%d\n", up+down), nil
+	}},
+	{name: "carrier_down_count", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		_, down := b.CarrierCounts()
+		return fmt.Sprintf("%d\n", down), nil
+	}},
+	{name: "carrier_up_count", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		up, _ := b.CarrierCounts()
+		return fmt.Sprintf("%d\n", up), nil
+	}},
+	{name: "dormant", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		if !b.IsUp() {
+			return "", errorf(syscall.EINVAL, "%s is down", b.Name())
+		}
+		return "0\n", nil
+	}},
+	// duplex and speed: bond_ethtool_get_link_ksettings in active-backup, the active
+	// slave's while it has a link (EINVAL while the bond is down, unknown otherwise).
+	{name: "duplex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		if !b.IsUp() {
+			return "", errorf(syscall.EINVAL, "%s is down", b.Name())
+		}
+		if b.Carrier() && b.SpeedMbps() > 0 {
+			return "full\n", nil
+		}
+		return "unknown\n", nil
+	}},
 	{name: "flags", perm: 0644, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%#x\n", b.Flags()), nil },
 		write: func(b *ipoib.Bond, p []byte) error {
 			v, err := kstrtoul(p)
@@ -69,12 +100,22 @@ var bondAttrs = []bondAttr{
 			b.SetFlags(uint32(v))
 			return nil
 		}},
+	// As an interface's: follows the device's alias both ways.
+	{name: "ifalias", perm: 0644, read: func(b *ipoib.Bond) (string, error) {
+		if a := b.Alias(); a != "" {
+			return a + "\n", nil
+		}
+		return "", nil
+	}, write: func(b *ipoib.Bond, p []byte) error {
+		return b.SetAlias(string(bytes.TrimSuffix(p, []byte("\n"))))
+	}},
 	{name: "ifindex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
 		if b.IfIndex() == 0 {
 			return "", errorf(syscall.ENODEV, "%s has no kernel device", b.Name())
 		}
 		return fmt.Sprintf("%d\n", b.IfIndex()), nil
 	}},
+	{name: "link_mode", perm: 0444, read: func(*ipoib.Bond) (string, error) { return "0\n", nil }},
 	{name: "mtu", perm: 0644, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.MTU()), nil },
 		write: func(b *ipoib.Bond, p []byte) error {
 			v, err := parseMTU(p)
@@ -84,6 +125,15 @@ var bondAttrs = []bondAttr{
 			return b.SetMTU(v)
 		}},
 	{name: "operstate", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return b.OperState() + "\n", nil }},
+	{name: "speed", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
+		if !b.IsUp() {
+			return "", errorf(syscall.EINVAL, "%s is down", b.Name())
+		}
+		if !b.Carrier() {
+			return "-1\n", nil
+		}
+		return fmt.Sprintf("%d\n", b.SpeedMbps()), nil
+	}},
 	{name: "type", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.Type()), nil }},
 }
 

@@ -441,6 +441,9 @@ type Bond struct {
 	closed       bool
 
 	txDropped atomic.Uint64
+	// alias is ifalias (under mu); the carrier's changes as Interface counts them.
+	alias                    string
+	carrierUps, carrierDowns atomic.Uint64
 
 	kick       chan struct{}
 	stop, done chan struct{}
@@ -453,6 +456,7 @@ func newBond(bs *Bonds, name string) *Bond {
 		hwLen: 6, randomAddr: true, features: defaultFeatures,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.hw = randomMAC()
+	b.carrierDowns.Store(1) // off at setup, as its device counts it (Interface's)
 	go b.monitor()
 	return b
 }
@@ -489,6 +493,61 @@ func (b *Bond) err(op string, errno syscall.Errno, format string, a ...any) erro
 // Name returns the bond's name.
 func (b *Bond) Name() string { return b.name }
 
+// SpeedMbps is the bond's link speed as bond_ethtool_get_link_ksettings gives it in
+// active-backup, the sum over the slaves that can send: the active slave's while it
+// has a link and carrier, -1 (unknown) otherwise.
+func (b *Bond) SpeedMbps() int {
+	b.mu.Lock()
+	a := b.active.Load()
+	link := false
+	if a != nil {
+		if s := b.slaveLocked(a); s != nil {
+			link = s.link
+		}
+	}
+	b.mu.Unlock()
+	if a == nil || !link || !a.Carrier() {
+		return -1
+	}
+	if mbps := a.SpeedMbps(); mbps > 0 {
+		return mbps
+	}
+	return -1
+}
+
+// CarrierCounts returns how many times the bond's carrier came on and went off.
+func (b *Bond) CarrierCounts() (up, down uint64) { return b.carrierUps.Load(), b.carrierDowns.Load() }
+
+// Alias is the bond's alias (ifalias; ip link set alias), "" without one.
+func (b *Bond) Alias() string { b.mu.Lock(); defer b.mu.Unlock(); return b.alias }
+
+// SetAlias sets the bond's alias, which its kernel device follows, with Interface's
+// rules (at most 255 bytes, ends at a NUL, every call reaches the device).
+func (b *Bond) SetAlias(s string) error {
+	if len(s) > maxAlias {
+		return b.err("set_alias", syscall.EINVAL, "%d bytes, at most %d", len(s), maxAlias)
+	}
+	if k := strings.IndexByte(s, 0); k >= 0 {
+		s = s[:k]
+	}
+	b.mu.Lock()
+	changed := b.alias != s
+	b.alias = s
+	b.mu.Unlock()
+	if changed {
+		b.bs.e.event("%s: alias %q", b.name, s)
+	}
+	b.bondPush(func() func(Host) {
+		a := b.alias
+		return func(h Host) {
+			if ah, ok := h.(AliasHost); ok {
+				ah.SetAlias(a)
+			}
+		}
+	})
+	return nil
+}
+
 // AttachHost connects the bond's kernel device and pushes its MTU, carrier,
 // features, flags and, to a host with a state of its own (AdminHost), up or down.
 func (b *Bond) AttachHost(h Host) {
@@ -501,6 +560,7 @@ func (b *Bond) AttachHost(h Host) {
 		b.host.Store(&hostRef{h})
 	}
 	mtu, carrier, f, mcast, user, up := b.mtu, b.carrier, b.features, !b.noMulticast, b.flags.user(), b.up
+	alias := b.alias
 	b.mu.Unlock()
 	if h != nil {
 		if ah, ok := h.(AdminHost); ok {
@@ -514,6 +574,9 @@ func (b *Bond) AttachHost(h Host) {
 		}
 		if uh, ok := h.(UserFlagsHost); ok {
 			uh.SetUserFlags(user)
+		}
+		if ah, ok := h.(AliasHost); ok && alias != "" { // a new device has none
+			ah.SetAlias(alias)
 		}
 	}
 }
@@ -1314,6 +1377,9 @@ func (b *Bond) changeActiveLocked(s *slave) []func() {
 	}
 	if next == nil {
 		b.bs.e.event("%s: no active slave", b.name)
+		if b.hostLoad() != nil {
+			return []func(){b.pushCarrier}
+		}
 		return nil
 	}
 	next.setBondView(b.hostAddrs, b.hostGroups, b.groupsSet)
@@ -1324,10 +1390,14 @@ func (b *Bond) changeActiveLocked(s *slave) []func() {
 		b.logf("(slave %s): making interface the new active one (no previous active)", next.Name())
 	}
 	b.bs.e.event("%s: active slave %s", b.name, next.Name())
-	if !b.up || !s.link {
-		return nil
+	var acts []func()
+	if b.hostLoad() != nil {
+		acts = append(acts, b.pushCarrier) // and with it the link settings, the active slave's
 	}
-	return []func(){next.announce}
+	if !b.up || !s.link {
+		return acts
+	}
+	return append(acts, next.announce)
 }
 
 // carrierLocked sets the bond's carrier: on while any slave has a link.
@@ -1340,6 +1410,11 @@ func (b *Bond) carrierLocked() []func() {
 		return nil
 	}
 	b.carrier = on
+	if on {
+		b.carrierUps.Add(1)
+	} else {
+		b.carrierDowns.Add(1)
+	}
 	b.bs.e.event("%s: carrier %s", b.name, onOff(on))
 	if b.hostLoad() == nil {
 		return nil

@@ -691,34 +691,7 @@ func TestTreeAgreesWithSysfs(t *testing.T) {
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "up")
 	files := []string{"mtu", "tx_queue_len", "ifindex", "carrier", "operstate", "speed", "duplex", "ifalias", "dormant",
 		"carrier_up_count", "carrier_down_count", "carrier_changes"}
-	// differ lists the files that read differently (content or errno) for dev.
-	differ := func(dev string) []string {
-		var out []string
-		for _, f := range files {
-			tree, terr := os.ReadFile(td.path("class/net/" + dev + "/" + f))
-			sys, serr := run(t, 10*time.Second, "ip", "netns", "exec", ns, "cat", "/sys/class/net/"+dev+"/"+f)
-			if (terr == nil) != (serr == nil) || terr == nil && string(tree) != sys {
-				out = append(out, fmt.Sprintf("%s: tree %q %v, sysfs %q %v", f, tree, terr, sys, serr))
-			}
-		}
-		return out
-	}
-	agree := func(when string) {
-		t.Helper()
-		var last []string
-		for _, dev := range []string{"ib0", "ib0.8001"} {
-			ok := false
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-				if last = differ(dev); len(last) == 0 {
-					ok = true
-					break
-				}
-			}
-			if !ok {
-				t.Fatalf("%s, %s: the tree and sysfs differ:\n%s", when, dev, strings.Join(last, "\n"))
-			}
-		}
-	}
+	agree := func(when string) { t.Helper(); sysfsAgree(t, td, when, files, "ib0", "ib0.8001") }
 	agree("at start")
 	if got := readTrim(t, td.path("class/net/ib0.8001/speed")); got != "-1" {
 		t.Fatalf("the child without carrier has speed %q", got)
@@ -742,4 +715,78 @@ func TestTreeAgreesWithSysfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	agree("after the same alias written again")
+}
+
+// sysfsAgree waits up to 10 s for each of devs' files to read the same in the tree as
+// in the kernel's sysfs for its device (content, or failing both), and fails the test
+// with the differences otherwise.
+func sysfsAgree(t *testing.T, td *treeDaemon, when string, files []string, devs ...string) {
+	t.Helper()
+	differ := func(dev string) []string {
+		var out []string
+		for _, f := range files {
+			tree, terr := os.ReadFile(td.path("class/net/" + dev + "/" + f))
+			sys, serr := run(t, 10*time.Second, "ip", "netns", "exec", td.ns, "cat", "/sys/class/net/"+dev+"/"+f)
+			if (terr == nil) != (serr == nil) || terr == nil && string(tree) != sys {
+				out = append(out, fmt.Sprintf("%s: tree %q %v, sysfs %q %v", f, tree, terr, sys, serr))
+			}
+		}
+		return out
+	}
+	for _, dev := range devs {
+		var last []string
+		ok := false
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if last = differ(dev); len(last) == 0 {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			t.Fatalf("%s, %s: the tree and sysfs differ:\n%s", when, dev, strings.Join(last, "\n"))
+		}
+	}
+}
+
+// A bond's files agree with its device's sysfs as an interface's do: the link settings
+// are the active slave's, and follow a failover; the alias goes both ways.
+func TestBondAgreesWithSysfs(t *testing.T) {
+	td := treeStart(t, "bagree", "", "-ports", "2", "-bonding")
+	ns := td.ns
+	waitLink(t, ns, "ib1")
+	sh(t, "cd "+td.mnt+` && echo +bond0 > class/net/bonding_masters`)
+	for _, i := range []string{"ib0", "ib1"} {
+		mustRun(t, "ip", "-n", ns, "link", "set", i, "down")
+		waitUntil(t, i+" down in the tree", func() bool { return readTrim(t, td.path("class/net/"+i+"/flags")) == "0x1002" })
+		if err := os.WriteFile(td.path("class/net/bond0/bonding/slaves"), []byte("+"+i+"\n"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := []string{"mtu", "ifindex", "carrier", "operstate", "speed", "duplex", "ifalias", "dormant",
+		"carrier_up_count", "carrier_down_count", "carrier_changes"}
+	sysfsAgree(t, td, "bond0 down", files, "bond0")
+	mustRun(t, "ip", "-n", ns, "link", "set", "bond0", "up")
+	waitLink(t, ns, "bond0")
+	var act string
+	waitUntil(t, "an active slave", func() bool {
+		act = readTrim(t, td.path("class/net/bond0/bonding/active_slave"))
+		return act != ""
+	})
+	sysfsAgree(t, td, "bond0 up", files, "bond0")
+	if got := readTrim(t, td.path("class/net/bond0/speed")); got != "40000" {
+		t.Errorf("bond0's speed with %s active: %q, want its 40000", act, got)
+	}
+	mustRun(t, "ip", "-n", ns, "link", "set", "bond0", "alias", "bond by ip")
+	sysfsAgree(t, td, "after ip link set alias", files, "bond0")
+	if err := os.WriteFile(td.path("class/net/bond0/ifalias"), []byte("bond in the tree\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	sysfsAgree(t, td, "after a write of ifalias", files, "bond0")
+	// The active slave goes down: the other takes over, and the speed is its.
+	mustRun(t, "ip", "-n", ns, "link", "set", act, "down")
+	waitUntil(t, "a failover", func() bool {
+		a := readTrim(t, td.path("class/net/bond0/bonding/active_slave"))
+		return a != "" && a != act
+	})
+	sysfsAgree(t, td, "after a failover", files, "bond0")
 }

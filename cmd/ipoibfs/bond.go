@@ -25,6 +25,9 @@ type bondBridge struct {
 	dev  *kernel.Device
 	bb   *bondBridges
 	done chan struct{}
+	// speed is what the device's link settings say (SetCarrier's), -1 unknown; 0
+	// until the first SetCarrier.
+	speed int
 	adopter
 }
 
@@ -134,6 +137,9 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	if l.UserFlagsChanged {
 		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.SetUserFlags(l.UserFlags) })
 	}
+	if l.AliasChanged {
+		br.adopt(attrAlias, l.Alias, func() { br.logErr(br.b.SetAlias(l.Alias)) })
+	}
 	br.b.SetCounted(l.Counted)
 	if l.Up && (l.UpChanged || l.MTUChanged) {
 		br.ensureLinkLocal()
@@ -189,7 +195,29 @@ func (br *bondBridge) Deliver(pkts [][]byte) {
 func (br *bondBridge) SetMTU(mtu int) {
 	br.logErr(push(&br.adopter, attrMTU, mtu, br.dev.SetMTU, br.dev.SetMTUIfChanged))
 }
-func (br *bondBridge) SetCarrier(on bool) { br.logErr(br.dev.SetCarrier(on)) }
+
+// SetCarrier follows the bond's carrier, and the link settings ethtool and sysfs show
+// with it (the active slave's rate, unknown without carrier or active slave); the bond
+// pushes its carrier again when the active slave changes. Pushes are serialised.
+func (br *bondBridge) SetCarrier(on bool) {
+	br.logErr(br.dev.SetCarrier(on))
+	speed := -1
+	if on {
+		speed = br.b.SpeedMbps()
+	}
+	if speed != br.speed {
+		if err := br.dev.SetSpeed(speed); err != nil {
+			br.logErr(err)
+			return
+		}
+		br.speed = speed
+	}
+}
+
+// SetAlias follows the bond's alias (an ifalias write).
+func (br *bondBridge) SetAlias(s string) {
+	br.logErr(push(&br.adopter, attrAlias, s, br.dev.SetAlias, br.dev.SetAliasIfChanged))
+}
 
 // SetMulticast follows the bond's IFF_MULTICAST (a flags write).
 func (br *bondBridge) SetMulticast(on bool) {
@@ -210,6 +238,7 @@ var (
 	_ ipoib.MulticastHost = (*bondBridge)(nil)
 	_ ipoib.UserFlagsHost = (*bondBridge)(nil)
 	_ ipoib.AdminHost     = (*bondBridge)(nil)
+	_ ipoib.AliasHost     = (*bondBridge)(nil)
 )
 
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }
