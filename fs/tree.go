@@ -30,6 +30,9 @@ type Options struct {
 	// Bonds, if set, adds the bonding driver's files: class/net/bonding_masters and the
 	// bonds' directories (bonding.go).
 	Bonds *ipoib.Bonds
+	// Reload, if set, adds the root file `reload`: writing 1 runs it (what SIGHUP does)
+	// and the write returns when it is done, failing with EINVAL and its error.
+	Reload func() error
 }
 
 // Tree is the control tree of one engine.
@@ -39,6 +42,7 @@ type Tree struct {
 	log    func(string)
 	events *EventLog
 	bonds  *ipoib.Bonds
+	reload func() error
 
 	start time.Time // every node's mtime/ctime/atime
 
@@ -66,7 +70,7 @@ type SubnetManager interface {
 
 // New builds the tree of engine e.
 func New(e *ipoib.Engine, o Options) *Tree {
-	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2, pruneAt: minPruneAt}
+	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, reload: o.Reload, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2, pruneAt: minPruneAt}
 	if o.Events != nil {
 		log := t.log
 		t.log = func(l string) {
@@ -237,6 +241,21 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 	lk := t.file("", "link", 0600, t.linkText, t.linkWrite)
 	lk.netAdmin = true
 	out = append(out, lk)
+	if t.reload != nil {
+		// reload: the daemon's SIGHUP as a write, which returns once done and says
+		// what failed (systemctl reload waits for it; a signal is not answered).
+		rl := t.file("", "reload", 0200, nil, func(b []byte) error {
+			if v := strings.TrimSuffix(string(b), "\n"); v != "1" {
+				return errorf(syscall.EINVAL, "write 1 to reload, not %q", clip(b))
+			}
+			if err := t.reload(); err != nil {
+				return &Error{Errno: syscall.EINVAL, Detail: err.Error()}
+			}
+			return nil
+		})
+		rl.netAdmin = true
+		out = append(out, rl)
+	}
 	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 	if t.events != nil {
 		ev := t.file("", "events", 0400, func() (string, error) { return "", nil }, nil)

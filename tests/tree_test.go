@@ -1254,6 +1254,62 @@ func TestTreePartitionsReload(t *testing.T) {
 	waitFor("pkeys/1 = 0x8003", func() bool { return cat(pkey1) == "0x8003\n" })
 }
 
+// `ipoibfs reload` (systemctl reload's) returns once the partitions file has been
+// read again, and fails, keeping the old partitions, when it does not parse; over the
+// mount and over 9P alike.
+func TestReloadWaitsAndFails(t *testing.T) {
+	treeRequire(t)
+	file := filepath.Join(t.TempDir(), "partitions.conf")
+	writeConf := func(s string) {
+		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeConf("Default=0x7fff, ipoib : ALL=full;\n")
+	td := treeStart(t, "trl", "", "-partitions", file)
+	reload := func(where ...string) (string, int) {
+		t.Helper()
+		out, err := exec.Command(binPath, append([]string{"reload"}, where...)...).CombinedOutput()
+		code := 0
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), code
+	}
+	p2 := regexp.MustCompile(`(?m)^P2=0x[08]002, ipoib :`)
+	for _, where := range [][]string{{"-tree", td.mnt}, {"-9p", td.addr}} {
+		writeConf("Default=0x7fff, ipoib : ALL=full;\nP2=0x8002, ipoib : ALL=full;\n")
+		if out, code := reload(where...); code != 0 || out != "" {
+			t.Fatalf("ipoibfs reload %v: exit %d %q", where, code, out)
+		}
+		// Done when it returns: no waiting.
+		if got, _ := os.ReadFile(td.path("sm/partitions")); !p2.Match(got) {
+			t.Fatalf("sm/partitions right after ipoibfs reload %v: %q", where, got)
+		}
+		writeConf("Default=0x7fff : ALL=wrong;\n")
+		out, code := reload(where...)
+		if code != 1 || !strings.Contains(out, "invalid argument") {
+			t.Errorf("ipoibfs reload %v of a bad file: exit %d %q, want 1 and invalid argument", where, code, out)
+		}
+		if got, _ := os.ReadFile(td.path("sm/partitions")); !p2.Match(got) {
+			t.Errorf("sm/partitions after a failed reload: %q", got)
+		}
+		bad := regexp.MustCompile(`reload: ` + regexp.QuoteMeta(file) + `(:| line )1: .*keeping the previous partitions`)
+		if !bad.MatchString(td.log.String()) {
+			t.Errorf("the log lacks the failed reload's reason:\n%s", td.log)
+		}
+		writeConf("Default=0x7fff, ipoib : ALL=full;\n")
+		if _, code := reload(where...); code != 0 {
+			t.Fatalf("ipoibfs reload %v back: exit %d", where, code)
+		}
+	}
+	if err := os.WriteFile(td.path("reload"), []byte("2\n"), 0); treeErrno(err) != syscall.EINVAL {
+		t.Errorf("writing 2 to reload: %v, want EINVAL", err)
+	}
+}
+
 // ---- ipoibfs 9p ----
 
 func TestTree9PSubcommand(t *testing.T) {

@@ -29,8 +29,9 @@ type daemonHCA interface {
 	ready()
 	// tick runs every 5 s (the soft HCA says why a port is not ACTIVE).
 	tick()
-	// reload serves SIGHUP; false when this HCA has nothing to reload.
-	reload() bool
+	// reload serves SIGHUP and the tree's reload: what it did ("" when this HCA has
+	// nothing to reload), or why it could not.
+	reload() (string, error)
 }
 
 // hcaPlan is the HCA chosen and checked on the command line, before anything starts.
@@ -82,7 +83,7 @@ func (h plainHCA) device() verbs.Device     { return h.dev }
 func (h plainHCA) treeSM() fs.SubnetManager { return nil }
 func (h plainHCA) ready()                   {}
 func (h plainHCA) tick()                    {}
-func (h plainHCA) reload() bool             { return false }
+func (h plainHCA) reload() (string, error)  { return "", nil }
 
 // started logs the device and the state of its ports; the subnet manager is the
 // fabric's, so a port that is not ACTIVE says where to look.

@@ -298,10 +298,13 @@ type dhcpClient struct {
 }
 
 // apply loads the directory and applies every good file; each problem is logged as
-// "file:line: reason" and the other files still apply.
-func (a *ifcfgApplier) apply(logf func(string, ...any)) {
+// "file:line: reason" and the other files still apply. It returns how many problems
+// were logged (unknown keys, which are ignored, are not problems).
+func (a *ifcfgApplier) apply(logf func(string, ...any)) (problems int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	warn := logf
+	logf = func(format string, args ...any) { problems++; warn(format, args...) }
 	var cfgs []*ifcfg
 	var errs []error
 	if st, err := os.Stat(a.dir); err == nil && !st.IsDir() {
@@ -326,7 +329,7 @@ func (a *ifcfgApplier) apply(logf func(string, ...any)) {
 	}
 	for _, c := range cfgs {
 		for _, u := range c.unknown {
-			logf("%s: unknown key ignored", u)
+			warn("%s: unknown key ignored", u)
 		}
 		keep[c.device] = keep[c.device] || c.dhcp && c.onboot
 		if err := a.applyOne(c); err != nil {
@@ -339,6 +342,7 @@ func (a *ifcfgApplier) apply(logf func(string, ...any)) {
 			a.stopDHCP(dev)
 		}
 	}
+	return problems
 }
 
 // iface is the file's interface, made when the file describes a P_Key child

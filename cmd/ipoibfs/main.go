@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -62,6 +63,8 @@ func cli(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return execCommand(args[1:], stdin, stdout, stderr)
 		case "status":
 			return statusCommand(args[1:], stdout, stderr)
+		case "reload":
+			return reloadCommand(args[1:], stdout, stderr)
 		case "link":
 			return linkCommand(args[1:], stdout, stderr)
 		case execChildCmd:
@@ -313,7 +316,44 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer ifcfgs.close() // DHCP releases, before the devices go
 		ifcfgs.apply(log.Printf)
 	}
-	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog, Bonds: bonds.bonds, SM: hca.treeSM()}
+	// reload is what SIGHUP and a write of the tree's reload do: -partitions read
+	// again where the subnet manager runs, the -config files applied again. One at a
+	// time; each line it logs starts with via.
+	var reloadMu sync.Mutex
+	reload := func(via string) error {
+		reloadMu.Lock()
+		defer reloadMu.Unlock()
+		logf := func(format string, a ...any) { log.Printf(via+": "+format, a...) }
+		var errs []string // one line for the writer
+		did := false
+		if ifcfgs != nil {
+			did = true
+			if n := ifcfgs.apply(logf); n > 0 {
+				errs = append(errs, fmt.Sprintf("%d problem(s) in the interface files of %s (logged; the other files applied)", n, *configDir))
+			} else {
+				logf("interface files applied from %s", *configDir)
+			}
+		}
+		what, err := hca.reload()
+		switch {
+		case err != nil:
+			did = true
+			logf("%v", err)
+			errs = append(errs, err.Error())
+		case what != "":
+			did = true
+			logf("%s", what)
+		}
+		if !did {
+			logf("nothing to reload (no subnet manager here or no -partitions file, no -config)")
+		}
+		if len(errs) > 0 {
+			return errors.New(strings.Join(errs, "; "))
+		}
+		return nil
+	}
+	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog, Bonds: bonds.bonds, SM: hca.treeSM(),
+		Reload: func() error { return reload("reload") }}
 	tree := fs.New(eng, topts)
 	if ninepLn != nil {
 		defer ninepLn.serve(tree, *trustUname)()
@@ -356,13 +396,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 				}
 				return nil
 			}
-			if ifcfgs != nil {
-				ifcfgs.apply(log.Printf)
-				log.Printf("SIGHUP: interface files applied from %s", *configDir)
-			}
-			if !hca.reload() && ifcfgs == nil {
-				log.Printf("SIGHUP: nothing to reload (no subnet manager here or no -partitions file, no -config)")
-			}
+			_ = reload("SIGHUP") // what went wrong is logged
 		}
 	}
 }

@@ -112,19 +112,17 @@ func (s *softHCA) tick() {
 
 // reload re-reads -partitions where the subnet manager runs; a bad file keeps the
 // previous partitions.
-func (s *softHCA) reload() bool {
+func (s *softHCA) reload() (string, error) {
 	sm := s.hca.SM()
 	if sm == nil || s.partFile == "" {
-		return false
+		return "", nil
 	}
 	p, err := loadPartitions(s.partFile)
 	if err != nil {
-		log.Printf("SIGHUP: %v; keeping the previous partitions", err)
-		return true
+		return "", fmt.Errorf("%w; keeping the previous partitions", err)
 	}
 	sm.SetPartitions(p)
-	log.Printf("SIGHUP: partitions reloaded from %s", s.partFile)
-	return true
+	return "partitions reloaded from " + s.partFile, nil
 }
 
 // loadPartitions reads a partitions.conf (-partitions).
