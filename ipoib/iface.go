@@ -702,11 +702,19 @@ func (i *Interface) SetUp(up bool) error {
 		}
 	}
 	i.upMu.Unlock()
-	// The parent's state when each child's turn comes, not this call's: of two
-	// SetUps of the parent at once, the loop that runs last must not leave the
-	// children opposite to the parent.
+	// The parent's state when each child's turn comes, not this call's, and looked at
+	// again after: of two SetUps of the parent at once, one loop may read the parent
+	// down, the other's change and loop pass, and its child's SetUp then land last;
+	// the look after catches that and sets the child again. (The last write to a
+	// child is followed by a look that sees the parent's last change.)
 	for _, c := range kids {
-		_ = c.SetUp(i.IsUp())
+		for {
+			up := i.IsUp()
+			_ = c.SetUp(up)
+			if i.IsUp() == up {
+				break
+			}
+		}
 	}
 	return nil
 }
