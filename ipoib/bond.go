@@ -446,6 +446,7 @@ type Bond struct {
 	carrierUps, carrierDowns atomic.Uint64
 
 	kick       chan struct{}
+	speedKick  chan struct{} // a slave's carrier changed: the monitor pushes the bond's again
 	stop, done chan struct{}
 }
 
@@ -454,7 +455,7 @@ type hostRef struct{ h Host }
 func newBond(bs *Bonds, name string) *Bond {
 	b := &Bond{bs: bs, name: name, miimon: bondDefaultMiimon, fom: fomNone, mtu: 1500, typ: typeEther,
 		hwLen: 6, randomAddr: true, features: defaultFeatures,
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), speedKick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.hw = randomMAC()
 	b.carrierDowns.Store(1) // off at setup, as its device counts it (Interface's)
 	go b.monitor()
@@ -1285,10 +1286,26 @@ func (b *Bond) monitor() {
 		select {
 		case <-b.stop:
 			return
+		case <-b.speedKick:
+			// The carrier push carries the link settings, the active slave's, which
+			// its carrier changes (with or without miimon: the bond's own carrier
+			// and active slave stay as they are until the next check).
+			b.pushCarrier()
+			continue
 		case <-b.kick:
 		case <-t.C:
 		}
 		b.miiCheck()
+	}
+}
+
+// slaveCarrierChanged tells the monitor a slave's carrier changed, without waiting
+// (from the slave's push, under the slave's locks: the push itself takes Bond.hostMu,
+// above them).
+func (b *Bond) slaveCarrierChanged() {
+	select {
+	case b.speedKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -92,7 +92,10 @@
 //     drain's Deliver from the receive buffers, which a restart must not post again
 //     meanwhile) and Bond.mu (Enslave and Bond.SetMTU set a slave's MTU and state,
 //     which calls the slave's own host; a bond's own host is called after Bond.mu). A
-//     Host must not call the engine from these methods, nor keep what Deliver gives it.
+//     Host must not call the engine from these methods, nor keep what Deliver gives it,
+//     with two reads as exceptions: SetCarrier may ask Interface.SpeedMbps (the HCA
+//     alone) and, a bond's host, Bond.SpeedMbps (Bond.mu, which no push holds), for
+//     the link settings the carrier brings.
 //   - Devices.Create and Delete: childOps or none; their implementations take
 //     Interface.mu and what is below it. BondDevices.CreateBond: Bonds.mu; its
 //     implementation takes the new bond's Bond.mu. DeleteBond: none.

@@ -872,6 +872,9 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 			mtuAct()
 		}
 		i.pushCarrier()
+		if b := i.bond.Load(); b != nil {
+			b.slaveCarrierChanged() // the bond's link settings are its active slave's
+		}
 	}
 }
 
