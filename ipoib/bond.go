@@ -1283,17 +1283,21 @@ func (b *Bond) monitor() {
 			d = time.Duration(ms) * time.Millisecond
 		}
 		t.Reset(d)
-		select {
-		case <-b.stop:
-			return
-		case <-b.speedKick:
-			// The carrier push carries the link settings, the active slave's, which
-			// its carrier changes (with or without miimon: the bond's own carrier
-			// and active slave stay as they are until the next check).
-			b.pushCarrier()
-			continue
-		case <-b.kick:
-		case <-t.C:
+		for waiting := true; waiting; {
+			select {
+			case <-b.stop:
+				return
+			case <-b.speedKick:
+				// The carrier push carries the link settings, the active slave's,
+				// which its carrier changes (with or without miimon: the bond's own
+				// carrier and active slave stay as they are until the next check,
+				// whose time this does not put off).
+				b.pushCarrier()
+			case <-b.kick:
+				waiting = false
+			case <-t.C:
+				waiting = false
+			}
 		}
 		b.miiCheck()
 	}
