@@ -142,6 +142,15 @@ func TestBondActiveBackupFailover(t *testing.T) {
 	if !strings.Contains(readTrim(t, faults), `link "ipoibfs bonda" 1 down`) {
 		t.Errorf("sm/faults does not show the link down:\n%s", readTrim(t, faults))
 	}
+	// A reload of the files (systemctl reload's) applies them again and succeeds: it
+	// does not force the file's active_slave, ib0, back while ib0's link is down (nor
+	// ever on a running bond: the active slave is the bond's choice).
+	if out, err := exec.Command(binPath, "reload", "-tree", mntA).CombinedOutput(); err != nil {
+		t.Errorf("ipoibfs reload after the failover: %v %s\n%s", err, out, a.log)
+	}
+	if active() != "ib1" {
+		t.Errorf("active_slave %s after a reload, want ib1 still", active())
+	}
 	// b's neighbour entry for the bond's IPv6 address moved to ib1 with the unsolicited
 	// neighbour advertisement (b keeps entries until told otherwise).
 	mustRun(t, "ip", "netns", "exec", nsB, "ping", "-6", "-c", "2", "-i", "0.2", "-W", "2", bondLL+"%ib0")

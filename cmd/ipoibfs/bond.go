@@ -351,7 +351,9 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 	}
 	a.bonds.bonds.Load() // as ifup loads the bonding module for a bond's file
 	ok := map[string]*ipoib.Bond{}
+	existed := map[string]bool{}
 	for _, c := range masters {
+		_, existed[c.device] = a.bonds.bonds.Bond(c.device)
 		b, err := a.applyBondOpts(c, false, logf)
 		if err != nil {
 			logf("%s: %v", filepath.Base(c.file), err)
@@ -365,8 +367,11 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 		}
 	}
 	for _, c := range masters {
-		if b := ok[c.device]; b != nil {
-			_, _ = a.applyBondOpts(c, true, logf) // active_slave: it names a slave
+		// active_slave, which names a slave, once the slaves are in; only for a bond
+		// made now: on a bond that runs, the active slave is the bond's own choice
+		// (a reload must not force a failback, nor fail while that slave is down).
+		if b := ok[c.device]; b != nil && !existed[c.device] {
+			_, _ = a.applyBondOpts(c, true, logf)
 		}
 	}
 	for _, c := range masters {
