@@ -525,11 +525,9 @@ func (b *Bond) Alias() string { b.mu.Lock(); defer b.mu.Unlock(); return b.alias
 // SetAlias sets the bond's alias, which its kernel device follows, with Interface's
 // rules (at most 255 bytes, ends at a NUL, every call reaches the device).
 func (b *Bond) SetAlias(s string) error {
-	if len(s) > maxAlias {
-		return b.err("set_alias", syscall.EINVAL, "%d bytes, at most %d", len(s), maxAlias)
-	}
-	if k := strings.IndexByte(s, 0); k >= 0 {
-		s = s[:k]
+	s, err := checkAlias(s)
+	if err != nil {
+		return b.err("set_alias", syscall.EINVAL, "%v", err)
 	}
 	b.mu.Lock()
 	changed := b.alias != s

@@ -552,11 +552,9 @@ const maxAlias = 255
 // ifalias write does: the kernel announces no alias change on a device that is down,
 // so the device may hold another one.
 func (i *Interface) SetAlias(s string) error {
-	if len(s) > maxAlias {
-		return &Error{Op: "set_alias", If: i.Name(), Err: syscall.EINVAL, Detail: fmt.Sprintf("%d bytes, at most %d", len(s), maxAlias)}
-	}
-	if k := strings.IndexByte(s, 0); k >= 0 {
-		s = s[:k]
+	s, err := checkAlias(s)
+	if err != nil {
+		return &Error{Op: "set_alias", If: i.Name(), Err: syscall.EINVAL, Detail: err.Error()}
 	}
 	i.mu.Lock()
 	changed := i.alias != s
@@ -567,6 +565,18 @@ func (i *Interface) SetAlias(s string) error {
 	}
 	i.pushAlias()
 	return nil
+}
+
+// checkAlias applies dev_set_alias's rules to an alias: at most 255 bytes, and it
+// ends at a NUL, as the kernel reads it.
+func checkAlias(s string) (string, error) {
+	if len(s) > maxAlias {
+		return "", fmt.Errorf("%d bytes, at most %d", len(s), maxAlias)
+	}
+	if k := strings.IndexByte(s, 0); k >= 0 {
+		s = s[:k]
+	}
+	return s, nil
 }
 
 // CarrierCounts returns how many times the carrier came on and went off.
