@@ -42,8 +42,8 @@
 //     timeouts at 4.096 µs × 2^21 ≈ 8.6 s, retries at 15, one MRA honoured per
 //     connection (as the kernel). A passive connection the peer never completes is
 //     forgotten within about 292 s. At most 4096 passive connections may be half
-//     open (REQ received, REP sent but no RTU yet, or in timewait); a REQ beyond that
-//     is rejected with reason 3 (no resources).
+//     open (REQ received, REP sent but no RTU yet, or in timewait), 1024 of them from
+//     one source address; a REQ beyond that is rejected with reason 3 (no resources).
 //   - When a connection ends (DREQ either way, REJ, timeout, Close) the manager moves
 //     its QP to ERR if it had got past INIT, which flushes posted work requests.
 //
@@ -103,6 +103,10 @@ const (
 	// REQ received, REP sent without an RTU yet, and timewait. A REQ beyond it is
 	// rejected (reason 3, no resources) without making a record.
 	maxHalfOpen = 4096
+	// maxHalfOpenPerSource caps the half-open records of one source (the address its
+	// CM messages come from), so that one peer flooding REQs leaves the others three
+	// quarters of maxHalfOpen.
+	maxHalfOpenPerSource = maxHalfOpen / 4
 )
 
 // ErrDisconnected is the Err of a connection that the peer disconnected (DREQ).
@@ -358,6 +362,10 @@ type Manager struct {
 	halfOpen    int
 	maxHalfOpen int
 	overLimit   uint64
+	// halfOpenBy counts the half-open records per source, against
+	// maxHalfOpenPerSource (maxPerSource); a REQ past it is rejected the same way.
+	halfOpenBy   map[madAddr]int
+	maxPerSource int
 }
 
 // flushMutex is the manager's lock. MADs and user callbacks are queued while it is
@@ -410,6 +418,7 @@ func New(dev verbs.Device, port int, opts ...Option) (*Manager, error) {
 		byRemoteQP:  map[remoteQPKey]*conn{},
 		listeners:   map[uint64]*listener{},
 		maxHalfOpen: maxHalfOpen,
+		halfOpenBy:  map[madAddr]int{}, maxPerSource: maxHalfOpenPerSource,
 	}
 	m.mu.send = func(o outMAD) { _ = m.sendMAD(o.to, o.b) }
 	for _, o := range opts {
@@ -627,8 +636,7 @@ func (m *Manager) newConnLocked(active bool) *conn {
 	if active {
 		c.state = stReqSent
 	} else {
-		c.state = stReqRcvd
-		m.halfOpen++
+		c.state = stReqRcvd // counted half open by the caller, once madTo is set
 	}
 	m.nextID++
 	c.pub = &Conn{LocalCommID: c.localID, Active: active, c: c}
@@ -651,9 +659,19 @@ func (m *Manager) setStateLocked(c *conn, s connState) {
 	}
 	switch now := c.isHalfOpen(); {
 	case now && !was:
-		m.halfOpen++
+		m.countHalfOpenLocked(c, 1)
 	case was && !now:
-		m.halfOpen--
+		m.countHalfOpenLocked(c, -1)
+	}
+}
+
+// countHalfOpenLocked adds d to the half-open counts, the manager's and c's source's.
+func (m *Manager) countHalfOpenLocked(c *conn, d int) {
+	m.halfOpen += d
+	if n := m.halfOpenBy[c.madTo] + d; n > 0 {
+		m.halfOpenBy[c.madTo] = n
+	} else {
+		delete(m.halfOpenBy, c.madTo)
 	}
 }
 
@@ -817,7 +835,7 @@ func (m *Manager) removeLocked(c *conn) {
 	if m.conns[c.localID] == c {
 		delete(m.conns, c.localID)
 		if c.isHalfOpen() {
-			m.halfOpen--
+			m.countHalfOpenLocked(c, -1)
 		}
 	}
 	if k := (remoteKey{c.rguid, c.remoteID}); m.byRemote[k] == c {
@@ -931,7 +949,8 @@ func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 		reject(mad.RejInvalidGID, req.Primary.LocalGID[:])
 		return
 	}
-	if m.halfOpen >= m.maxHalfOpen {
+	from := madAddr{src.LID, src.GID}
+	if m.halfOpen >= m.maxHalfOpen || m.halfOpenBy[from] >= m.maxPerSource {
 		// The REJ needs no record, so a flood of REQs costs no memory here.
 		m.overLimit++
 		reject(mad.RejNoResources, nil)
@@ -939,7 +958,8 @@ func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 	}
 
 	c := m.newConnLocked(false)
-	c.remoteID, c.rguid, c.rqpn, c.madTo, c.tid = req.LocalCommID, req.LocalCAGUID, req.LocalQPN, madAddr{src.LID, src.GID}, tid
+	c.remoteID, c.rguid, c.rqpn, c.madTo, c.tid = req.LocalCommID, req.LocalCAGUID, req.LocalQPN, from, tid
+	m.countHalfOpenLocked(c, 1)
 	pp := req.Primary
 	c.ah = verbs.AHAttr{Port: m.portNum, DLID: pp.LocalLID, SL: pp.SL, StaticRate: pp.PacketRate,
 		GRH: !pp.SubnetLocal || pp.LocalLID == 0, DGID: pp.LocalGID, FlowLabel: pp.FlowLabel, HopLimit: pp.HopLimit, TClass: pp.TrafficClass}

@@ -13,6 +13,16 @@ func (m *Manager) SetMaxHalfOpen(n int) {
 	m.maxHalfOpen = n
 }
 
+// MaxHalfOpenPerSource is the cap on one source's half-open passive records.
+const MaxHalfOpenPerSource = maxHalfOpenPerSource
+
+// SetMaxHalfOpenPerSource changes m's cap on one source's half-open records.
+func (m *Manager) SetMaxHalfOpenPerSource(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maxPerSource = n
+}
+
 // Records returns how many connection records m holds, how many of them are half
 // open by the manager's running count and by a fresh look at each record (the two
 // must agree), and how many REQs were rejected for the cap.

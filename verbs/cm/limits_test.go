@@ -200,6 +200,7 @@ func floodHalfOpen(t *testing.T, limit int, lifecycle bool) {
 	b := newNode(t, f, 2, true)
 	if limit == 0 {
 		limit = cm.MaxHalfOpen
+		b.m.SetMaxHalfOpenPerSource(limit) // the whole cap from one peer (TestHalfOpenPerSource: a quarter)
 	} else {
 		b.m.SetMaxHalfOpen(limit)
 	}
@@ -309,5 +310,60 @@ func floodHalfOpen(t *testing.T, limit int, lifecycle bool) {
 	waitAnswers("the REP to a REQ", func(r, _, _ int) bool { return r == limit+1 })
 	if all, half := records(t, b.m); all != 1 || half != 1 {
 		t.Errorf("%d records (%d half open), want 1", all, half)
+	}
+}
+
+// TestHalfOpenPerSource: one peer's REQs make at most the per-source share of the
+// half-open records (the rest get a REJ, no resources), and another peer still gets
+// its own share.
+func TestHalfOpenPerSource(t *testing.T) {
+	const share, extra = 8, 4
+	f := newFabric(t)
+	b := newNode(t, f, 2, true)
+	b.m.SetMaxHalfOpen(64)
+	b.m.SetMaxHalfOpenPerSource(share)
+	if _, err := b.m.Listen(svc, func(*cm.Request) cm.Decision {
+		return cm.Accept{QP: b.dev.newQP(verbs.QPTypeRC)}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var quiet atomic.Bool // the records' retransmissions when the test ends
+	f.setFilter(func(from, _ verbs.LID, _ uint16, _ int) int {
+		if from == 2 && quiet.Load() {
+			return 0
+		}
+		return 1
+	})
+	t.Cleanup(func() { quiet.Store(true) })
+	for k, lid := range []verbs.LID{3, 4} {
+		p := &rawPeer{node: newNode(t, f, lid, false)}
+		var reps, noRes, other atomic.Int32
+		p.agent.Register(mad.ClassCM, func(_ verbs.MADSource, m []byte) []byte {
+			_, msg, _ := mad.ParseCM(m)
+			switch msg := msg.(type) {
+			case *mad.CMREP:
+				reps.Add(1)
+			case *mad.CMREJ:
+				if msg.Reason == mad.RejNoResources {
+					noRes.Add(1)
+				} else {
+					other.Add(1)
+				}
+			default:
+				other.Add(1)
+			}
+			return nil
+		})
+		for n := range share + extra {
+			id := uint32(0x10000*(k+1) + n)
+			p.send(t, 2, uint64(id), slowReq(p, id, verbs.QPN(id), b))
+		}
+		f.waitFor("answers", func() bool { return int(reps.Load()+noRes.Load()+other.Load()) == share+extra })
+		if r, nr, o := reps.Load(), noRes.Load(), other.Load(); r != share || nr != extra || o != 0 {
+			t.Errorf("peer LID %d: %d REPs, %d REJs (no resources), %d other; want %d, %d, 0", lid, r, nr, o, share, extra)
+		}
+	}
+	if all, half := records(t, b.m); all != 2*share || half != 2*share {
+		t.Errorf("%d records (%d half open), want %d", all, half, 2*share)
 	}
 }
