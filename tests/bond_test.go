@@ -151,6 +151,9 @@ func TestBondActiveBackupFailover(t *testing.T) {
 	if active() != "ib1" {
 		t.Errorf("active_slave %s after a reload, want ib1 still", active())
 	}
+	if !strings.Contains(a.log.String(), "ifcfg-bond0: BONDING_OPTS active_slave=ib0 not applied to the running bond0 (its active slave stays ib1)") {
+		t.Errorf("the log does not say active_slave=ib0 was not applied:\n%s", a.log)
+	}
 	// b's neighbour entry for the bond's IPv6 address moved to ib1 with the unsolicited
 	// neighbour advertisement (b keeps entries until told otherwise).
 	mustRun(t, "ip", "netns", "exec", nsB, "ping", "-6", "-c", "2", "-i", "0.2", "-W", "2", bondLL+"%ib0")

@@ -351,9 +351,11 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 	}
 	a.bonds.bonds.Load() // as ifup loads the bonding module for a bond's file
 	ok := map[string]*ipoib.Bond{}
-	existed := map[string]bool{}
+	running := map[string]bool{} // bonds that had slaves before this pass
 	for _, c := range masters {
-		_, existed[c.device] = a.bonds.bonds.Bond(c.device)
+		if b, ok := a.bonds.bonds.Bond(c.device); ok {
+			running[c.device] = len(b.Slaves()) > 0
+		}
 		b, err := a.applyBondOpts(c, false, logf)
 		if err != nil {
 			logf("%s: %v", filepath.Base(c.file), err)
@@ -368,10 +370,21 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 	}
 	for _, c := range masters {
 		// active_slave, which names a slave, once the slaves are in; only for a bond
-		// made now: on a bond that runs, the active slave is the bond's own choice
-		// (a reload must not force a failback, nor fail while that slave is down).
-		if b := ok[c.device]; b != nil && !existed[c.device] {
+		// that had none: on a bond that runs, the active slave is the bond's own
+		// choice (a reload must not force a failback, nor fail while that slave is
+		// down), and the file's is said not to apply.
+		b := ok[c.device]
+		switch {
+		case b == nil:
+		case !running[c.device]:
 			_, _ = a.applyBondOpts(c, true, logf)
+		default:
+			for _, o := range c.bond.opts {
+				if cur, _ := b.Option("active_slave"); o[0] == "active_slave" && !sameBondValue(cur, o[1]) {
+					log.Printf("%s: BONDING_OPTS active_slave=%s not applied to the running %s (its active slave stays %s)",
+						filepath.Base(c.file), o[1], c.device, strings.TrimSpace(cur))
+				}
+			}
 		}
 	}
 	for _, c := range masters {

@@ -362,7 +362,7 @@ type Manager struct {
 	halfOpen    int
 	maxHalfOpen int
 	overLimit   uint64
-	// halfOpenBy counts the half-open records per source, against
+	// halfOpenBy counts the half-open records per source (sourceKey), against
 	// maxHalfOpenPerSource (maxPerSource); a REQ past it is rejected the same way.
 	halfOpenBy   map[madAddr]int
 	maxPerSource int
@@ -668,11 +668,21 @@ func (m *Manager) setStateLocked(c *conn, s connState) {
 // countHalfOpenLocked adds d to the half-open counts, the manager's and c's source's.
 func (m *Manager) countHalfOpenLocked(c *conn, d int) {
 	m.halfOpen += d
-	if n := m.halfOpenBy[c.madTo] + d; n > 0 {
-		m.halfOpenBy[c.madTo] = n
+	k := sourceKey(c.madTo)
+	if n := m.halfOpenBy[k] + d; n > 0 {
+		m.halfOpenBy[k] = n
 	} else {
-		delete(m.halfOpenBy, c.madTo)
+		delete(m.halfOpenBy, k)
 	}
+}
+
+// sourceKey is what a peer's half-open records are counted under: its LID where it
+// has one (the same port with a GRH or without counts once), its GID on RoCE (LID 0).
+func sourceKey(a madAddr) madAddr {
+	if a.lid != 0 {
+		return madAddr{lid: a.lid}
+	}
+	return a
 }
 
 // setQP gives c its QP, and remembers the QP's number for after the QP is
@@ -950,7 +960,7 @@ func (m *Manager) onREQ(src verbs.MADSource, tid uint64, req *mad.CMREQ) {
 		return
 	}
 	from := madAddr{src.LID, src.GID}
-	if m.halfOpen >= m.maxHalfOpen || m.halfOpenBy[from] >= m.maxPerSource {
+	if m.halfOpen >= m.maxHalfOpen || m.halfOpenBy[sourceKey(from)] >= m.maxPerSource {
 		// The REJ needs no record, so a flood of REQs costs no memory here.
 		m.overLimit++
 		reject(mad.RejNoResources, nil)
