@@ -1,5 +1,7 @@
 package cm
 
+import "maps"
+
 // Hooks for the package's tests (compiled into them only).
 
 // MaxHalfOpen is the cap on half-open passive records.
@@ -35,6 +37,20 @@ func (m *Manager) Records() (all, halfOpen, halfOpenNow int, overLimit uint64) {
 		}
 	}
 	return len(m.conns), m.halfOpen, halfOpenNow, m.overLimit
+}
+
+// SourceCountsAgree reports whether m's per-source half-open counts are what a fresh
+// look at each record gives (no entry for a source without records).
+func (m *Manager) SourceCountsAgree() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	by := map[madAddr]int{}
+	for _, c := range m.conns {
+		if c.isHalfOpen() {
+			by[sourceKey(c.madTo)]++
+		}
+	}
+	return maps.Equal(by, m.halfOpenBy)
 }
 
 // TimewaitHeld returns how many records in timewait still hold a QP, a consumer

@@ -36,6 +36,9 @@ func records(t *testing.T, m *cm.Manager) (all, halfOpen int) {
 	if halfOpen != now {
 		t.Fatalf("half-open count %d, but %d records are half open", halfOpen, now)
 	}
+	if !m.SourceCountsAgree() {
+		t.Fatal("the per-source half-open counts differ from the records")
+	}
 	return all, halfOpen
 }
 
