@@ -105,6 +105,7 @@ var subcommands = [][2]string{
 	{"exec [-tree DIR | -9p ADDR] -- CMD...", "run CMD with the tree bound over /sys's IPoIB paths"},
 	{"status [-tree DIR | -9p ADDR]", "the HCA, its ports and interfaces and the counters that moved, on one screen"},
 	{"link [-tree DIR | -9p ADDR] add|del|show ...", "named children as ip link add ... type ipoib makes them"},
+	{"reload [-tree DIR | -9p ADDR]", "what SIGHUP does, waited for; exits 1 when something did not apply (systemctl reload)"},
 }
 
 func usage(fl *flag.FlagSet) func() {

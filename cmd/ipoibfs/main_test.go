@@ -26,7 +26,7 @@ func TestCommandLine(t *testing.T) {
 		{args: []string{"-version"}, status: exitOK, stdout: "ipoibfs "},
 		{args: []string{"-no-such-flag"}, status: exitUsage, stderr: "flag provided but not defined: -no-such-flag"},
 		{args: []string{"-ports", "two"}, status: exitUsage, stderr: "invalid value"},
-		{args: []string{"extra"}, status: exitUsage, stderr: `unexpected argument "extra" (subcommands: 9p, mount, exec, status, link)`},
+		{args: []string{"extra"}, status: exitUsage, stderr: `unexpected argument "extra" (subcommands: 9p, mount, exec, status, link, reload)`},
 		{args: []string{"-sm", "127.0.0.1:1", "-fabric", "127.0.0.1:2"}, status: exitUsage, stderr: "exclude each other"},
 		{args: []string{"-sm", "nowhere"}, status: exitUsage, stderr: `-sm "nowhere"`},
 		{args: []string{"-fabric", "127.0.0.1:1", "-listen", "x"}, status: exitUsage, stderr: `-listen "x"`},
