@@ -1,8 +1,6 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -16,26 +14,14 @@ import (
 //	ipoibfs link [-tree DIR | -9p ADDR] del NAME
 //	ipoibfs link [-tree DIR | -9p ADDR] show [NAME]
 func linkCommand(args []string, stdout, stderr io.Writer) int {
-	fl := flag.NewFlagSet("ipoibfs link", flag.ContinueOnError)
-	fl.SetOutput(stderr)
-	tree := fl.String("tree", defaultMount, "the mounted tree")
-	addr := fl.String("9p", "", "the tree served over 9P at this address (unix:PATH or host:port) instead")
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	t, rest, done, code := treeCommand("link", args, true, stderr)
+	if t == nil {
+		return code
 	}
-	rest := fl.Args()
+	defer done()
 	if len(rest) == 0 {
 		rest = []string{"show"}
 	}
-	t, done, err := openTree(*tree, *addr)
-	if err != nil {
-		fmt.Fprintln(stderr, "ipoibfs link:", err)
-		return exitError
-	}
-	defer done()
 	switch rest[0] {
 	case "add", "del", "delete":
 		if err := t.WriteFile("link", []byte(strings.Join(rest, " ")+"\n")); err != nil {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 )
@@ -13,24 +11,9 @@ import (
 // the unit's ExecReload: systemctl reload then waits for the reload and reports its
 // failure, which a signal cannot do.
 func reloadCommand(args []string, stdout, stderr io.Writer) int {
-	fl := flag.NewFlagSet("ipoibfs reload", flag.ContinueOnError)
-	fl.SetOutput(stderr)
-	tree := fl.String("tree", defaultMount, "the mounted tree")
-	addr := fl.String("9p", "", "the tree served over 9P at this address (unix:PATH or host:port) instead")
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fl.NArg() != 0 {
-		fmt.Fprintf(stderr, "ipoibfs reload: unexpected argument %q\n", fl.Arg(0))
-		return exitUsage
-	}
-	t, done, err := openTree(*tree, *addr)
-	if err != nil {
-		fmt.Fprintln(stderr, "ipoibfs reload:", err)
-		return exitError
+	t, _, done, code := treeCommand("reload", args, false, stderr)
+	if t == nil {
+		return code
 	}
 	defer done()
 	if err := t.WriteFile("reload", []byte("1\n")); err != nil {

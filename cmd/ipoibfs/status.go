@@ -57,6 +57,34 @@ type treeClient interface {
 	WriteFile(path string, data []byte) error
 }
 
+// treeCommand parses the -tree DIR and -9p ADDR of the subcommand name and opens the
+// tree they name: the tree, the other arguments (refused, exitUsage, unless
+// takesArgs) and what closes the tree; with a nil tree the caller returns code (0
+// after -h, exitUsage for a bad command line, exitError when the tree cannot be
+// opened, said on stderr).
+func treeCommand(name string, args []string, takesArgs bool, stderr io.Writer) (t treeClient, rest []string, done func(), code int) {
+	fl := flag.NewFlagSet("ipoibfs "+name, flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	tree := fl.String("tree", defaultMount, "the mounted tree")
+	addr := fl.String("9p", "", "the tree served over 9P at this address (unix:PATH or host:port) instead")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil, nil, exitOK
+		}
+		return nil, nil, nil, exitUsage
+	}
+	if !takesArgs && fl.NArg() != 0 {
+		fmt.Fprintf(stderr, "ipoibfs %s: unexpected argument %q\n", name, fl.Arg(0))
+		return nil, nil, nil, exitUsage
+	}
+	t, done, err := openTree(*tree, *addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "ipoibfs %s: %v\n", name, err)
+		return nil, nil, nil, exitError
+	}
+	return t, fl.Args(), done, 0
+}
+
 // openTree is the tree a subcommand's -tree DIR or -9p ADDR names (9P when addr is
 // set), and what closes it.
 func openTree(dir, addr string) (treeClient, func(), error) {
@@ -95,24 +123,9 @@ func (d dirTree) ReadDir(p string) ([]string, error) {
 // statusCommand prints one screen like ibstat plus ip -d link: the HCA and its ports,
 // each interface, and the counters that are not zero.
 func statusCommand(args []string, stdout, stderr io.Writer) int {
-	fl := flag.NewFlagSet("ipoibfs status", flag.ContinueOnError)
-	fl.SetOutput(stderr)
-	tree := fl.String("tree", defaultMount, "the mounted tree to read")
-	addr := fl.String("9p", "", "read the tree served over 9P at this address (unix:PATH or host:port) instead")
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fl.NArg() != 0 {
-		fmt.Fprintf(stderr, "ipoibfs status: unexpected argument %q\n", fl.Arg(0))
-		return exitUsage
-	}
-	r, done, err := openTree(*tree, *addr)
-	if err != nil {
-		fmt.Fprintln(stderr, "ipoibfs status:", err)
-		return exitError
+	r, _, done, code := treeCommand("status", args, false, stderr)
+	if r == nil {
+		return code
 	}
 	defer done()
 	if err := printStatus(r, stdout); err != nil {
