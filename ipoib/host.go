@@ -43,65 +43,74 @@ func (i *Interface) pushUp() {
 	}
 }
 
-// pushTxQueueLen tells a host that follows it the current transmit queue length.
-func (i *Interface) pushTxQueueLen() {
+// hostPush calls what read returns with the interface's host under hostMu; read
+// runs under mu and takes the values to send (Bond's bondPush, the same way).
+func (i *Interface) hostPush(read func() func(h Host)) {
 	i.hostMu.Lock()
 	defer i.hostMu.Unlock()
 	i.mu.Lock()
-	n, h := i.txQueueLen, i.data().host
+	send, h := read(), i.data().host
 	i.mu.Unlock()
-	if th, ok := h.(TxQueueHost); ok {
-		th.SetTxQueueLen(n)
+	if h != nil {
+		send(h)
 	}
+}
+
+// pushTxQueueLen tells a host that follows it the current transmit queue length.
+func (i *Interface) pushTxQueueLen() {
+	i.hostPush(func() func(Host) {
+		n := i.txQueueLen
+		return func(h Host) {
+			if th, ok := h.(TxQueueHost); ok {
+				th.SetTxQueueLen(n)
+			}
+		}
+	})
 }
 
 // pushAlias tells a host that follows it the current alias.
 func (i *Interface) pushAlias() {
-	i.hostMu.Lock()
-	defer i.hostMu.Unlock()
-	i.mu.Lock()
-	s, h := i.alias, i.data().host
-	i.mu.Unlock()
-	if ah, ok := h.(AliasHost); ok {
-		ah.SetAlias(s)
-	}
+	i.hostPush(func() func(Host) {
+		s := i.alias
+		return func(h Host) {
+			if ah, ok := h.(AliasHost); ok {
+				ah.SetAlias(s)
+			}
+		}
+	})
 }
 
 // pushMulticast tells a host that follows it the current IFF_MULTICAST.
 func (i *Interface) pushMulticast() {
-	i.hostMu.Lock()
-	defer i.hostMu.Unlock()
-	i.mu.Lock()
-	on, h := !i.noMulticast, i.data().host
-	i.mu.Unlock()
-	if mh, ok := h.(MulticastHost); ok {
-		mh.SetMulticast(on)
-	}
+	i.hostPush(func() func(Host) {
+		on := !i.noMulticast
+		return func(h Host) {
+			if mh, ok := h.(MulticastHost); ok {
+				mh.SetMulticast(on)
+			}
+		}
+	})
 }
 
 // pushUserFlags tells a host that follows them the current IFF_PROMISC and
 // IFF_ALLMULTI.
 func (i *Interface) pushUserFlags() {
-	i.hostMu.Lock()
-	defer i.hostMu.Unlock()
-	i.mu.Lock()
-	f, h := i.flags.user(), i.data().host
-	i.mu.Unlock()
-	if uh, ok := h.(UserFlagsHost); ok {
-		uh.SetUserFlags(f)
-	}
+	i.hostPush(func() func(Host) {
+		f := i.flags.user()
+		return func(h Host) {
+			if uh, ok := h.(UserFlagsHost); ok {
+				uh.SetUserFlags(f)
+			}
+		}
+	})
 }
 
 // pushOffloads tells the host the current effective features.
 func (i *Interface) pushOffloads() {
-	i.hostMu.Lock()
-	defer i.hostMu.Unlock()
-	i.mu.Lock()
-	f, h := i.effectiveFeaturesLocked(), i.data().host
-	i.mu.Unlock()
-	if h != nil {
-		h.SetOffloads(f)
-	}
+	i.hostPush(func() func(Host) {
+		f := i.effectiveFeaturesLocked()
+		return func(h Host) { h.SetOffloads(f) }
+	})
 }
 
 // A bond's pushes, the same way (Bond.hostMu).
