@@ -2,6 +2,8 @@ package ipoib
 
 import (
 	"encoding/binary"
+
+	"ipoibfs/internal/inet"
 )
 
 // tooBig builds the ICMP error the kernel driver sends the local sender when a packet
@@ -23,12 +25,12 @@ func tooBig(pkt []byte, mtu int) []byte {
 		binary.BigEndian.PutUint16(out[2:], uint16(len(out)))
 		copy(out[12:16], pkt[16:20]) // from the destination
 		copy(out[16:20], pkt[12:16]) // to the sender
-		binary.BigEndian.PutUint16(out[10:], inetChecksum(out[:20]))
+		binary.BigEndian.PutUint16(out[10:], inet.Checksum(out[:20]))
 		icmp := out[20:]
 		icmp[0], icmp[1] = 3, 4 // destination unreachable, fragmentation needed
 		binary.BigEndian.PutUint16(icmp[6:], uint16(mtu))
 		copy(icmp[8:], quote)
-		binary.BigEndian.PutUint16(icmp[2:], inetChecksum(icmp))
+		binary.BigEndian.PutUint16(icmp[2:], inet.Checksum(icmp))
 		return out
 	case len(pkt) >= ipv6HdrLen && pkt[0]>>4 == 6:
 		if pkt[6] == protoICMPv6 && len(pkt) > ipv6HdrLen && pkt[ipv6HdrLen] < 128 {
@@ -49,20 +51,4 @@ func tooBig(pkt []byte, mtu int) []byte {
 		return out
 	}
 	return nil
-}
-
-// inetChecksum is the Internet checksum (RFC 1071).
-func inetChecksum(b []byte) uint16 {
-	var s uint32
-	for len(b) >= 2 {
-		s += uint32(b[0])<<8 | uint32(b[1])
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		s += uint32(b[0]) << 8
-	}
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"golang.org/x/net/bpf"
+
+	"ipoibfs/internal/inet"
 )
 
 // clientPort is the port DHCP replies go to.
@@ -39,7 +41,7 @@ func udpPayload(p []byte, csumOK bool) ([]byte, error) {
 	if ihl < 20 || total < ihl+8 || total > len(p) {
 		return nil, errors.New("bad IPv4 lengths")
 	}
-	if fold(sum(p[:ihl], 0)) != 0xffff {
+	if inet.Fold(inet.Sum(0, p[:ihl])) != 0xffff {
 		return nil, errors.New("bad IPv4 header checksum")
 	}
 	if binary.BigEndian.Uint16(p[6:])&0x3fff != 0 { // more fragments, or an offset
@@ -60,30 +62,10 @@ func udpPayload(p []byte, csumOK bool) ([]byte, error) {
 	u = u[:ulen]
 	if !csumOK && binary.BigEndian.Uint16(u[6:]) != 0 {
 		// The pseudo-header: addresses, protocol, UDP length.
-		s := sum(p[12:20], uint32(17)+uint32(ulen))
-		if fold(sum(u, s)) != 0xffff {
+		s := inet.Sum(uint32(17)+uint32(ulen), p[12:20])
+		if inet.Fold(inet.Sum(s, u)) != 0xffff {
 			return nil, errors.New("bad UDP checksum")
 		}
 	}
 	return u[8:], nil
-}
-
-// sum adds b as big-endian 16-bit words (a last odd byte padded) to s.
-func sum(b []byte, s uint32) uint32 {
-	for len(b) >= 2 {
-		s += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		s += uint32(b[0]) << 8
-	}
-	return s
-}
-
-// fold folds a one's complement sum to 16 bits.
-func fold(s uint32) uint16 {
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return uint16(s)
 }

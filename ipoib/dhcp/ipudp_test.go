@@ -9,6 +9,8 @@ import (
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
 	"golang.org/x/net/bpf"
+
+	"ipoibfs/internal/inet"
 )
 
 // udpReply is an IPv4 UDP datagram from the server's port 67 to port dport with
@@ -31,7 +33,7 @@ func udpReply(t testing.TB, dport uint16, payload []byte) []byte {
 // refix recomputes the IPv4 header checksum after a test changed the header.
 func refix(p []byte) {
 	p[10], p[11] = 0, 0
-	binary.BigEndian.PutUint16(p[10:], ^fold(sum(p[:int(p[0]&0x0f)*4], 0)))
+	binary.BigEndian.PutUint16(p[10:], inet.Checksum(p[:int(p[0]&0x0f)*4]))
 }
 
 func TestUDPPayload(t *testing.T) {

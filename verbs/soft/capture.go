@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"ipoibfs/internal/inet"
 	"ipoibfs/verbs"
 )
 
@@ -76,7 +77,7 @@ func (t *tap) record(src, dst netip.AddrPort, payload []byte) {
 		s, d := src.Addr().As4(), dst.Addr().As4()
 		copy(ip[12:], s[:])
 		copy(ip[16:], d[:])
-		binary.BigEndian.PutUint16(ip[10:], ipChecksum(ip))
+		binary.BigEndian.PutUint16(ip[10:], inet.Checksum(ip))
 	} else {
 		ip = make([]byte, 40, 40+udpLen)
 		ip[0] = 0x60
@@ -103,17 +104,6 @@ func (t *tap) record(src, dst netip.AddrPort, payload []byte) {
 		fn(rec)
 	}
 	t.mu.Unlock()
-}
-
-func ipChecksum(h []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		s += uint32(binary.BigEndian.Uint16(h[i:]))
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return ^uint16(s)
 }
 
 // Capture implements verbs.Capturer.

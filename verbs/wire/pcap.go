@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"ipoibfs/internal/inet"
 	"ipoibfs/verbs"
 )
 
@@ -97,10 +98,10 @@ func (w *PcapWriter) WritePacket(ts time.Time, sgid, dgid verbs.GID, ib []byte) 
 	binary.BigEndian.PutUint16(u[6:], 0)
 	// Checksum over the IPv6 pseudo header (addresses, upper-layer length, next header)
 	// and the UDP header and payload; 0 is sent as 0xffff (RFC 8200 §8.1).
-	sum := onesSum(0, ip[8:40])
+	sum := inet.Sum(0, ip[8:40])
 	sum += uint32(udpLen) + 17
-	sum = onesSum(sum, u[:udpLen])
-	c := ^fold(sum)
+	sum = inet.Sum(sum, u[:udpLen])
+	c := ^inet.Fold(sum)
 	if c == 0 {
 		c = 0xffff
 	}
@@ -125,28 +126,4 @@ func GIDMAC(g verbs.GID) [6]byte {
 	m[0] = 0x02
 	copy(m[1:], g[11:16])
 	return m
-}
-
-// onesSum adds b as big-endian 16-bit words (odd trailing byte padded with zero) to the
-// unfolded one's-complement sum.
-func onesSum(sum uint32, b []byte) uint32 {
-	for len(b) >= 2 {
-		sum += uint32(b[0])<<8 | uint32(b[1])
-		b = b[2:]
-		if sum >= 1<<31 {
-			sum = uint32(fold(sum))
-		}
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	return sum
-}
-
-// fold reduces an unfolded one's-complement sum to 16 bits.
-func fold(sum uint32) uint16 {
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return uint16(sum)
 }
