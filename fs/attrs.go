@@ -76,6 +76,42 @@ func yes01(v bool) string {
 	return "0\n"
 }
 
+// netdev is what the link files interfaces and bonds share read and write.
+type netdev interface {
+	Name() string
+	IsUp() bool
+	CarrierCounts() (up, down uint64)
+	Alias() string
+	SetAlias(s string) error
+}
+
+// carrierCount reads carrier_changes, carrier_up_count or carrier_down_count: what
+// pick takes of the counts.
+func carrierCount[T netdev](pick func(up, down uint64) uint64) func(T) (string, error) {
+	return func(d T) (string, error) { return fmt.Sprintf("%d\n", pick(d.CarrierCounts())), nil }
+}
+
+// dormant is never dormant; as carrier, EINVAL for a device not running (net-sysfs).
+func dormant[T netdev](d T) (string, error) {
+	if !d.IsUp() {
+		return "", errorf(syscall.EINVAL, "%s is down", d.Name())
+	}
+	return "0\n", nil
+}
+
+// aliasRead and aliasWrite are ifalias: shown with a newline, nothing without one;
+// one trailing newline of a write ignored (ifalias_show, ifalias_store).
+func aliasRead[T netdev](d T) (string, error) {
+	if a := d.Alias(); a != "" {
+		return a + "\n", nil
+	}
+	return "", nil
+}
+
+func aliasWrite[T netdev](d T, b []byte) error {
+	return d.SetAlias(string(bytes.TrimSuffix(b, []byte("\n"))))
+}
+
 // linkSpeed is the speed ethtool's link settings give (speed_show, duplex_show): -1
 // without carrier, EINVAL while down or when the port's rate is unknown.
 func linkSpeed(i *ipoib.Interface) (int, error) {
@@ -113,18 +149,9 @@ var ifAttrs = []ifAttr{
 	// netif_carrier_on and netif_carrier_off), as its device counts them: off once at
 	// setup, then every change the engine makes (a device made again after `ip link
 	// del` starts its own count again).
-	{name: "carrier_changes", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		up, down := i.CarrierCounts()
-		return fmt.Sprintf("%d\n", up+down), nil
-	}},
-	{name: "carrier_down_count", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		_, down := i.CarrierCounts()
-		return fmt.Sprintf("%d\n", down), nil
-	}},
-	{name: "carrier_up_count", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		up, _ := i.CarrierCounts()
-		return fmt.Sprintf("%d\n", up), nil
-	}},
+	{name: "carrier_changes", perm: 0444, read: carrierCount[*ipoib.Interface](func(up, down uint64) uint64 { return up + down })},
+	{name: "carrier_down_count", perm: 0444, read: carrierCount[*ipoib.Interface](func(_, down uint64) uint64 { return down })},
+	{name: "carrier_up_count", perm: 0444, read: carrierCount[*ipoib.Interface](func(up, _ uint64) uint64 { return up })},
 	{name: "create_child", netAdmin: true, parseFirst: checkCreateArg, perm: 0200, scope: parentOnly, write: func(i *ipoib.Interface, b []byte) error {
 		v, err := parsePKeyArg(b)
 		if err != nil {
@@ -144,12 +171,7 @@ var ifAttrs = []ifAttr{
 	// (__ipoib_vlan_add) keep the defaults, 0.
 	{name: "dev_id", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%#x\n", devPort(i)), nil }},
 	{name: "dev_port", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return fmt.Sprintf("%d\n", devPort(i)), nil }},
-	{name: "dormant", perm: 0444, read: func(i *ipoib.Interface) (string, error) {
-		if !i.IsUp() { // net-sysfs: as carrier, EINVAL for a device not running
-			return "", errorf(syscall.EINVAL, "%s is down", i.Name())
-		}
-		return "0\n", nil
-	}},
+	{name: "dormant", perm: 0444, read: dormant[*ipoib.Interface]},
 	// duplex and speed are ethtool's link settings (ipoib_get_link_ksettings): EINVAL
 	// while the device is down, unknown (-1) without carrier, else full and the port's
 	// per-lane speed times its width in Mb/s (EINVAL when the port cannot say).
@@ -177,14 +199,7 @@ var ifAttrs = []ifAttr{
 		}},
 	// ifalias follows the device's (ip link set alias) both ways; net-sysfs ignores one
 	// trailing newline of a write and shows nothing without an alias.
-	{name: "ifalias", netAdmin: true, perm: 0644, read: func(i *ipoib.Interface) (string, error) {
-		if a := i.Alias(); a != "" {
-			return a + "\n", nil
-		}
-		return "", nil
-	}, write: func(i *ipoib.Interface, b []byte) error {
-		return i.SetAlias(string(bytes.TrimSuffix(b, []byte("\n"))))
-	}},
+	{name: "ifalias", netAdmin: true, perm: 0644, read: aliasRead[*ipoib.Interface], write: aliasWrite[*ipoib.Interface]},
 	{name: "ifindex", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfIndex(), i) }},
 	{name: "iflink", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfLink(), i) }},
 	{name: "link_mode", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},

@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"bytes"
 	"fmt"
 	"sort"
 	"syscall"
@@ -61,24 +60,10 @@ var bondAttrs = []bondAttr{
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the slaves' links; it cannot be set", b.Name())
 	}},
 	// The carrier's changes, counted as the bond's device counts them (off at setup).
-	{name: "carrier_changes", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
-		up, down := b.CarrierCounts()
-		return fmt.Sprintf("%d\n", up+down), nil
-	}},
-	{name: "carrier_down_count", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
-		_, down := b.CarrierCounts()
-		return fmt.Sprintf("%d\n", down), nil
-	}},
-	{name: "carrier_up_count", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
-		up, _ := b.CarrierCounts()
-		return fmt.Sprintf("%d\n", up), nil
-	}},
-	{name: "dormant", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
-		if !b.IsUp() {
-			return "", errorf(syscall.EINVAL, "%s is down", b.Name())
-		}
-		return "0\n", nil
-	}},
+	{name: "carrier_changes", perm: 0444, read: carrierCount[*ipoib.Bond](func(up, down uint64) uint64 { return up + down })},
+	{name: "carrier_down_count", perm: 0444, read: carrierCount[*ipoib.Bond](func(_, down uint64) uint64 { return down })},
+	{name: "carrier_up_count", perm: 0444, read: carrierCount[*ipoib.Bond](func(up, _ uint64) uint64 { return up })},
+	{name: "dormant", perm: 0444, read: dormant[*ipoib.Bond]},
 	// duplex and speed: bond_ethtool_get_link_ksettings in active-backup, the active
 	// slave's while it has a link (EINVAL while the bond is down, unknown otherwise).
 	{name: "duplex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
@@ -101,14 +86,7 @@ var bondAttrs = []bondAttr{
 			return nil
 		}},
 	// As an interface's: follows the device's alias both ways.
-	{name: "ifalias", perm: 0644, read: func(b *ipoib.Bond) (string, error) {
-		if a := b.Alias(); a != "" {
-			return a + "\n", nil
-		}
-		return "", nil
-	}, write: func(b *ipoib.Bond, p []byte) error {
-		return b.SetAlias(string(bytes.TrimSuffix(p, []byte("\n"))))
-	}},
+	{name: "ifalias", perm: 0644, read: aliasRead[*ipoib.Bond], write: aliasWrite[*ipoib.Bond]},
 	{name: "ifindex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
 		if b.IfIndex() == 0 {
 			return "", errorf(syscall.ENODEV, "%s has no kernel device", b.Name())
