@@ -1162,15 +1162,23 @@ func TestTreeStaleMountCleanup(t *testing.T) {
 
 // ---- SIGHUP and sm/partitions ----
 
-func TestTreePartitionsReload(t *testing.T) {
-	treeRequire(t)
+// partitionsFile writes text to a new -partitions file and returns it, with what
+// writes it again.
+func partitionsFile(t *testing.T, text string) (string, func(string)) {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "partitions.conf")
-	writeConf := func(s string) {
+	write := func(s string) {
 		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	writeConf("Default=0x7fff, ipoib : ALL=full;\n")
+	write(text)
+	return file, write
+}
+
+func TestTreePartitionsReload(t *testing.T) {
+	treeRequire(t)
+	file, writeConf := partitionsFile(t, "Default=0x7fff, ipoib : ALL=full;\n")
 	td := treeStart(t, "thup", "", "-partitions", file)
 	cat := func(path string) string {
 		out, stderr, code := td.bash(t, "cat "+path, nil)
@@ -1259,13 +1267,7 @@ func TestTreePartitionsReload(t *testing.T) {
 // mount and over 9P alike.
 func TestReloadWaitsAndFails(t *testing.T) {
 	treeRequire(t)
-	file := filepath.Join(t.TempDir(), "partitions.conf")
-	writeConf := func(s string) {
-		if err := os.WriteFile(file, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	writeConf("Default=0x7fff, ipoib : ALL=full;\n")
+	file, writeConf := partitionsFile(t, "Default=0x7fff, ipoib : ALL=full;\n")
 	td := treeStart(t, "trl", "", "-partitions", file)
 	reload := func(where ...string) (string, int) {
 		t.Helper()
