@@ -39,7 +39,7 @@ type udpTransport struct {
 // ("": this process's). The name is asked again before every send: the device may have
 // been renamed, or deleted and made again with a new index.
 func Open(netnsName string, dev func() string) (Transport, error) {
-	type fds struct{ udp, pkt, index int }
+	type fds struct{ udp, pkt int }
 	r, err := inNetNS(netnsName, func() (fds, error) {
 		udp, index, err := udpSocket(dev())
 		if err != nil {
@@ -50,7 +50,7 @@ func Open(netnsName string, dev func() string) (Transport, error) {
 			unix.Close(udp)
 			return fds{}, err
 		}
-		return fds{udp, pkt, index}, nil
+		return fds{udp, pkt}, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dhcp socket on %s: %w", dev(), err)
