@@ -32,9 +32,6 @@ type bridge struct {
 	// sends nothing, and most children are never brought up), or, in stopReader,
 	// marks them as never to start.
 	txOnce sync.Once
-	// speed is what the device's link settings say (SetCarrier's), -1 unknown; 0
-	// until the first SetCarrier.
-	speed int
 
 	adopter
 }
@@ -448,19 +445,11 @@ func (b *bridge) SetMTU(mtu int) {
 // serialised (the interface's hostMu).
 func (b *bridge) SetCarrier(on bool) {
 	b.logErr(b.dev.SetCarrier(on))
-	speed := -1
+	speed := -1 // unknown
 	if on {
-		if mbps := b.i.SpeedMbps(); mbps > 0 {
-			speed = mbps
-		}
+		speed = b.i.SpeedMbps()
 	}
-	if speed != b.speed {
-		if err := b.dev.SetSpeed(speed); err != nil {
-			log.Printf("%s: %v", b.i.Name(), err)
-			return
-		}
-		b.speed = speed
-	}
+	b.logErr(b.dev.SetSpeed(speed))
 }
 
 // SetTxQueueLen follows a tx_queue_len write.

@@ -62,6 +62,7 @@ type Device struct {
 	carrier   bool   // as last set (under setMu): a device starts without one
 	txq       int    // txqueuelen as last set or seen (under setMu); from the device at Open
 	alias     string // ifalias as last set or seen (under setMu); from the device at Open
+	speed     int    // the link speed SetSpeed last set (under setMu): -1 unknown, 0 none yet
 	// now is the device's name as last set or seen (ip link set name); name stays
 	// the one it was opened with, for messages.
 	now atomic.Pointer[string]

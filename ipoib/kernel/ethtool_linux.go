@@ -108,9 +108,19 @@ func (d *Device) deviceFeatures(name string) (DevFeatures, error) {
 
 // SetSpeed sets the link speed `ethtool` and sysfs report (Mb/s, full duplex): the TUN
 // driver keeps whatever it is given, so the device can show the port's rate. mbps <= 0
-// sets speed and duplex unknown, as IPoIB reports them without carrier.
+// sets speed and duplex unknown, as IPoIB reports them without carrier. The speed the
+// device already has from the last call is not set again.
 func (d *Device) SetSpeed(mbps int) error {
+	mbps = max(mbps, -1)
+	if mbps == 0 {
+		mbps = -1
+	}
 	return d.control(func() error {
+		d.setMu.Lock()
+		defer d.setMu.Unlock()
+		if d.speed == mbps {
+			return nil
+		}
 		return d.ethtool("", func(ioctl func(unsafe.Pointer) error) error {
 			c := ethtoolCmd{cmd: unix.ETHTOOL_GSET}
 			if err := ioctl(unsafe.Pointer(&c)); err != nil {
@@ -126,6 +136,7 @@ func (d *Device) SetSpeed(mbps int) error {
 			if err := ioctl(unsafe.Pointer(&c)); err != nil {
 				return d.errorf("ethtool set speed %d: %w", mbps, err)
 			}
+			d.speed = mbps
 			return nil
 		})
 	})
