@@ -441,9 +441,8 @@ type Bond struct {
 	closed       bool
 
 	txDropped atomic.Uint64
-	// alias is ifalias (under mu); the carrier's changes as Interface counts them.
-	alias                    string
-	carrierUps, carrierDowns atomic.Uint64
+	alias     string // ifalias (under mu)
+	carrierCounter
 
 	kick       chan struct{}
 	speedKick  chan struct{} // a slave's carrier changed: the monitor pushes the bond's again
@@ -457,7 +456,6 @@ func newBond(bs *Bonds, name string) *Bond {
 		hwLen: 6, randomAddr: true, features: defaultFeatures,
 		kick: make(chan struct{}, 1), speedKick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.hw = randomMAC()
-	b.carrierDowns.Store(1) // off at setup, as its device counts it (Interface's)
 	go b.monitor()
 	return b
 }
@@ -516,9 +514,6 @@ func (b *Bond) SpeedMbps() int {
 	return -1
 }
 
-// CarrierCounts returns how many times the bond's carrier came on and went off.
-func (b *Bond) CarrierCounts() (up, down uint64) { return b.carrierUps.Load(), b.carrierDowns.Load() }
-
 // Alias is the bond's alias (ifalias; ip link set alias), "" without one.
 func (b *Bond) Alias() string { b.mu.Lock(); defer b.mu.Unlock(); return b.alias }
 
@@ -536,14 +531,7 @@ func (b *Bond) SetAlias(s string) error {
 	if changed {
 		b.bs.e.event("%s: alias %q", b.name, s)
 	}
-	b.bondPush(func() func(Host) {
-		a := b.alias
-		return func(h Host) {
-			if ah, ok := h.(AliasHost); ok {
-				ah.SetAlias(a)
-			}
-		}
-	})
+	b.pushAlias()
 	return nil
 }
 
@@ -574,8 +562,8 @@ func (b *Bond) AttachHost(h Host) {
 		if uh, ok := h.(UserFlagsHost); ok {
 			uh.SetUserFlags(user)
 		}
-		if ah, ok := h.(AliasHost); ok && alias != "" { // a new device has none
-			ah.SetAlias(alias)
+		if alias != "" { // a new device has none
+			aliasSender(alias)(h)
 		}
 	}
 }
@@ -1429,11 +1417,7 @@ func (b *Bond) carrierLocked() []func() {
 		return nil
 	}
 	b.carrier = on
-	if on {
-		b.carrierUps.Add(1)
-	} else {
-		b.carrierDowns.Add(1)
-	}
+	b.count(on)
 	b.bs.e.event("%s: carrier %s", b.name, onOff(on))
 	if b.hostLoad() == nil {
 		return nil

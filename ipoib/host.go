@@ -69,15 +69,18 @@ func (i *Interface) pushTxQueueLen() {
 }
 
 // pushAlias tells a host that follows it the current alias.
-func (i *Interface) pushAlias() {
-	i.hostPush(func() func(Host) {
-		s := i.alias
-		return func(h Host) {
-			if ah, ok := h.(AliasHost); ok {
-				ah.SetAlias(s)
-			}
+func (i *Interface) pushAlias() { i.hostPush(func() func(Host) { return aliasSender(i.alias) }) }
+
+// pushAlias tells a bond's host that follows it the bond's current alias.
+func (b *Bond) pushAlias() { b.bondPush(func() func(Host) { return aliasSender(b.alias) }) }
+
+// aliasSender sends alias s to a host that follows aliases.
+func aliasSender(s string) func(Host) {
+	return func(h Host) {
+		if ah, ok := h.(AliasHost); ok {
+			ah.SetAlias(s)
 		}
-	})
+	}
 }
 
 // pushMulticast tells a host that follows it the current IFF_MULTICAST.

@@ -167,11 +167,25 @@ type Interface struct {
 	tx0   txLane
 	lanes atomic.Pointer[[]*txLane]
 
-	// carrierUps and carrierDowns count the carrier's changes (carrier_up_count,
-	// carrier_down_count: the netdev's, which netif_carrier_on/off count), the
-	// turning off at setup included.
-	carrierUps, carrierDowns atomic.Uint64
+	carrierCounter // the carrier's changes
 }
+
+// carrierCounter counts a carrier's changes as a netdev's carrier_up_count and
+// carrier_down_count do (netif_carrier_on and off). A netdev's carrier is turned off
+// once as it is set up (the TUN device's when the kernel bridge opens it): counted, so
+// that the counts read as the device's.
+type carrierCounter struct{ ups, downs atomic.Uint64 }
+
+func (c *carrierCounter) count(on bool) {
+	if on {
+		c.ups.Add(1)
+	} else {
+		c.downs.Add(1)
+	}
+}
+
+// CarrierCounts returns how many times the carrier came on and went off.
+func (c *carrierCounter) CarrierCounts() (up, down uint64) { return c.ups.Load(), c.downs.Load() + 1 }
 
 // dataState is what the data path reads of an interface: the receive and transmit
 // loops load it once per batch and take no lock for it. It is never changed in place:
@@ -239,9 +253,6 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		i.sa = e.wrapSA(i.sa)
 	}
 	i.name.Store(&name)
-	// A netdev's carrier is turned off once as it is set up (the TUN device's when the
-	// kernel bridge opens it): counted, so that the counts read as the device's.
-	i.carrierDowns.Store(1)
 	i.ctx, i.cancel = context.WithCancel(context.Background())
 	if i.maxIBMTU == 0 {
 		i.maxIBMTU = 2048
@@ -579,11 +590,6 @@ func checkAlias(s string) (string, error) {
 	return s, nil
 }
 
-// CarrierCounts returns how many times the carrier came on and went off.
-func (i *Interface) CarrierCounts() (up, down uint64) {
-	return i.carrierUps.Load(), i.carrierDowns.Load()
-}
-
 // TxQueueLen is the device's transmit queue length (1000 as ipoib_setup_common sets).
 func (i *Interface) TxQueueLen() uint32 {
 	i.mu.Lock()
@@ -631,8 +637,8 @@ func (i *Interface) AttachHost(h Host) {
 	if uh, ok := h.(UserFlagsHost); ok {
 		uh.SetUserFlags(user)
 	}
-	if ah, ok := h.(AliasHost); ok && alias != "" { // a new device has none
-		ah.SetAlias(alias)
+	if alias != "" { // a new device has none
+		aliasSender(alias)(h)
 	}
 	if ah, ok := h.(AdminHost); ok {
 		ah.SetAdminUp(up)
@@ -866,11 +872,7 @@ func (i *Interface) setCarrierLocked(on bool) func() {
 		return func() {}
 	}
 	i.setLocked(func(d *dataState) { d.carrier = on })
-	if on {
-		i.carrierUps.Add(1)
-	} else {
-		i.carrierDowns.Add(1)
-	}
+	i.count(on)
 	i.e.event("%s: carrier %s", i.Name(), onOff(on))
 	var mtuAct func()
 	if on && d.mode == Datagram {

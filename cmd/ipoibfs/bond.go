@@ -25,9 +25,6 @@ type bondBridge struct {
 	dev  *kernel.Device
 	bb   *bondBridges
 	done chan struct{}
-	// speed is what the device's link settings say (SetCarrier's), -1 unknown; 0
-	// until the first SetCarrier.
-	speed int
 	adopter
 }
 
@@ -201,17 +198,11 @@ func (br *bondBridge) SetMTU(mtu int) {
 // pushes its carrier again when the active slave changes. Pushes are serialised.
 func (br *bondBridge) SetCarrier(on bool) {
 	br.logErr(br.dev.SetCarrier(on))
-	speed := -1
+	speed := -1 // unknown
 	if on {
 		speed = br.b.SpeedMbps()
 	}
-	if speed != br.speed {
-		if err := br.dev.SetSpeed(speed); err != nil {
-			br.logErr(err)
-			return
-		}
-		br.speed = speed
-	}
+	br.logErr(br.dev.SetSpeed(speed))
 }
 
 // SetAlias follows the bond's alias (an ifalias write).
@@ -380,7 +371,10 @@ func (a *ifcfgApplier) applyBonds(cfgs []*ifcfg, logf func(string, ...any)) {
 			_, _ = a.applyBondOpts(c, true, logf)
 		default:
 			for _, o := range c.bond.opts {
-				if cur, _ := b.Option("active_slave"); o[0] == "active_slave" && !sameBondValue(cur, o[1]) {
+				if o[0] != "active_slave" {
+					continue
+				}
+				if cur, _ := b.Option("active_slave"); !sameBondValue(cur, o[1]) {
 					log.Printf("%s: BONDING_OPTS active_slave=%s not applied to the running %s (its active slave stays %s)",
 						filepath.Base(c.file), o[1], c.device, strings.TrimSpace(cur))
 				}

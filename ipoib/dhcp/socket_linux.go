@@ -33,6 +33,7 @@ type udpTransport struct {
 	prc syscall.RawConn
 	mu  sync.Mutex // serialises the packet socket's binds
 	buf []byte     // Recv's packet, with room for the headers
+	oob []byte     // Recv's auxiliary data (the checksum status)
 }
 
 // Open makes the transport of the device called dev() in the named network namespace
@@ -202,7 +203,10 @@ func (t *udpTransport) Recv(b []byte) (int, error) {
 	if need := len(b) + 60 + 8; len(t.buf) < need { // the largest IPv4 and the UDP header
 		t.buf = make([]byte, need)
 	}
-	oob := make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(unix.TpacketAuxdata{}))))
+	if t.oob == nil {
+		t.oob = make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(unix.TpacketAuxdata{}))))
+	}
+	oob := t.oob
 	for {
 		var n, oobn int
 		var from unix.Sockaddr
