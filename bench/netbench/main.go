@@ -5,6 +5,11 @@
 // prints the numbers and the ratios, and the CPU time the two daemons took per GB
 // iperf3 moved (on a shared machine a steadier measure of the engine than Gb/s).
 //
+// Beside each datagram-mode configuration it measures the design's own throughput
+// reference (ceiling.go): iperf3 over two batched TUN<->UDP relays, wireguard-go's data
+// path without cryptography, at the same MTU and offloads; the engine's ratio to it is
+// what IPoIB costs over the TUN-and-UDP design (-no-ceiling skips it).
+//
 // Needs root, iperf3, ping, ethtool and ip; run it as `go run ./bench/netbench`.
 //
 // -only picks configurations (2044on, 2044off, 4092on, 4092off, connected), -count
@@ -35,15 +40,16 @@ import (
 )
 
 var (
-	dur      = flag.Duration("t", 5*time.Second, "iperf3 duration per measurement")
-	only     = flag.String("only", "", "comma-separated configurations to run (2044on,2044off,4092on,4092off,connected); empty: all")
-	count    = flag.Int("count", 1, "runs of each configuration")
-	streams  = flag.Int("P", 1, "parallel iperf3 streams (iperf3 -P); the veth reference runs as many")
-	loss     = flag.Float64("loss", 0, "percent of fabric packets lost (sm/faults) during the ipoib measurements; RC recovers them in connected mode (the veth reference has none: no netem here)")
-	profDir  = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
-	queues   = flag.Int("queues", 0, "the daemons' -queues (TUN queues of ib0); 0: their default, one per CPU up to 8")
-	prebuilt = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
-	binPath  string
+	dur       = flag.Duration("t", 5*time.Second, "iperf3 duration per measurement")
+	only      = flag.String("only", "", "comma-separated configurations to run (2044on,2044off,4092on,4092off,connected); empty: all")
+	count     = flag.Int("count", 1, "runs of each configuration")
+	streams   = flag.Int("P", 1, "parallel iperf3 streams (iperf3 -P); the veth reference runs as many")
+	loss      = flag.Float64("loss", 0, "percent of fabric packets lost (sm/faults) during the ipoib measurements; RC recovers them in connected mode (the veth reference has none: no netem here)")
+	profDir   = flag.String("profile", "", "build with -tags pprof and write the daemons' CPU profiles (iperf3) and traces (ping) here")
+	queues    = flag.Int("queues", 0, "the daemons' -queues (TUN queues of ib0); 0: their default, one per CPU up to 8")
+	noCeiling = flag.Bool("no-ceiling", false, "skip the batched TUN<->UDP relay (ceiling.go) measured beside each datagram-mode configuration")
+	prebuilt  = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
+	binPath   string
 )
 
 // profiling is what -profile needs while a configuration runs.
@@ -57,6 +63,10 @@ func main() {
 	flag.Parse()
 	if *relayArgs != "" {
 		serveRelay(*relayArgs)
+		return
+	}
+	if *ceilingArgs != "" {
+		serveCeiling(*ceilingArgs)
 		return
 	}
 	if *streams < 1 || *count < 1 {
@@ -104,6 +114,9 @@ func main() {
 	}
 	fmt.Printf("%s (iperf3 %v) and ping RTT, two namespaces; reference: veth pair, same MTU, same run\n", what, *dur)
 	fmt.Printf("relay RTT: the same ping over a minimal Go TUN<->UDP relay in each namespace (relay.go), same run\n")
+	if !*noCeiling {
+		fmt.Printf("batched relay: the design's throughput reference, wireguard-go's TUN and UDP data path without its cryptography (datagram MTUs only)\n")
+	}
 	if *loss > 0 {
 		fmt.Printf("the fabric loses %g%% of its packets (the veth pair none)\n", *loss)
 	}
@@ -149,6 +162,14 @@ func main() {
 				}
 				fmt.Printf("%-6d %-9s %12.2f %12.2f %7.2f %6s %9.3fms %9.3fms %7.2f %8.3fms %8.3fms %9.2f\n", mtu, mode,
 					ib.gbps, ve.gbps, ib.gbps/ve.gbps, aim, ib.rtt, ve.rtt, ib.rtt/ve.rtt, ve.rtt+0.05, relay, ib.cpu)
+				if mtu <= 4092 && !*noCeiling {
+					c, err := measureCeiling(mtu, off)
+					if err != nil {
+						die("ceiling relay MTU %d: %v", mtu, err)
+					}
+					fmt.Printf("       batched relay (ceiling.go): %.2f Gb/s, ipoib %.2fx of it, %.2f CPU s/GB, RTT %.3fms\n",
+						c.gbps, ib.gbps/c.gbps, c.cpu, c.rtt)
+				}
 				if *loss > 0 && mtu == 65520 { // RC carries it; in datagram mode TCP sees the loss
 					fmt.Printf("       with %g%% loss: %.0f MB/s over RC (aim at 2%%: >= 500 MB/s)\n", *loss, ib.gbps*1e3/8)
 				}

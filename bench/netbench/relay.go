@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -91,20 +92,11 @@ func measureRelay(mtu int) (float64, error) {
 			return 0, err
 		}
 		defer sh("ip", "netns", "del", ns)
-		cmd := exec.Command(self, "-relay", devs[k]+","+addrs[k]+","+addrs[1-k])
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
+		cmd, err := startHelper(self, "-relay", devs[k]+","+addrs[k]+","+addrs[1-k])
 		if err != nil {
-			return 0, err
-		}
-		if err := cmd.Start(); err != nil {
-			return 0, err
+			return 0, fmt.Errorf("relay %s: %v", devs[k], err)
 		}
 		defer func() { cmd.Process.Kill(); cmd.Wait() }()
-		ready := make([]byte, 6)
-		if _, err := out.Read(ready); err != nil || string(ready) != "ready\n" {
-			return 0, fmt.Errorf("relay %s did not start: %v", devs[k], err)
-		}
 		// The device moves into the namespace; the relay's descriptor stays attached.
 		if _, err := sh("ip", "link", "set", devs[k], "netns", ns); err != nil {
 			return 0, err
@@ -122,4 +114,24 @@ func measureRelay(mtu int) (float64, error) {
 		return 0, err
 	}
 	return pingRTT(nsA)
+}
+
+// startHelper runs this program with args and waits for its "ready".
+func startHelper(self string, args ...string) (*exec.Cmd, error) {
+	cmd := exec.Command(self, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ready := make([]byte, 6)
+	if _, err := io.ReadFull(out, ready); err != nil || string(ready) != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("did not start: %v", err)
+	}
+	return cmd, nil
 }
