@@ -25,7 +25,7 @@ func FuzzSMHello(f *testing.F) {
 	f.Add([]byte{1, 9, 1, 3}, uint8(3))
 	f.Fuzz(func(t *testing.T, b []byte, from uint8) {
 		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 9, from % 8}), 4791)
-		sm.handleCtl(src, b)
+		smh.SoftPort(1).handleCtl(src, b, 0)
 		sm.mu.Lock()
 		defer sm.mu.Unlock()
 		for a, sp := range sm.ports {
@@ -63,7 +63,7 @@ func FuzzPortCtl(f *testing.F) {
 	c := ctlConfig{LID: 5, SMLID: 1, State: verbs.PortActive, ActiveMTU: verbs.MTU2048, PKeys: []verbs.PKey{0xffff}}
 	f.Add(c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p.handleCtl(smh.Endpoint(1), b)
+		p.handleCtl(smh.Endpoint(1), b, 0)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if len(p.partial) > maxRoutesParts {

@@ -97,26 +97,27 @@ func (a *fabricAuth) seal(mad []byte, qp uint8, dst verbs.GUID) []byte {
 	return append(out, a.mac(qp, a.self, dst, seq, mad)...)
 }
 
-// open checks a received message for QP qp and returns the MAD without its trailer.
-// forUs says whether a destination GUID names this receiver.
-func (a *fabricAuth) open(b []byte, qp uint8, forUs func(verbs.GUID) bool) ([]byte, error) {
+// open checks a received message for QP qp and returns the MAD without its trailer
+// and the port that signed it. forUs says whether a destination GUID names this
+// receiver.
+func (a *fabricAuth) open(b []byte, qp uint8, forUs func(verbs.GUID) bool) ([]byte, verbs.GUID, error) {
 	if len(b) < authTrailerLen {
-		return nil, errAuthShort
+		return nil, 0, errAuthShort
 	}
 	mad, t := b[:len(b)-authTrailerLen], b[len(b)-authTrailerLen:]
 	src := verbs.GUID(binary.BigEndian.Uint64(t))
 	dst := verbs.GUID(binary.BigEndian.Uint64(t[8:]))
 	seq := binary.BigEndian.Uint64(t[16:])
 	if !hmac.Equal(t[24:], a.mac(qp, src, dst, seq, mad)) {
-		return nil, errAuthMAC
+		return nil, 0, errAuthMAC
 	}
 	if !forUs(dst) {
-		return nil, errAuthDest
+		return nil, 0, errAuthDest
 	}
 	if err := a.fresh(src, seq); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return mad, nil
+	return mad, src, nil
 }
 
 // fresh applies the replay window of sender src to seq, recording it when accepted.
@@ -158,27 +159,6 @@ func (a *fabricAuth) fresh(src verbs.GUID, seq uint64) error {
 		w.seen |= bit
 		return nil
 	}
-}
-
-// authSender is the sender GUID of a signed message's trailer (0 when there is none);
-// open checks that the MAC covers it.
-func authSender(b []byte) verbs.GUID {
-	if len(b) < authTrailerLen {
-		return 0
-	}
-	return verbs.GUID(binary.BigEndian.Uint64(b[len(b)-authTrailerLen:]))
-}
-
-// helloFrom reports whether a control message that is a hello names the port that
-// signed it (from): a key holder does not register as another port. Other messages
-// pass.
-func helloFrom(mad []byte, from verbs.GUID) bool {
-	attr, body, err := parseCtl(mad)
-	if err != nil || attr != ctlAttrHello {
-		return true
-	}
-	var h ctlHello
-	return h.parse(body) != nil || h.PortGUID == from
 }
 
 // guidOf is the port GUID in a port's GID (its interface ID).

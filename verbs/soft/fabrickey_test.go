@@ -3,6 +3,7 @@ package soft
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -48,21 +49,21 @@ func TestFabricAuthSealOpen(t *testing.T) {
 		{"shorter than a trailer", msg[:authTrailerLen-1], 1, errAuthShort},
 		{"sent on QP1, replayed on QP0", msg, 0, errAuthMAC},
 	} {
-		if _, err := recv.open(c.b, c.qp, forB); !errors.Is(err, c.want) {
+		if _, _, err := recv.open(c.b, c.qp, forB); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.what, err, c.want)
 		}
 	}
-	if _, err := newFabricAuth(otherKey, 0xb, nil).open(msg, 1, forB); !errors.Is(err, errAuthMAC) {
+	if _, _, err := newFabricAuth(otherKey, 0xb, nil).open(msg, 1, forB); !errors.Is(err, errAuthMAC) {
 		t.Errorf("other key: %v", err)
 	}
-	if _, err := recv.open(msg, 1, func(g verbs.GUID) bool { return g == 0xc }); !errors.Is(err, errAuthDest) {
+	if _, _, err := recv.open(msg, 1, func(g verbs.GUID) bool { return g == 0xc }); !errors.Is(err, errAuthDest) {
 		t.Errorf("addressed to another port: %v", err)
 	}
-	got, err := recv.open(msg, 1, forB)
-	if err != nil || !bytes.Equal(got, mad) {
-		t.Fatalf("good message: %v", err)
+	got, signer, err := recv.open(msg, 1, forB)
+	if err != nil || !bytes.Equal(got, mad) || signer != 0xa {
+		t.Fatalf("good message: %v, signed by %#x", err, uint64(signer))
 	}
-	if _, err := recv.open(msg, 1, forB); !errors.Is(err, errAuthReplay) {
+	if _, _, err := recv.open(msg, 1, forB); !errors.Is(err, errAuthReplay) {
 		t.Errorf("replay: %v, want %v", err, errAuthReplay)
 	}
 }
@@ -76,7 +77,7 @@ func TestFabricAuthReplayWindow(t *testing.T) {
 	for k := range 100 {
 		msgs = append(msgs, sender.seal([]byte{byte(k)}, 0, 0xb))
 	}
-	open := func(k int) error { _, err := recv.open(msgs[k], 0, anyDest); return err }
+	open := func(k int) error { _, _, err := recv.open(msgs[k], 0, anyDest); return err }
 	if err := open(80); err != nil {
 		t.Fatal(err)
 	}
@@ -109,11 +110,11 @@ func TestFabricAuthFirstContactFreshness(t *testing.T) {
 	clock := func() time.Time { return now }
 	old := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Hour) })
 	recv := newFabricAuth(testKey, 0xb, clock)
-	if _, err := recv.open(old.seal([]byte("x"), 0, 0xb), 0, anyDest); !errors.Is(err, errAuthStale) {
+	if _, _, err := recv.open(old.seal([]byte("x"), 0, 0xb), 0, anyDest); !errors.Is(err, errAuthStale) {
 		t.Errorf("an hour-old first message: %v, want %v", err, errAuthStale)
 	}
 	fresh := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Minute) })
-	if _, err := recv.open(fresh.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil {
+	if _, _, err := recv.open(fresh.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil {
 		t.Errorf("a minute-old first message: %v", err)
 	}
 }
@@ -125,8 +126,9 @@ func FuzzFabricAuthOpen(f *testing.F) {
 	f.Add(bytes.Repeat([]byte{0}, authTrailerLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := newFabricAuth(testKey, 0xb, nil)
-		mad, err := r.open(b, 1, anyDest)
-		if err == nil && (len(mad) != len(b)-authTrailerLen || !bytes.Equal(mad, b[:len(mad)])) {
+		mad, signer, err := r.open(b, 1, anyDest)
+		if err == nil && (len(mad) != len(b)-authTrailerLen || !bytes.Equal(mad, b[:len(mad)]) ||
+			signer != verbs.GUID(binary.BigEndian.Uint64(b[len(mad):]))) {
 			t.Fatalf("accepted %x as %x", b, mad)
 		}
 	})

@@ -229,12 +229,11 @@ func (p *Port) sendHello() {
 		LaneMbps: uint32(p.attr.LaneMbps), Epoch: p.attr.SMEpoch, RoutesVersion: p.routesV,
 		NodeDesc: p.hca.NodeDesc()}
 	p.mu.RUnlock()
-	body := m.append(putCtlHeader(nil, ctlAttrHello, 0))
 	if sm := p.sm.Load(); sm != nil {
-		sm.handleCtl(p.ep.Addr(), body) // the SM is on this very port
+		sm.handleHello(p.ep.Addr(), &m) // the SM is on this very port
 		return
 	}
-	p.sendCtl(p.hca.cfg.SM, 0, body) // 0: whichever port hosts the SM
+	p.sendCtl(p.hca.cfg.SM, 0, m.append(putCtlHeader(nil, ctlAttrHello, 0))) // 0: whichever port hosts the SM
 }
 
 // sendCtl sends a QP0 control message to the port dstGUID at an endpoint, signed when
@@ -259,17 +258,27 @@ func (p *Port) ctlForUs(g verbs.GUID) bool {
 // fabric-key MAC (always 0 without a key).
 func (p *Port) AuthFailures() uint64 { return p.cnt.authFail.Load() }
 
-// handleCtl takes a control message from the fabric; the subnet manager on this port
-// hands its own through applyCtl.
-func (p *Port) handleCtl(src netip.AddrPort, mad []byte) {
-	attr, _, err := parseCtl(mad)
+// handleCtl takes a control message from the fabric, signed by the port signer when
+// the fabric has a key (0 without one); the subnet manager on this port hands its
+// own through applyCtl.
+func (p *Port) handleCtl(src netip.AddrPort, mad []byte, signer verbs.GUID) {
+	attr, body, err := parseCtl(mad)
 	if err != nil {
 		p.cnt.malformed.Add(1)
 		return
 	}
 	sm := p.sm.Load()
 	if sm != nil && attr == ctlAttrHello {
-		sm.handleCtl(src, mad)
+		var h ctlHello
+		if err := h.parse(body); err != nil {
+			p.cnt.malformed.Add(1)
+			return
+		}
+		if p.auth != nil && h.PortGUID != signer {
+			p.cnt.authFail.Add(1) // a key holder does not register as another port
+			return
+		}
+		sm.handleHello(src, &h)
 		return
 	}
 	// Only the subnet manager we joined may configure us; a port that hosts one
@@ -279,7 +288,7 @@ func (p *Port) handleCtl(src netip.AddrPort, mad []byte) {
 		p.cnt.malformed.Add(1)
 		return
 	}
-	p.applyCtl(mad)
+	p.applyCtlBody(attr, body)
 }
 
 // applyCtl applies a Config, Routes or Delta message from the subnet manager.
@@ -289,6 +298,11 @@ func (p *Port) applyCtl(mad []byte) {
 		p.cnt.malformed.Add(1)
 		return
 	}
+	p.applyCtlBody(attr, body)
+}
+
+// applyCtlBody applies the body of a control message with attribute attr.
+func (p *Port) applyCtlBody(attr uint16, body []byte) {
 	switch attr {
 	case ctlAttrConfig:
 		var c ctlConfig
@@ -519,16 +533,15 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 				p.cnt.badICRC.Add(1)
 				continue
 			}
-			mad := pkt.Payload
+			mad, signer := pkt.Payload, verbs.GUID(0)
 			if p.auth != nil {
-				from := authSender(mad)
 				var err error
-				if mad, err = p.auth.open(mad, 0, p.ctlForUs); err != nil || !helloFrom(mad, from) {
+				if mad, signer, err = p.auth.open(mad, 0, p.ctlForUs); err != nil {
 					p.cnt.authFail.Add(1)
 					continue
 				}
 			}
-			p.handleCtl(d.Addr, mad)
+			p.handleCtl(d.Addr, mad, signer)
 		case verbs.MulticastQPN:
 			p.receiveMulticast(d, &pkt, &cb)
 		default:
@@ -582,9 +595,9 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, ic *w
 		if p.auth != nil {
 			// Signed by the port the source address belongs to: a key holder does
 			// not act as another port (an SA delete of its memberships).
-			from := authSender(mad)
+			var signer verbs.GUID
 			var err error
-			if mad, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid }); err != nil || from != guidOf(src.GID) {
+			if mad, signer, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid }); err != nil || signer != guidOf(src.GID) {
 				p.cnt.authFail.Add(1)
 				return
 			}

@@ -295,16 +295,8 @@ func (sm *SM) pkeysFor(sp *smPort) []verbs.PKey {
 	return sm.parts.PKeys(partitions.Port{GUID: sp.guid, IsSM: sp.isSM})
 }
 
-// handleCtl processes a port's hello (registration and heartbeat).
-func (sm *SM) handleCtl(src netip.AddrPort, mad []byte) {
-	attr, body, err := parseCtl(mad)
-	if err != nil || attr != ctlAttrHello {
-		return
-	}
-	var h ctlHello
-	if err := h.parse(body); err != nil {
-		return
-	}
+// handleHello processes a port's hello (registration and heartbeat) from src.
+func (sm *SM) handleHello(src netip.AddrPort, h *ctlHello) {
 	if h.PortGUID == sm.port.guid && src != sm.port.ep.Addr() {
 		// Only the SM's own port is the SM's port: a hello claiming its GUID from
 		// elsewhere would take its LID, and every port's SA traffic with it.

@@ -122,7 +122,7 @@ func TestSMReclaimsLIDsOfGUIDsGone(t *testing.T) {
 	hello := func(a netip.AddrPort, g verbs.GUID) {
 		h := ctlHello{NodeGUID: g, PortGUID: g, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4,
 			LaneMbps: 10000, Epoch: sm.epoch, NodeDesc: fmt.Sprintf("node %#x", uint64(g))}
-		sm.handleCtl(a, h.append(putCtlHeader(nil, ctlAttrHello, 0)))
+		sm.handleHello(a, &h)
 	}
 	// lidOf is the LID of the port registered under GUID g (ok false: none is).
 	lidOf := func(g verbs.GUID) (verbs.LID, bool) {
@@ -225,7 +225,7 @@ func TestSMPortIgnoresConfigFromTheNetwork(t *testing.T) {
 	body := forged.append(putCtlHeader(nil, ctlAttrConfig, 0))
 	for _, src := range []netip.AddrPort{netip.MustParseAddrPort("127.0.0.99:4791"), p.ep.Addr()} {
 		malformed := p.cnt.malformed.Load()
-		p.handleCtl(src, body)
+		p.handleCtl(src, body, 0)
 		if got := p.PKeyTable(); !slices.Equal(got, before) || p.Attr().LID != lid {
 			t.Fatalf("a Config from %s was applied: P_Keys %v (were %v), LID %#x (was %#x)", src, got, before, p.Attr().LID, lid)
 		}
@@ -243,7 +243,7 @@ func TestSMKeepsItsOwnGUID(t *testing.T) {
 	sm := smh.SM()
 	h := ctlHello{NodeGUID: 0x4242, PortGUID: p.guid, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4,
 		LaneMbps: 10000, Epoch: sm.epoch, NodeDesc: "impostor"}
-	sm.handleCtl(netip.MustParseAddrPort("127.0.0.98:4791"), h.append(putCtlHeader(nil, ctlAttrHello, 0)))
+	smh.SoftPort(1).handleCtl(netip.MustParseAddrPort("127.0.0.98:4791"), h.append(putCtlHeader(nil, ctlAttrHello, 0)), 0)
 	sm.mu.Lock()
 	own := sm.byGUID[p.guid]
 	_, here := sm.ports[p.ep.Addr()]
