@@ -49,12 +49,17 @@ func ndLLOption(opts []byte, typ byte) (HWAddr, bool) {
 // advertisement for a target with no entry) and answers solicitations for
 // our addresses.
 func (i *Interface) handleND(pkt []byte) {
-	src := netip.AddrFrom16([16]byte(pkt[8:24]))
-	icmp := pkt[ipv6HdrLen:]
-	if pkt[7] != 255 || icmpv6Checksum(pkt) != 0 {
-		i.stats.rxDropped.Add(1) // RFC 4861 §7.1: hop limit 255 and a valid checksum
+	// The message is what the IPv6 payload length says (what follows is the link's
+	// padding, not options); RFC 4861 §7.1 wants 24 bytes of it or more, hop limit
+	// 255 and a valid checksum.
+	n := int(binary.BigEndian.Uint16(pkt[4:]))
+	if n < 24 || ipv6HdrLen+n > len(pkt) || pkt[7] != 255 || icmpv6Checksum(pkt) != 0 {
+		i.stats.rxDropped.Add(1)
 		return
 	}
+	pkt = pkt[:ipv6HdrLen+n]
+	src := netip.AddrFrom16([16]byte(pkt[8:24]))
+	icmp := pkt[ipv6HdrLen:]
 	target := netip.AddrFrom16([16]byte(icmp[8:24]))
 	opts := icmp[24:]
 	var learnIP netip.Addr
