@@ -62,12 +62,23 @@ func FuzzPortCtl(f *testing.F) {
 	f.Add(r.append(putCtlHeader(nil, ctlAttrRoutes, 0)))
 	c := ctlConfig{LID: 5, SMLID: 1, State: verbs.PortActive, ActiveMTU: verbs.MTU2048, PKeys: []verbs.PKey{0xffff}}
 	f.Add(c.append(putCtlHeader(nil, ctlAttrConfig, 0)))
+	// Deltas on top of version 9 (the whole table above), and on one the port never had.
+	d := ctlRoutesDelta{From: 9, DelUni: []verbs.LID{1}, Routes: ctlRoutes{Version: 10, Parts: 1,
+		Uni: []ctlRoute{{LID: 2, GID: verbs.MakeGID(verbs.DefaultGIDPrefix, 2), Addr: netip.MustParseAddrPort("127.0.0.2:4791")}}}}
+	f.Add(d.append(putCtlHeader(nil, ctlAttrDelta, 0)))
+	d.From = 77
+	f.Add(d.append(putCtlHeader(nil, ctlAttrDelta, 0)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p.handleCtl(smh.Endpoint(1), b, 0)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if len(p.partial) > maxRoutesParts {
 			t.Fatalf("%d parts kept", len(p.partial))
+		}
+		for lid, r := range p.uni { // the table a delta edits stays keyed by its routes
+			if r.LID != lid {
+				t.Fatalf("route for LID %#x kept under %#x", r.LID, lid)
+			}
 		}
 	})
 }
