@@ -43,6 +43,10 @@ func serveCeiling(spec string) {
 	if err != nil {
 		die("ceiling relay: %v", err)
 	}
+	go func() { // the device's up/down and MTU events, which nothing here needs: drained so its monitor never blocks
+		for range dev.Events() {
+		}
+	}()
 	bind := conn.NewStdNetBind()
 	recvs, _, err := bind.Open(uint16(port))
 	if err != nil {
