@@ -1045,3 +1045,35 @@ func TestRename(t *testing.T) {
 		t.Errorf("delete the renamed child: %v", err)
 	}
 }
+
+// A parent's children follow its transitions only, as the driver's ipoib_open and
+// ipoib_stop do: setting an up parent up again (a flags write, a reload's ONBOOT)
+// leaves a child someone took down, down.
+func TestParentSetUpAgainLeavesChildren(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	if err := i.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := i.CreateChild(0x8001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.IsUp() {
+		t.Fatal("a new child is up")
+	}
+	if err := i.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	if c.IsUp() {
+		t.Fatal("setting the up parent up again brought its down child up")
+	}
+	for _, up := range []bool{false, true} { // a real transition takes the child with it
+		if err := i.SetUp(up); err != nil {
+			t.Fatal(err)
+		}
+		if c.IsUp() != up {
+			t.Fatalf("parent set up %v: child up %v", up, c.IsUp())
+		}
+	}
+}

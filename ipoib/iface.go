@@ -718,6 +718,12 @@ func (i *Interface) SetUp(up bool) error {
 		}
 	}
 	i.upMu.Unlock()
+	if !changed {
+		// The driver's children follow their parent's open and stop, which run only
+		// when IFF_UP changes: a child someone took down stays down when the parent
+		// is set up again (a flags write, a reload's ONBOOT, an enslavement).
+		return nil
+	}
 	// The parent's state when each child's turn comes, not this call's, and looked at
 	// again after: of two SetUps of the parent at once, one loop may read the parent
 	// down, the other's change and loop pass, and its child's SetUp then land last;
