@@ -539,9 +539,18 @@ func (f *file) Readdir(offset uint64, count uint32) (p9.Dirents, error) {
 }
 
 func (f *file) SetXattr(string, []byte, p9.XattrFlags) error { return linux.EOPNOTSUPP }
-func (f *file) GetXattr(string) ([]byte, error)              { return nil, linux.EOPNOTSUPP } // as the FUSE mount: the tree has no extended attributes
-func (f *file) ListXattrs() ([]string, error)                { return nil, nil }
-func (f *file) RemoveXattr(string) error                     { return linux.EOPNOTSUPP }
+
+// CheckXattrCreate refuses a Txattrcreate before its value is sent: the tree has no
+// extended attributes (as SetXattr).
+func (f *file) CheckXattrCreate(string, uint64, p9.XattrFlags) error { return linux.EOPNOTSUPP }
+
+// XattrFID makes the file of a fid Txattrwalk makes from this one: within the
+// connection's bound on live fids like any other, sharing the node without owning
+// this fid's open handle.
+func (f *file) XattrFID() (p9.File, error)      { return newFile(f.a, f.n, f.who) }
+func (f *file) GetXattr(string) ([]byte, error) { return nil, linux.EOPNOTSUPP } // as the FUSE mount: the tree has no extended attributes
+func (f *file) ListXattrs() ([]string, error)   { return nil, nil }
+func (f *file) RemoveXattr(string) error        { return linux.EOPNOTSUPP }
 
 func (f *file) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.LockStatus, error) {
 	return p9.LockStatusError, linux.ENOSYS

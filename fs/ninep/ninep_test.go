@@ -587,3 +587,47 @@ func TestPathTreeForgetsNames(t *testing.T) {
 		t.Errorf("the heap grew by %d KiB over %d children created, read and deleted", grew>>10, children)
 	}
 }
+
+func txattrcreate(fid uint32, name string, size uint64) []byte {
+	b := append(u32(fid), str9(name)...)
+	b = binary.LittleEndian.AppendUint64(b, size)
+	return frame(32, 1, append(b, u32(0)...)...)
+}
+
+// Txattrwalk's fids count within the connection's bound like any other (they escaped
+// it: anyone could make millions), and a Txattrcreate is refused at once, before its
+// value is buffered in the fid: EOPNOTSUPP as the tree has no extended attributes,
+// E2BIG beyond the kernel's XATTR_SIZE_MAX whatever the file.
+func TestXattrFidsBounded(t *testing.T) {
+	v := newEnv(t)
+	reqs := [][]byte{tversion(), tattach(0), twalk(0, 1, "class", "net", "ib0", "mtu")}
+	const n = 10 // more than the bound of 8 holds
+	for k := range n {
+		reqs = append(reqs, txattrwalk(1, uint32(10+k), ""))
+	}
+	reqs = append(reqs, tclunk(10), txattrwalk(1, 30, ""), txattrwalk(1, 31, ""), // a clunked one gives its place back
+		txattrcreate(1, "user.x", 4), txattrcreate(1, "user.x", 1<<40))
+	r := exchange(t, v.tree.Root(), Options{MaxFids: 8}, reqs...)
+	made := 0 // the walks that fit, then only ENFILE
+	for k := 3; k < 3+n; k++ {
+		switch got := rerrno(r[k]); {
+		case r[k][4] == 31 && made == k-3:
+			made++
+		case got != uint32(syscall.ENFILE):
+			t.Fatalf("Txattrwalk %d: type %d errno %d, want Rxattrwalk while they fit, then ENFILE", k-3, r[k][4], got)
+		}
+	}
+	if made == 0 || made == n {
+		t.Fatalf("%d of %d Txattrwalks made a fid within a bound of 8", made, n)
+	}
+	c := 3 + n
+	if r[c][4] != 121 || r[c+1][4] != 31 || rerrno(r[c+2]) != uint32(syscall.ENFILE) {
+		t.Errorf("after a clunk: types %d, %d, %d (errno %d), want Rclunk, Rxattrwalk, ENFILE", r[c][4], r[c+1][4], r[c+2][4], rerrno(r[c+2]))
+	}
+	if got := rerrno(r[c+3]); got != uint32(syscall.EOPNOTSUPP) {
+		t.Errorf("Txattrcreate: type %d errno %d, want EOPNOTSUPP", r[c+3][4], got)
+	}
+	if got := rerrno(r[c+4]); got != uint32(syscall.E2BIG) {
+		t.Errorf("Txattrcreate of 1 TiB: type %d errno %d, want E2BIG", r[c+4][4], got)
+	}
+}

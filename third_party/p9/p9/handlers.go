@@ -980,6 +980,25 @@ type xattrWalkFile struct{ File }
 
 func (xattrWalkFile) Close() error { return nil }
 
+// XattrFIDMaker is what a File implements to make the file of a fid that Txattrwalk
+// makes from it (ipoibfs patch): a server bounding the fids of a connection counts
+// that fid too (it returns ENFILE at its bound; its Close gives the count back).
+// Without it the new fid gets xattrWalkFile.
+type XattrFIDMaker interface {
+	XattrFID() (File, error)
+}
+
+// XattrCreateChecker is what a File implements to refuse a Txattrcreate at once
+// (ipoibfs patch): a server without extended attributes answers EOPNOTSUPP before the
+// client sends the value, which the fid would otherwise keep until Tclunk.
+type XattrCreateChecker interface {
+	CheckXattrCreate(name string, size uint64, flags XattrFlags) error
+}
+
+// xattrSizeMax is the kernel's XATTR_SIZE_MAX: a larger value is E2BIG, as setxattr(2)
+// answers (ipoibfs patch; upstream buffered any size a client named).
+const xattrSizeMax = 64 << 10
+
 // handle implements handler.handle.
 func (t *txattrwalk) handle(cs *connState) message {
 	// Lookup the fid.
@@ -1012,9 +1031,15 @@ func (t *txattrwalk) handle(cs *connState) message {
 			return linux.EINVAL
 		}
 		size = len(buf)
+		var nf File = xattrWalkFile{ref.file} // ipoibfs patch: see xattrWalkFile
+		if m, ok := ref.file.(XattrFIDMaker); ok {
+			if nf, err = m.XattrFID(); err != nil {
+				return err
+			}
+		}
 		newRef := &fidRef{
 			server: cs.server,
-			file:   xattrWalkFile{ref.file}, // ipoibfs patch: see xattrWalkFile
+			file:   nf,
 			pendingXattr: pendingXattr{
 				op:   xattrWalk,
 				name: t.Name,
@@ -1042,6 +1067,14 @@ func (t *txattrcreate) handle(cs *connState) message {
 	if err := ref.safelyWrite(func() error {
 		if ref.isDeleted() {
 			return linux.EINVAL
+		}
+		if t.AttrSize > xattrSizeMax { // ipoibfs patch: see xattrSizeMax
+			return linux.E2BIG
+		}
+		if c, ok := ref.file.(XattrCreateChecker); ok { // ipoibfs patch
+			if err := c.CheckXattrCreate(t.Name, t.AttrSize, XattrFlags(t.Flags)); err != nil {
+				return err
+			}
 		}
 		ref.pendingXattr = pendingXattr{
 			op:    xattrCreate,
