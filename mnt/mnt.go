@@ -145,15 +145,21 @@ func Mount(dir string, conn io.ReadWriteCloser, o Options) (*Server, error) {
 	}
 	// This process attaches naming its uid: a server that trusts attach names from
 	// this host (-9p-trust-uname) takes an unnamed attach as nobody; one that knows
-	// the connection's user treats both alike.
-	root, err := c.AttachAs("/", "", p9.UID(os.Geteuid()))
+	// the connection's user treats both alike. Without CAP_NET_ADMIN it says so, as
+	// rootFor does for such a writer: a trusting server would grant it to a uid 0
+	// named plainly, and this attach serves the writers that are this process's
+	// equal (whoIs).
+	self := who{uid: uint32(os.Geteuid()), noCap: !fs.ProcNetAdmin(uint32(os.Getpid()))}
+	var root p9.File
+	if self.noCap {
+		root, err = c.AttachAs("/", ninep.NoNetAdminUname(self.uid), p9.NoUID)
+	} else {
+		root, err = c.AttachAs("/", "", p9.UID(self.uid))
+	}
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("9P attach: %w", errnoOf(err))
 	}
-	// The attach without a name acts as this process (the server's view of the
-	// connection).
-	self := who{uid: uint32(os.Geteuid()), noCap: !fs.ProcNetAdmin(uint32(os.Getpid()))}
 	s := &Server{dir: dir, conn: conn, c: c, root: root, self: self, roots: map[who]*attach{}}
 	logf := func(string) {}
 	if o.Log != nil {

@@ -3,10 +3,12 @@ package tests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -285,5 +287,59 @@ func TestRemoteMountReadOnly(t *testing.T) {
 	}
 	if got := readTrim(t, td.path("class/net/ib0/mode")); got != "datagram" {
 		t.Errorf("mode on the server after the refused write: %q", got)
+	}
+}
+
+// `ipoibfs mount` run without CAP_NET_ADMIN, against a server on "another host" that
+// believes attach names (-9p-trust-uname; here a network namespace on a veth pair, so
+// the server cannot find the client's socket and takes it as remote): a writer as
+// capable as the mount process itself goes through the mount's own attach, which must
+// say it has no CAP_NET_ADMIN (a plain attach as uid 0 was granted it by the trusting
+// server: a review found it).
+func TestRemoteMountWithoutNetAdmin(t *testing.T) {
+	testenv.Tool(t, "setpriv")
+	testenv.Tool(t, "nsenter")
+	ns := netns(t, "rnc")
+	mustRun(t, "ip", "netns", "add", ns)
+	host, peer := "ipo"+strconv.Itoa(os.Getpid()%100000)+"h", "ipo"+strconv.Itoa(os.Getpid()%100000)+"p"
+	_ = exec.Command("ip", "link", "del", host).Run()
+	mustRun(t, "ip", "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", host).Run() })
+	mustRun(t, "ip", "addr", "add", "10.73.0.1/24", "dev", host)
+	mustRun(t, "ip", "link", "set", host, "up")
+	mustRun(t, "ip", "-n", ns, "addr", "add", "10.73.0.2/24", "dev", peer)
+	mustRun(t, "ip", "-n", ns, "link", "set", peer, "up")
+	mustRun(t, "ip", "-n", ns, "link", "set", "lo", "up")
+
+	port := treeFreePort(t)
+	addr := fmt.Sprintf("10.73.0.1:%d", port)
+	td := treeStart(t, "rnca", "", "-9p", addr, "-9p-allow", "10.73.0.0/24", "-9p-trust-uname")
+	dir := filepath.Join(t.TempDir(), "remote")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := &testenv.Buffer{}
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns, "setpriv", "--bounding-set=-net_admin", "--", binPath, "mount", addr, dir)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+	})
+	treeWait(t, dir, log)
+	cc := filepath.Join(dir, "class/net/ib0/create_child")
+	if out, err := exec.Command("setpriv", "--bounding-set=-net_admin", "--", "sh", "-c", "printf 0x8007 > "+cc).CombinedOutput(); err == nil {
+		t.Errorf("root without CAP_NET_ADMIN created a child through a mount without it: %s", out)
+	}
+	if _, err := os.Stat(td.path("class/net/ib0.8007")); err == nil {
+		t.Error("ib0.8007 exists on the server")
+	}
+	// The server did take the mount as remote and trusted its name: root's read of a
+	// root-only file works (nobody's would be refused).
+	if _, err := os.ReadFile(filepath.Join(dir, "sm/groups")); err != nil {
+		t.Errorf("root's read of sm/groups through the trusted mount: %v", err)
 	}
 }
