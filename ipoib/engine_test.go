@@ -1077,3 +1077,16 @@ func TestParentSetUpAgainLeavesChildren(t *testing.T) {
 		}
 	}
 }
+
+// A child cannot have children: EINVAL, as ipoib_new_child_link answers ("child
+// creation disallowed for child devices").
+func TestChildOfChildIsEINVAL(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	c, err := nodes[0].ib0.CreateChild(0x8001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateChild(0x8002); !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("a child's child: %v, want EINVAL", err)
+	}
+}

@@ -83,7 +83,7 @@ func (i *Interface) childErr(op string, errno syscall.Errno, format string, a ..
 // P_Key unique among the parent and its legacy children.
 func (i *Interface) newChild(op string, spec ChildSpec, legacy bool) (*Interface, error) {
 	if i.parent != nil {
-		return nil, i.childErr(op, syscall.EOPNOTSUPP, "%s is a child: children cannot have children", i.Name())
+		return nil, i.childErr(op, syscall.EINVAL, "%s is a child: children cannot have children", i.Name())
 	}
 	// One create or delete at a time per parent, device included (the driver holds
 	// the RTNL lock): a child being deleted keeps its device name until it is gone.
