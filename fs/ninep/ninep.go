@@ -442,6 +442,14 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 		return p9.QID{}, 0, toErr(err)
 	}
 	f.mu.Lock()
+	if f.h != nil {
+		// Two Tlopens of one fid at once (the library checks "not yet opened" under
+		// a shared lock): the second would drop the first's handle unreleased (an
+		// events or capture subscription kept until exit).
+		f.mu.Unlock()
+		_ = h.Release()
+		return p9.QID{}, 0, linux.EINVAL
+	}
 	f.h = h
 	f.mu.Unlock()
 	return qidOf(f.n), 0, nil

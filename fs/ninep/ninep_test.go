@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -630,4 +631,33 @@ func TestXattrFidsBounded(t *testing.T) {
 	if got := rerrno(r[c+4]); got != uint32(syscall.E2BIG) {
 		t.Errorf("Txattrcreate of 1 TiB: type %d errno %d, want E2BIG", r[c+4][4], got)
 	}
+}
+
+// A fid opened twice at once keeps one handle: the library checks "not yet opened"
+// under a shared lock, so two Tlopens can both reach Open; the second is refused and
+// its handle released, not left to hold (an events subscription) until exit.
+func TestOpenTwiceKeepsOneHandle(t *testing.T) {
+	v := newEnv(t)
+	n, err := v.tree.Lookup("class/net/ib0/mtu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{}
+	o.defaults()
+	a := &attacher{root: v.tree.Root(), o: &o, fids: new(atomic.Int64)}
+	f, err := newFile(a, n, fs.Internal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Open(p9.ReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	first := f.h
+	if _, _, err := f.Open(p9.ReadOnly); !errors.Is(err, linux.EINVAL) {
+		t.Errorf("second open of the fid: %v, want EINVAL", err)
+	}
+	if f.h != first {
+		t.Error("the second open replaced the fid's handle")
+	}
+	f.Close()
 }
