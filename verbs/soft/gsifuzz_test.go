@@ -13,9 +13,10 @@ import (
 
 // FuzzGSIReceive feeds MADs to QP1 of the subnet manager's port (its SA answering),
 // as from the ports of the fabric or a stranger, one fabric for the whole run: no
-// panic, the RMPP transfers the agent sends stay within maxRMPPSending, inputs leave
-// the requests waiting for answers alone, and an RMPP ACK, STOP or ABORT never
-// reaches the class handler as a request.
+// panic, the RMPP transfers the agent sends stay within maxRMPPSending, and an RMPP
+// ACK, STOP or ABORT never reaches the class handler as a request. The transfers
+// under way and the fresh TIDs carry over between inputs (one fabric per run), so a
+// saved failing input may need the run before it to fail again.
 func FuzzGSIReceive(f *testing.F) {
 	_, smh, nodes := fabric(f, "", "a", "b", "c")
 	p := smh.SoftPort(1)
@@ -25,7 +26,7 @@ func FuzzGSIReceive(f *testing.F) {
 	var from []ctlRoute
 	p.mu.RLock()
 	for _, h := range append([]*HCA{smh}, nodes...) {
-		from = append(from, p.uni[h.SoftPort(1).attr.LID])
+		from = append(from, p.uni[h.SoftPort(1).Attr().LID])
 	}
 	p.mu.RUnlock()
 	from = append(from, ctlRoute{LID: 0x7777, GID: verbs.MakeGID(verbs.DefaultGIDPrefix, 0xdead), Addr: netip.MustParseAddrPort("127.0.0.1:9")})
@@ -46,10 +47,6 @@ func FuzzGSIReceive(f *testing.F) {
 		return sa(src, m)
 	})
 	f.Cleanup(func() { g.Register(mad.ClassSA, sa) })
-
-	g.mu.Lock()
-	pending := len(g.pending)
-	g.mu.Unlock()
 
 	// A GetTable of every path: more than one MAD, so answered through RMPP.
 	const tid = 0x1234
@@ -100,9 +97,6 @@ func FuzzGSIReceive(f *testing.F) {
 		defer g.mu.Unlock()
 		if len(g.sending) > maxRMPPSending {
 			t.Fatalf("%d RMPP transfers under way, at most %d", len(g.sending), maxRMPPSending)
-		}
-		if len(g.pending) != pending {
-			t.Fatalf("%d requests waiting, %d before the run", len(g.pending), pending)
 		}
 		if n := rmppCtl.Load(); n != 0 {
 			t.Fatalf("%d RMPP ACK/STOP/ABORT reached the class handler", n)

@@ -229,11 +229,14 @@ func (p *Port) sendHello() {
 		LaneMbps: uint32(p.attr.LaneMbps), Epoch: p.attr.SMEpoch, RoutesVersion: p.routesV,
 		NodeDesc: p.hca.NodeDesc()}
 	p.mu.RUnlock()
-	if sm := p.sm.Load(); sm != nil {
-		sm.handleHello(p.ep.Addr(), &m) // the SM is on this very port
+	body := m.append(putCtlHeader(nil, ctlAttrHello, 0))
+	if p.sm.Load() != nil {
+		// The SM is on this very port: its hello takes the way of every other
+		// (encoded and parsed: the node description cut as on the wire).
+		p.handleCtl(p.ep.Addr(), body, p.guid)
 		return
 	}
-	p.sendCtl(p.hca.cfg.SM, 0, m.append(putCtlHeader(nil, ctlAttrHello, 0))) // 0: whichever port hosts the SM
+	p.sendCtl(p.hca.cfg.SM, 0, body) // 0: whichever port hosts the SM
 }
 
 // sendCtl sends a QP0 control message to the port dstGUID at an endpoint, signed when
@@ -268,7 +271,7 @@ func (p *Port) handleCtl(src netip.AddrPort, mad []byte, signer verbs.GUID) {
 		return
 	}
 	sm := p.sm.Load()
-	if sm != nil && attr == ctlAttrHello {
+	if attr == ctlAttrHello {
 		var h ctlHello
 		if err := h.parse(body); err != nil {
 			p.cnt.malformed.Add(1)
@@ -276,6 +279,10 @@ func (p *Port) handleCtl(src netip.AddrPort, mad []byte, signer verbs.GUID) {
 		}
 		if p.auth != nil && h.PortGUID != signer {
 			p.cnt.authFail.Add(1) // a key holder does not register as another port
+			return
+		}
+		if sm == nil {
+			p.cnt.malformed.Add(1) // hellos are for the subnet manager's port
 			return
 		}
 		sm.handleHello(src, &h)
