@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -120,6 +121,7 @@ func measureRelay(mtu int) (float64, error) {
 func startHelper(self string, args ...string) (*exec.Cmd, error) {
 	cmd := exec.Command(self, args...)
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // gone with netbench, interrupted too
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
