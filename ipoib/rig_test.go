@@ -16,12 +16,12 @@ import (
 // rig is a fabric with a subnet manager on which a test starts engines with options of
 // its own (testFabric's engines have the default options and one port each).
 type rig struct {
-	t   *testing.T
+	t   testing.TB
 	net *soft.MemNetwork
 	smh *soft.HCA
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	t.Helper()
 	net := soft.NewMemNetwork()
 	smh, err := soft.New(soft.Config{Name: "sm", Network: net, HostSM: true, Heartbeat: hb})
@@ -81,7 +81,7 @@ func (r *rig) joinState(mgid, gid verbs.GID) uint8 {
 }
 
 // iface returns the engine's interface by name.
-func iface(t *testing.T, e *Engine, name string) *Interface {
+func iface(t testing.TB, e *Engine, name string) *Interface {
 	t.Helper()
 	i, ok := e.Interface(name)
 	if !ok {
@@ -92,7 +92,7 @@ func iface(t *testing.T, e *Engine, name string) *Interface {
 
 // bringUp attaches a fake host with these addresses, brings the interface up and waits
 // for carrier.
-func bringUp(t *testing.T, i *Interface, addrs ...string) *fakeHost {
+func bringUp(t testing.TB, i *Interface, addrs ...string) *fakeHost {
 	t.Helper()
 	h := &fakeHost{}
 	i.AttachHost(h)

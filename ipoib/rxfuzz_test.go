@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"ipoibfs/verbs"
-	"ipoibfs/verbs/soft"
 )
 
 // FuzzReceiveLocal feeds an interface the frames it takes for itself from the fabric
@@ -134,39 +133,10 @@ func FuzzReceiveLocal(f *testing.F) {
 // answer to its request finds none, which a test may see happen).
 func fuzzIface(tb testing.TB, addrs ...string) (*Interface, verbs.GID) {
 	tb.Helper()
-	net := soft.NewMemNetwork()
-	smh, err := soft.New(soft.Config{Name: "sm", Network: net, HostSM: true, Heartbeat: hb})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { smh.Close() })
-	h, err := soft.New(soft.Config{Name: "a", Network: net, SM: smh.Endpoint(1), Heartbeat: hb})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { h.Close() })
-	waitFor(tb, "a port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
-	e, err := New(h, Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(e.Close)
-	i, ok := e.Interface("ib0")
-	if !ok {
-		tb.Fatal("no ib0")
-	}
-	host := &fakeHost{}
-	i.AttachHost(host)
-	var p []netip.Prefix
-	for _, a := range addrs {
-		p = append(p, pfx(a))
-	}
-	i.SetHostAddrs(p)
-	if err := i.SetUp(true); err != nil {
-		tb.Fatal(err)
-	}
-	waitFor(tb, "ib0 carrier", func() bool { return i.Carrier() && host.state().carrier })
-	gid, err := smh.SoftPort(1).GID(0)
+	r := newRig(tb)
+	i := iface(tb, r.engine("a", 1, Options{}), "ib0")
+	bringUp(tb, i, addrs...)
+	gid, err := r.smh.SoftPort(1).GID(0)
 	if err != nil {
 		tb.Fatal(err)
 	}
