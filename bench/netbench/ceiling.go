@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 
@@ -19,9 +17,9 @@ import (
 // without its cryptography. A TUN device with the kernel's large-send offload, whose
 // large packets are split in memory into MTU-sized ones (gsoSplit), sent as UDP
 // datagrams on loopback with UDP GSO and received with UDP GRO, then coalesced again
-// for the receiving TUN (tcpGRO) — the engine's TUN code (the forked wireguard-go tun,
-// its reads in bursts too), wireguard-go's own batched UDP (conn), and nothing of IPoIB (no headers, ICRC, queues,
-// completions or neighbour lookups). iperf3 over two of these is the most the
+// for the receiving TUN (tcpGRO): the engine's TUN code (the forked wireguard-go tun,
+// read in bursts as the engine reads), wireguard-go's own batched UDP (conn), and
+// nothing of IPoIB (no headers, ICRC, queues, completions or neighbour lookups). iperf3 over two of these is the most the
 // TUN-and-UDP design moves on this machine; the engine's ratio to it is what IPoIB
 // costs on top.
 var ceilingArgs = flag.String("ceiling-relay", "", "internal: run the batched TUN<->UDP relay reference: DEV,LOCALPORT,REMOTE")
@@ -122,34 +120,20 @@ func fromUDP(recv conn.ReceiveFunc, batch int, dev tun.Device) {
 // measureCeiling runs iperf3 and ping across two ceiling relays in two namespaces, the
 // TUN devices' offloads as given.
 func measureCeiling(mtu int, offloads bool) (result, error) {
-	nsA, nsB := "nbcla", "nbclb"
-	self, err := os.Executable()
+	nss, devs := [2]string{"nbcla", "nbclb"}, [2]string{"nbcl0", "nbcl1"}
+	ports := [2]uint16{4795, 4796}
+	cmds, stop, err := startRelays(nss, devs, func(k int) []string {
+		remote := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), ports[1-k])
+		return []string{"-ceiling-relay", fmt.Sprintf("%s,%d,%s", devs[k], ports[k], remote)}
+	})
+	defer stop()
 	if err != nil {
 		return result{}, err
 	}
-	devs := [2]string{"nbcl0", "nbcl1"}
-	var cmds []*exec.Cmd
-	ports := [2]uint16{4795, 4796}
-	for k, ns := range []string{nsA, nsB} {
-		sh("ip", "netns", "del", ns)
-		if _, err := sh("ip", "netns", "add", ns); err != nil {
-			return result{}, err
-		}
-		defer sh("ip", "netns", "del", ns)
-		remote := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), ports[1-k])
-		cmd, err := startHelper(self, "-ceiling-relay", fmt.Sprintf("%s,%d,%s", devs[k], ports[k], remote))
-		if err != nil {
-			return result{}, fmt.Errorf("relay %s: %v", devs[k], err)
-		}
-		defer func() { cmd.Process.Kill(); cmd.Wait() }()
-		cmds = append(cmds, cmd)
-		// The device moves into the namespace; the relay's descriptor stays attached.
-		if _, err := sh("ip", "link", "set", devs[k], "netns", ns); err != nil {
-			return result{}, err
-		}
+	for k, ns := range nss {
 		if _, err := sh("ip", "-n", ns, "link", "set", devs[k], "up"); err != nil {
 			return result{}, err
 		}
 	}
-	return measurePair(nsA, nsB, devs[0], devs[1], mtu, offloads, cmds, nil)
+	return measurePair(nss[0], nss[1], devs[0], devs[1], mtu, offloads, cmds, nil)
 }

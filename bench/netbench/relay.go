@@ -80,28 +80,16 @@ func serveRelay(spec string) {
 
 // measureRelay pings across two relays in two namespaces and returns the mean RTT in ms.
 func measureRelay(mtu int) (float64, error) {
-	nsA, nsB := "nbrla", "nbrlb"
-	self, err := os.Executable()
+	nss, devs := [2]string{"nbrla", "nbrlb"}, [2]string{"nbrl0", "nbrl1"}
+	addrs := [2]string{"127.0.3.11:4792", "127.0.3.12:4792"}
+	_, stop, err := startRelays(nss, devs, func(k int) []string {
+		return []string{"-relay", devs[k] + "," + addrs[k] + "," + addrs[1-k]}
+	})
+	defer stop()
 	if err != nil {
 		return 0, err
 	}
-	devs := [2]string{"nbrl0", "nbrl1"}
-	addrs := [2]string{"127.0.3.11:4792", "127.0.3.12:4792"}
-	for k, ns := range []string{nsA, nsB} {
-		sh("ip", "netns", "del", ns)
-		if _, err := sh("ip", "netns", "add", ns); err != nil {
-			return 0, err
-		}
-		defer sh("ip", "netns", "del", ns)
-		cmd, err := startHelper(self, "-relay", devs[k]+","+addrs[k]+","+addrs[1-k])
-		if err != nil {
-			return 0, fmt.Errorf("relay %s: %v", devs[k], err)
-		}
-		defer func() { cmd.Process.Kill(); cmd.Wait() }()
-		// The device moves into the namespace; the relay's descriptor stays attached.
-		if _, err := sh("ip", "link", "set", devs[k], "netns", ns); err != nil {
-			return 0, err
-		}
+	for k, ns := range nss {
 		addr := fmt.Sprintf("10.99.0.%d/24", k+1)
 		if _, err := sh("ip", "-n", ns, "addr", "add", addr, "dev", devs[k]); err != nil {
 			return 0, err
@@ -111,10 +99,45 @@ func measureRelay(mtu int) (float64, error) {
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
-	if _, err := sh("ip", "netns", "exec", nsA, "ping", "-c", "1", "-w", "15", "10.99.0.2"); err != nil {
+	if _, err := sh("ip", "netns", "exec", nss[0], "ping", "-c", "1", "-w", "15", "10.99.0.2"); err != nil {
 		return 0, err
 	}
-	return pingRTT(nsA)
+	return pingRTT(nss[0])
+}
+
+// startRelays makes the two namespaces, runs this program with args(k) for each side
+// (a relay that creates device devs[k] and says "ready") and moves the device into
+// its namespace; stop kills the relays and deletes the namespaces, whatever failed.
+func startRelays(nss, devs [2]string, args func(k int) []string) (cmds []*exec.Cmd, stop func(), err error) {
+	stop = func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+			c.Wait()
+		}
+		for _, ns := range nss {
+			sh("ip", "netns", "del", ns)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, stop, err
+	}
+	for k, ns := range nss {
+		sh("ip", "netns", "del", ns)
+		if _, err := sh("ip", "netns", "add", ns); err != nil {
+			return cmds, stop, err
+		}
+		cmd, err := startHelper(self, args(k)...)
+		if err != nil {
+			return cmds, stop, fmt.Errorf("relay %s: %v", devs[k], err)
+		}
+		cmds = append(cmds, cmd)
+		// The device moves into the namespace; the relay's descriptor stays attached.
+		if _, err := sh("ip", "link", "set", devs[k], "netns", ns); err != nil {
+			return cmds, stop, err
+		}
+	}
+	return cmds, stop, nil
 }
 
 // startHelper runs this program with args and waits for its "ready".
