@@ -19,14 +19,16 @@ import (
 	"ipoibfs/internal/testenv"
 )
 
-// remoteMount runs `ipoibfs mount ADDR DIR` in the foreground and waits for the tree.
-func remoteMount(t *testing.T, addr, dir string) (cmd *exec.Cmd, done chan error, log *testenv.Buffer) {
+// remoteMount runs `ipoibfs mount ADDR DIR` in the foreground and waits for the tree;
+// wrap, if any, is the command line it runs under (nsenter, setpriv).
+func remoteMount(t *testing.T, addr, dir string, wrap ...string) (cmd *exec.Cmd, done chan error, log *testenv.Buffer) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	log = &testenv.Buffer{}
-	cmd = exec.Command(binPath, "mount", addr, dir)
+	argv := append(wrap, binPath, "mount", addr, dir)
+	cmd = exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -315,21 +317,7 @@ func TestRemoteMountWithoutNetAdmin(t *testing.T) {
 	addr := fmt.Sprintf("10.73.0.1:%d", port)
 	td := treeStart(t, "rnca", "", "-9p", addr, "-9p-allow", "10.73.0.0/24", "-9p-trust-uname")
 	dir := filepath.Join(t.TempDir(), "remote")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	log := &testenv.Buffer{}
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns, "setpriv", "--bounding-set=-net_admin", "--", binPath, "mount", addr, dir)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
-	})
-	treeWait(t, dir, log)
+	remoteMount(t, addr, dir, "nsenter", "--net=/run/netns/"+ns, "setpriv", "--bounding-set=-net_admin", "--")
 	cc := filepath.Join(dir, "class/net/ib0/create_child")
 	if out, err := exec.Command("setpriv", "--bounding-set=-net_admin", "--", "sh", "-c", "printf 0x8007 > "+cc).CombinedOutput(); err == nil {
 		t.Errorf("root without CAP_NET_ADMIN created a child through a mount without it: %s", out)
