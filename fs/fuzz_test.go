@@ -281,24 +281,28 @@ var fuzzCleanups []func()
 
 func (o *onceTB) Cleanup(f func()) { fuzzCleanups = append(fuzzCleanups, f) }
 
-// FuzzScanInt checks %i parsing against strconv on the inputs where C and Go agree.
+// FuzzScanInt checks %i parsing against strconv on the inputs where C and Go agree,
+// with the result stored into a C int as vsscanf stores it.
 func FuzzScanInt(f *testing.F) {
-	for _, s := range []string{"0x8001", "  -010", "+7", "0x", "08", "x", "99999999999999999999"} {
+	for _, s := range []string{"0x8001", "  -010", "+7", "0x", "08", "x", "99999999999999999999", "4294967297"} {
 		f.Add(s)
 	}
-	clean := regexp.MustCompile(`^[ \t\n]*([+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*))$`)
+	clean := regexp.MustCompile(`^[ \t\n]*(-?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*))$`)
 	f.Fuzz(func(t *testing.T, s string) {
 		v, ok := scanInt([]byte(s))
+		if strings.HasPrefix(strings.TrimLeft(s, " \t\n\v\f\r"), "+") && ok {
+			t.Fatalf("scanInt(%q) took a '+'", s)
+		}
 		m := clean.FindStringSubmatch(s)
 		if m == nil {
 			return
 		}
 		want, err := strconv.ParseInt(m[1], 0, 64)
 		if err != nil {
-			return // out of range: scanInt saturates, strconv refuses
+			return // beyond 64 bits: C wraps, strconv refuses
 		}
-		if !ok || v != want {
-			t.Fatalf("scanInt(%q) = %d, %v; strconv %d", s, v, ok, want)
+		if !ok || v != int32(want) {
+			t.Fatalf("scanInt(%q) = %d, %v; strconv %d, as a C int %d", s, v, ok, want, int32(want))
 		}
 		// Trailing garbage is ignored.
 		if v2, ok2 := scanInt([]byte(s + "zz")); !ok2 || v2 != v {

@@ -39,45 +39,37 @@ func radixPrefix(s []byte) (base int, rest []byte) {
 	return 10, s
 }
 
-// scanInt parses b like C sscanf(b, "%i"): optional leading white space, an optional
-// sign, then 0x hexadecimal, leading-0 octal or decimal; text after the number is
-// ignored. ok is false when there is no number. Values beyond int64 saturate.
-func scanInt(b []byte) (v int64, ok bool) {
+// scanInt parses b as the kernel's sscanf(b, "%i", &int) does (lib/vsprintf.c):
+// optional leading white space, an optional '-' (a '+' is no number), then 0x
+// hexadecimal, leading-0 octal or decimal; text after the number is ignored. Like
+// simple_strntoull the digits wrap modulo 2^64, and the result is stored into a C int,
+// so only its low 32 bits count (4294967297 is 1). ok is false when there is no number.
+func scanInt(b []byte) (v int32, ok bool) {
 	i := 0
 	for i < len(b) && isCSpace(b[i]) {
 		i++
 	}
-	neg := false
-	if i < len(b) && (b[i] == '+' || b[i] == '-') {
-		neg = b[i] == '-'
+	neg := i < len(b) && b[i] == '-'
+	if neg {
 		i++
 	}
 	base, s := radixPrefix(b[i:])
 	var u uint64
-	n, sat := 0, false
+	n := 0
 	for ; n < len(s); n++ {
 		d := digitVal(s[n])
 		if d >= base {
 			break
 		}
-		if u > (math.MaxUint64-uint64(d))/uint64(base) {
-			sat = true
-		} else {
-			u = u*uint64(base) + uint64(d)
-		}
+		u = u*uint64(base) + uint64(d)
 	}
 	if n == 0 {
 		return 0, false
 	}
-	switch {
-	case neg && (sat || u > 1<<63):
-		return math.MinInt64, true
-	case neg:
-		return -int64(u), true
-	case sat || u > math.MaxInt64:
-		return math.MaxInt64, true
+	if neg {
+		u = -u
 	}
-	return int64(u), true
+	return int32(uint32(u)), true
 }
 
 // simpleStrtoul is the kernel's simple_strtoul(b, NULL, 0): no white space or sign,
@@ -166,7 +158,7 @@ func parsePKeyArg(b []byte) (int64, error) {
 	if !ok {
 		return 0, errorf(syscall.EINVAL, "%q is not a number (P_Keys are read like C %%i: 0x8001, 32769)", clip(b))
 	}
-	return v, nil
+	return int64(v), nil
 }
 
 // parseUintToken reads a whole token like ethtool's get_uint_range: C strtoull base 0
@@ -346,11 +338,12 @@ func parseLinkCmd(b []byte) (linkCmd, error) {
 		case "type":
 			typ = v
 		case "pkey":
-			p, ok := scanInt([]byte(v))
-			if !ok || p <= 0 || p > 0xffff || p&0x7fff == 0 {
+			// iproute2 reads it with get_u16: strtoul base 0, the whole word.
+			p, ok := parseUintToken(v)
+			if !ok || p > 0xffff || p&0x7fff == 0 {
 				return bad("pkey %q is invalid", clip([]byte(v)))
 			}
-			c.pkey = p
+			c.pkey = int64(p)
 		case "mode":
 			switch v {
 			case "datagram":

@@ -358,8 +358,9 @@ func TestWriteErrnos(t *testing.T) {
 		{ib + "create_child", "  0x8001junk\n", 0},
 		{ib + "create_child", "1", syscall.ENOTUNIQ},
 		{ib + "create_child", "0x8001", syscall.ENOTUNIQ},
-		{ib + "create_child", "0100002", 0}, // octal 0x8002
-		{ib + "create_child", "+32771", 0},  // decimal 0x8003
+		{ib + "create_child", "0100002", 0},             // octal 0x8002
+		{ib + "create_child", "+32771", syscall.EINVAL}, // vsscanf's %i takes no '+'
+		{ib + "create_child", "4295000067", 0},          // stored in a C int: 0x8003
 		{"class/net/ib0.8001/create_child", "2", syscall.ENOENT},
 		// delete_child: the full key only.
 		{ib + "delete_child", "x", syscall.EINVAL},
