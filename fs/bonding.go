@@ -25,16 +25,24 @@ func (t *Tree) bondNodes(dir string) []*Node {
 	m.netAdmin = true
 	out := []*Node{m}
 	for _, b := range bs.List() {
-		out = append(out, t.bondDir(dir, b.Name()))
+		out = append(out, t.bondDir(dir, b))
 	}
 	return out
 }
 
-// bond resolves a live bond by name: ENODEV once it is gone.
-func (t *Tree) bond(name string) (*ipoib.Bond, error) {
-	b, ok := t.bonds.Bond(name)
-	if !ok {
-		return nil, errorf(syscall.ENODEV, "bond %s no longer exists", name)
+// bondOf is the bond called name, if there is one.
+func (t *Tree) bondOf(name string) (*ipoib.Bond, bool) {
+	if t.bonds == nil {
+		return nil, false
+	}
+	return t.bonds.Bond(name)
+}
+
+// liveBond is b while it exists: a bond's files hold the bond, as an interface's hold
+// the interface (live), and answer ENODEV once it is deleted.
+func liveBond(b *ipoib.Bond) (*ipoib.Bond, error) {
+	if !b.Listed() {
+		return nil, errorf(syscall.ENODEV, "bond %s no longer exists", b.Name())
 	}
 	return b, nil
 }
@@ -115,19 +123,19 @@ var bondAttrs = []bondAttr{
 	{name: "type", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.Type()), nil }},
 }
 
-func (t *Tree) bondFile(dir, bond, name string, perm uint32, read func(b *ipoib.Bond) (string, error), write func(b *ipoib.Bond, p []byte) error) *Node {
+func (t *Tree) bondFile(dir string, bond *ipoib.Bond, name string, perm uint32, read func(b *ipoib.Bond) (string, error), write func(b *ipoib.Bond, p []byte) error) *Node {
 	var w func([]byte) error
 	if write != nil {
 		w = func(p []byte) error {
-			b, err := t.bond(bond)
+			b, err := liveBond(bond)
 			if err != nil {
 				return err
 			}
 			return write(b, p)
 		}
 	}
-	n := t.file(dir, name, perm, func() (string, error) {
-		b, err := t.bond(bond)
+	n := t.fileOf(bond.Serial(), dir, name, perm, func() (string, error) {
+		b, err := liveBond(bond)
 		if err != nil {
 			return "", err
 		}
@@ -137,20 +145,23 @@ func (t *Tree) bondFile(dir, bond, name string, perm uint32, read func(b *ipoib.
 	return n
 }
 
-func (t *Tree) bondDir(dir, name string) *Node {
-	return t.dir(dir, name, func(d string) ([]*Node, error) {
+func (t *Tree) bondDir(dir string, b *ipoib.Bond) *Node {
+	return t.dirOf(b.Serial(), dir, b.Name(), func(d string) ([]*Node, error) {
+		if !b.Listed() {
+			return nil, nil
+		}
 		out := make([]*Node, 0, len(bondAttrs)+1)
 		for _, a := range bondAttrs {
-			out = append(out, t.bondFile(d, name, a.name, a.perm, a.read, a.write))
+			out = append(out, t.bondFile(d, b, a.name, a.perm, a.read, a.write))
 		}
-		out = append(out, t.dir(d, "bonding", func(d string) ([]*Node, error) {
+		out = append(out, t.dirOf(b.Serial(), d, "bonding", func(d string) ([]*Node, error) {
 			var out []*Node
 			for _, opt := range ipoib.OptionNames {
-				out = append(out, t.bondFile(d, name, opt, 0644,
+				out = append(out, t.bondFile(d, b, opt, 0644,
 					func(b *ipoib.Bond) (string, error) { return b.Option(opt) },
 					func(b *ipoib.Bond, p []byte) error { return b.SetOption(opt, string(p)) }))
 			}
-			out = append(out, t.bondFile(d, name, "mii_status", 0444,
+			out = append(out, t.bondFile(d, b, "mii_status", 0444,
 				func(b *ipoib.Bond) (string, error) { return b.Option("mii_status") }, nil))
 			sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 			return out, nil
@@ -162,37 +173,34 @@ func (t *Tree) bondDir(dir, name string) *Node {
 
 // bondingSlaveDir is class/net/<if>/bonding_slave/ while the interface is a slave
 // (bond_sysfs_slave.c): state, mii_status, link_failure_count, perm_hwaddr.
-func (t *Tree) bondingSlaveDir(dir, ifname string) []*Node {
-	if t.bonds == nil {
-		return nil
-	}
-	i, ok := t.e.Interface(ifname)
-	if !ok || i.Master() == nil {
+func (t *Tree) bondingSlaveDir(dir string, i *ipoib.Interface) []*Node {
+	if t.bonds == nil || i.Master() == nil {
 		return nil
 	}
 	info := func(f func(s ipoib.SlaveInfo) string) func() (string, error) {
 		return func() (string, error) {
-			i, err := t.iface(ifname)
+			i, err := live(i)
 			if err != nil {
 				return "", err
 			}
 			b := i.Master()
 			if b == nil {
-				return "", errorf(syscall.ENODEV, "%s is no longer a slave", ifname)
+				return "", errorf(syscall.ENODEV, "%s is no longer a slave", i.Name())
 			}
 			s, ok := b.SlaveInfo(i)
 			if !ok {
-				return "", errorf(syscall.ENODEV, "%s is no longer a slave", ifname)
+				return "", errorf(syscall.ENODEV, "%s is no longer a slave", i.Name())
 			}
 			return f(s), nil
 		}
 	}
-	return []*Node{t.dir(dir, "bonding_slave", func(d string) ([]*Node, error) {
+	s := i.Serial()
+	return []*Node{t.dirOf(s, dir, "bonding_slave", func(d string) ([]*Node, error) {
 		return []*Node{
-			t.file(d, "link_failure_count", 0444, info(func(s ipoib.SlaveInfo) string { return fmt.Sprintf("%d\n", s.LinkFailures) }), nil),
-			t.file(d, "mii_status", 0444, info(func(s ipoib.SlaveInfo) string { return s.MIIStatus + "\n" }), nil),
-			t.file(d, "perm_hwaddr", 0444, info(func(s ipoib.SlaveInfo) string { return s.PermHWAddr.String() + "\n" }), nil),
-			t.file(d, "state", 0444, info(func(s ipoib.SlaveInfo) string { return s.State + "\n" }), nil),
+			t.fileOf(s, d, "link_failure_count", 0444, info(func(s ipoib.SlaveInfo) string { return fmt.Sprintf("%d\n", s.LinkFailures) }), nil),
+			t.fileOf(s, d, "mii_status", 0444, info(func(s ipoib.SlaveInfo) string { return s.MIIStatus + "\n" }), nil),
+			t.fileOf(s, d, "perm_hwaddr", 0444, info(func(s ipoib.SlaveInfo) string { return s.PermHWAddr.String() + "\n" }), nil),
+			t.fileOf(s, d, "state", 0444, info(func(s ipoib.SlaveInfo) string { return s.State + "\n" }), nil),
 		}, nil
 	})}
 }

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -320,4 +321,37 @@ func mustRead(t testing.TB, tr *Tree, path string) string {
 		t.Fatalf("cat %s: %v", path, errno)
 	}
 	return got
+}
+
+// A bond's files hold the bond, not its name: a descriptor opened before the bond is
+// deleted never reaches a bond made again under the name.
+func TestBondHandleHoldsItsBond(t *testing.T) {
+	tr, _, _ := newBondEnv(t)
+	if errno := write(tr, "class/net/bonding_masters", "+bond0\n"); errno != 0 {
+		t.Fatal(errno)
+	}
+	n, err := tr.Lookup("class/net/bond0/bonding/miimon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := n.Open(Internal, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	for _, cmd := range []string{"-bond0\n", "+bond0\n"} {
+		if errno := write(tr, "class/net/bonding_masters", cmd); errno != 0 {
+			t.Fatalf("%q: %v", cmd, errno)
+		}
+	}
+	want := mustRead(t, tr, "class/net/bond0/bonding/miimon")
+	if _, err := h.Write([]byte("250\n")); !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("write through the deleted bond's descriptor: %v, want ENODEV", err)
+	}
+	if got := mustRead(t, tr, "class/net/bond0/bonding/miimon"); got != want {
+		t.Errorf("the new bond0's miimon went from %q to %q", want, got)
+	}
+	if n2, _ := tr.Lookup("class/net/bond0/bonding/miimon"); n2.Ino() == n.Ino() {
+		t.Errorf("the new bond0's miimon kept inode %d", n.Ino())
+	}
 }

@@ -9,11 +9,13 @@
 //
 // A [Node] is a directory or an attribute file. Directories list their children on
 // demand, so interfaces that appear or disappear in the engine show up at once and never
-// leave stale entries. Nodes are addressed by path: a file's operations resolve the live
-// engine object (an interface by name) each time they run, so a handle that outlives its
-// interface gets ENODEV, and a re-created interface of the same name is the same path
-// with the same inode number. Inode numbers (also the 9P QID paths) come from a registry
-// that hands out one number per path for the lifetime of the [Tree]: 1 is the root.
+// leave stale entries. The files of an interface or bond hold that object, not its name,
+// as a sysfs file holds its kobject: a handle that outlives its interface gets ENODEV
+// and never reaches a child made again under the name, and one opened before a rename
+// goes on working. Inode numbers (also the 9P QID paths) come from a registry that
+// hands out one number per path and, under class/net/<if> and kernel/debug/ipoib, per
+// interface: a re-created child's files are new inodes, as a new kobject's are, so a
+// kernel cache holding the old ones cannot lead to the old object. 1 is the root.
 //
 // # File semantics (as sysfs)
 //

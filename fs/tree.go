@@ -47,7 +47,7 @@ type Tree struct {
 	start time.Time // every node's mtime/ctime/atime
 
 	idMu    sync.Mutex
-	ids     map[string]uint64
+	ids     map[idKey]uint64
 	nextID  uint64
 	pruneAt int // len(ids) at which the names of interfaces gone are forgotten
 
@@ -70,7 +70,7 @@ type SubnetManager interface {
 
 // New builds the tree of engine e.
 func New(e *ipoib.Engine, o Options) *Tree {
-	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, reload: o.Reload, start: time.Now(), ids: map[string]uint64{"": 1}, nextID: 2, pruneAt: minPruneAt}
+	t := &Tree{e: e, sm: o.SM, log: o.Log, events: o.Events, bonds: o.Bonds, reload: o.Reload, start: time.Now(), ids: map[idKey]uint64{{}: 1}, nextID: 2, pruneAt: minPruneAt}
 	if o.Events != nil {
 		log := t.log
 		t.log = func(l string) {
@@ -103,18 +103,28 @@ func (t *Tree) Lookup(path string) (*Node, error) {
 	return n, nil
 }
 
+// idKey names an inode: its path and, for the files of an interface or bond, that
+// object's Serial (0 for the rest). A child deleted and made again under its name gets
+// new numbers, as a new kobject's kernfs files are new inodes: a kernel cache or a 9P
+// client that still holds the old ones never reaches the new child through them.
+type idKey struct {
+	path   string
+	serial uint64
+}
+
 // ino returns the inode number of a path, allocating one on first use.
-func (t *Tree) ino(path string) uint64 {
+func (t *Tree) ino(path string, serial uint64) uint64 {
+	k := idKey{path, serial}
 	t.idMu.Lock()
 	defer t.idMu.Unlock()
-	id, ok := t.ids[path]
+	id, ok := t.ids[k]
 	if !ok {
 		if len(t.ids) >= t.pruneAt {
 			t.pruneLocked()
 		}
 		id = t.nextID
 		t.nextID++
-		t.ids[path] = id
+		t.ids[k] = id
 	}
 	return id
 }
@@ -128,22 +138,22 @@ var minPruneAt = 4096
 // It runs when the registry has doubled since the last time, so its cost is spread
 // over the numbers given since. A name made again gets new numbers.
 func (t *Tree) pruneLocked() {
-	gone := map[string]bool{}
-	isGone := func(name string) bool {
-		g, seen := gone[name]
+	serials := map[string]uint64{} // the serial of what now has the name; 0: nothing
+	liveSerial := func(name string) uint64 {
+		s, seen := serials[name]
 		if !seen {
-			_, live := t.e.Interface(name)
-			if !live && t.bonds != nil {
-				_, live = t.bonds.Bond(name)
+			if i, ok := t.e.Interface(name); ok {
+				s = i.Serial()
+			} else if b, ok := t.bondOf(name); ok {
+				s = b.Serial()
 			}
-			g = !live
-			gone[name] = g
+			serials[name] = s
 		}
-		return g
+		return s
 	}
-	for p := range t.ids {
-		if name, ok := ifaceOfPath(p); ok && isGone(name) {
-			delete(t.ids, p)
+	for k := range t.ids {
+		if name, ok := ifaceOfPath(k.path); ok && k.serial != 0 && liveSerial(name) != k.serial {
+			delete(t.ids, k)
 		}
 	}
 	t.pruneAt = max(2*len(t.ids), minPruneAt)
@@ -175,8 +185,13 @@ func join(dir, name string) string {
 }
 
 func (t *Tree) dir(parent, name string, list func(dir string) ([]*Node, error)) *Node {
+	return t.dirOf(0, parent, name, list)
+}
+
+// dirOf is dir for the directories of the interface or bond with that serial.
+func (t *Tree) dirOf(serial uint64, parent, name string, list func(dir string) ([]*Node, error)) *Node {
 	p := join(parent, name)
-	return &Node{t: t, name: name, path: p, ino: t.ino(p), perm: 0755, dir: true, list: list}
+	return &Node{t: t, name: name, path: p, ino: t.ino(p, serial), perm: 0755, dir: true, list: list}
 }
 
 // static returns a list function for fixed children.
@@ -192,8 +207,13 @@ func static(mk ...func(dir string) *Node) func(string) ([]*Node, error) {
 
 // file builds an attribute file. read may be nil (0200 files), write may be nil.
 func (t *Tree) file(dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
+	return t.fileOf(0, dir, name, perm, read, write)
+}
+
+// fileOf is file for the files of the interface or bond with that serial.
+func (t *Tree) fileOf(serial uint64, dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
 	p := join(dir, name)
-	n := &Node{t: t, name: name, path: p, ino: t.ino(p), perm: perm, write: write}
+	n := &Node{t: t, name: name, path: p, ino: t.ino(p, serial), perm: perm, write: write}
 	if read != nil {
 		n.read = func() ([]byte, error) {
 			s, err := read()
@@ -209,7 +229,11 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 	out := []*Node{
 		t.dir("", "class", static(
 			func(d string) *Node { return t.dir(d, "infiniband", t.listHCAs) },
-			func(d string) *Node { return t.dir(d, "net", t.listNet) },
+			func(d string) *Node {
+				n := t.dir(d, "net", t.listNet)
+				n.lookup = t.lookupNet
+				return n
+			},
 		)),
 		t.dir("", "kernel", static(func(d string) *Node {
 			debug := t.dir(d, "debug", static(func(d string) *Node {
@@ -272,7 +296,7 @@ func (t *Tree) listNet(dir string) ([]*Node, error) {
 	ifs := t.e.Interfaces()
 	out := make([]*Node, 0, len(ifs))
 	for _, i := range ifs {
-		out = append(out, t.ifDir(dir, i.Name(), i.Parent() != nil))
+		out = append(out, t.ifDir(dir, i))
 	}
 	if t.bonds != nil {
 		out = append(out, t.bondNodes(dir)...)
@@ -281,64 +305,84 @@ func (t *Tree) listNet(dir string) ([]*Node, error) {
 	return out, nil
 }
 
-// iface resolves a live interface by name: ENODEV once it is gone.
-func (t *Tree) iface(name string) (*ipoib.Interface, error) {
-	i, ok := t.e.Interface(name)
-	if !ok {
-		return nil, errorf(syscall.ENODEV, "interface %s no longer exists", name)
+// lookupNet finds one entry of class/net without making the nodes of every
+// interface: a lookup costs the same with ten children or four thousand.
+func (t *Tree) lookupNet(dir, name string) (*Node, error) {
+	if i, ok := t.e.Interface(name); ok {
+		return t.ifDir(dir, i), nil
+	}
+	for _, n := range t.bondNodes(dir) {
+		if n.name == name {
+			return n, nil
+		}
+	}
+	return nil, syscall.ENOENT
+}
+
+// live is i while it exists: the tree's files hold their interface, not its name, as
+// sysfs's hold their kobject. After a delete they answer ENODEV (kernfs, once the node
+// is removed), and a child made again under the name is not reached through them;
+// after a rename they go on working.
+func live(i *ipoib.Interface) (*ipoib.Interface, error) {
+	if !i.Listed() {
+		return nil, errorf(syscall.ENODEV, "interface %s no longer exists", i.Name())
 	}
 	return i, nil
 }
 
-func (t *Tree) ifDir(dir, name string, child bool) *Node {
-	n := t.dir(dir, name, func(d string) ([]*Node, error) {
+// ifDir is class/net/NAME for interface i.
+func (t *Tree) ifDir(dir string, i *ipoib.Interface) *Node {
+	child, s := i.Parent() != nil, i.Serial()
+	return t.dirOf(s, dir, i.Name(), func(d string) ([]*Node, error) {
+		if !i.Listed() {
+			return nil, nil // removed: an open descriptor lists nothing, as kernfs's
+		}
 		var out []*Node
 		for k := range ifAttrs {
 			a := &ifAttrs[k]
 			if (a.scope == parentOnly && child) || (a.scope == childOnly && !child) {
 				continue
 			}
-			out = append(out, t.ifFile(d, name, a))
+			out = append(out, t.ifFile(d, i, a))
 		}
 		out = append(out,
-			t.attrDir(d, "dhcp", name, dhcpAttrs),
-			t.attrDir(d, "ethtool", name, ethtoolAttrs),
-			t.dir(d, "statistics", func(d string) ([]*Node, error) {
+			t.attrDir(d, "dhcp", i, dhcpAttrs),
+			t.attrDir(d, "ethtool", i, ethtoolAttrs),
+			t.dirOf(s, d, "statistics", func(d string) ([]*Node, error) {
 				out := make([]*Node, 0, len(ipoib.StatNames)+len(zeroStats))
-				for k, s := range ipoib.StatNames {
-					out = append(out, t.ifFile(d, name, &ifAttr{name: s, perm: 0444, read: statReader(k)}))
+				for k, st := range ipoib.StatNames {
+					out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: statReader(k)}))
 				}
-				for _, s := range zeroStats {
-					out = append(out, t.ifFile(d, name, &ifAttr{name: s, perm: 0444, read: zeroStat}))
+				for _, st := range zeroStats {
+					out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: zeroStat}))
 				}
 				sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 				return out, nil
 			}),
 		)
-		out = append(out, t.bondingSlaveDir(d, name)...) // while a bond's slave (bonding.go)
+		out = append(out, t.bondingSlaveDir(d, i)...) // while a bond's slave (bonding.go)
 		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 		return out, nil
 	})
-	return n
 }
 
 // attrDir is a directory of an interface's files from a table (ethtool/, dhcp/).
-func (t *Tree) attrDir(dir, name, ifname string, attrs []ifAttr) *Node {
-	return t.dir(dir, name, func(d string) ([]*Node, error) {
+func (t *Tree) attrDir(dir, name string, i *ipoib.Interface, attrs []ifAttr) *Node {
+	return t.dirOf(i.Serial(), dir, name, func(d string) ([]*Node, error) {
 		out := make([]*Node, len(attrs))
 		for k := range attrs {
-			out[k] = t.ifFile(d, ifname, &attrs[k])
+			out[k] = t.ifFile(d, i, &attrs[k])
 		}
 		return out, nil
 	})
 }
 
-func (t *Tree) ifFile(dir, ifname string, a *ifAttr) *Node {
+func (t *Tree) ifFile(dir string, i *ipoib.Interface, a *ifAttr) *Node {
 	var read func() (string, error)
 	var write func([]byte) error
 	if a.read != nil {
 		read = func() (string, error) {
-			i, err := t.iface(ifname)
+			i, err := live(i)
 			if err != nil {
 				return "", err
 			}
@@ -347,43 +391,40 @@ func (t *Tree) ifFile(dir, ifname string, a *ifAttr) *Node {
 	}
 	if a.write != nil {
 		write = func(b []byte) error {
-			i, err := t.iface(ifname)
+			i, err := live(i)
 			if err != nil {
 				return err
 			}
 			return a.write(i, b)
 		}
 	}
-	n := t.file(dir, a.name, a.perm, read, write)
+	n := t.fileOf(i.Serial(), dir, a.name, a.perm, read, write)
 	n.netAdmin, n.parseFirst = a.netAdmin, a.parseFirst
 	return n
 }
 
 // ---- kernel/debug/ipoib ----
 
-func (t *Tree) debugFiles(dir, ifname string) []*Node {
+func (t *Tree) debugFiles(dir string, i *ipoib.Interface) []*Node {
+	text := func(f func(*ipoib.Interface) string) func() (string, error) {
+		return func() (string, error) {
+			i, err := live(i)
+			if err != nil {
+				return "", err
+			}
+			return f(i), nil
+		}
+	}
 	return []*Node{
-		t.file(dir, ifname+"_mcg", 0444, func() (string, error) {
-			i, err := t.iface(ifname)
-			if err != nil {
-				return "", err
-			}
-			return i.MCGText(), nil
-		}, nil),
-		t.file(dir, ifname+"_path", 0444, func() (string, error) {
-			i, err := t.iface(ifname)
-			if err != nil {
-				return "", err
-			}
-			return i.PathText(), nil
-		}, nil),
+		t.fileOf(i.Serial(), dir, i.Name()+"_mcg", 0444, text((*ipoib.Interface).MCGText), nil),
+		t.fileOf(i.Serial(), dir, i.Name()+"_path", 0444, text((*ipoib.Interface).PathText), nil),
 	}
 }
 
 func (t *Tree) listDebug(dir string) ([]*Node, error) {
 	var out []*Node
 	for _, i := range t.e.Interfaces() {
-		out = append(out, t.debugFiles(dir, i.Name())...)
+		out = append(out, t.debugFiles(dir, i)...)
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 	return out, nil
@@ -392,8 +433,8 @@ func (t *Tree) listDebug(dir string) ([]*Node, error) {
 func (t *Tree) lookupDebug(dir, name string) (*Node, error) {
 	for k, suffix := range []string{"_mcg", "_path"} {
 		if ifname, ok := strings.CutSuffix(name, suffix); ok {
-			if _, exists := t.e.Interface(ifname); exists {
-				return t.debugFiles(dir, ifname)[k], nil
+			if i, exists := t.e.Interface(ifname); exists {
+				return t.debugFiles(dir, i)[k], nil
 			}
 		}
 	}

@@ -587,7 +587,8 @@ func TestInodes(t *testing.T) {
 	if a.Ino() != b.Ino() {
 		t.Error("same path, different inode")
 	}
-	// A re-created child keeps its path's number.
+	// A re-created child is another object: its files get new numbers, as a new
+	// kobject's kernfs nodes do, so no cache holding the old ones reaches it.
 	write(tr, "class/net/ib0/create_child", "0x8001")
 	c1, _ := tr.Lookup("class/net/ib0.8001/pkey")
 	write(tr, "class/net/ib0/delete_child", "0x8001")
@@ -596,8 +597,11 @@ func TestInodes(t *testing.T) {
 	}
 	write(tr, "class/net/ib0/create_child", "0x8001")
 	c2, _ := tr.Lookup("class/net/ib0.8001/pkey")
-	if c1.Ino() != c2.Ino() {
-		t.Errorf("re-created path changed inode %d -> %d", c1.Ino(), c2.Ino())
+	if c1.Ino() == c2.Ino() {
+		t.Errorf("re-created child's pkey kept inode %d", c1.Ino())
+	}
+	if c3, _ := tr.Lookup("class/net/ib0.8001/pkey"); c3.Ino() != c2.Ino() {
+		t.Errorf("the same child's pkey: inode %d, then %d", c2.Ino(), c3.Ino())
 	}
 }
 
@@ -617,6 +621,67 @@ func TestStaleHandle(t *testing.T) {
 	}
 	if _, err := h.Write([]byte("1000")); !errors.Is(err, syscall.ENODEV) {
 		t.Errorf("write: %v", err)
+	}
+}
+
+// A file holds its interface, not its name, as a sysfs file holds its kobject: a
+// descriptor opened before a delete never reaches the child made again under the name,
+// and one opened before a rename goes on working under the new name.
+func TestHandleHoldsItsInterface(t *testing.T) {
+	v := newEnv(t)
+	open := func(p string, flags int) *Handle {
+		t.Helper()
+		n, err := v.tree.Lookup(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := n.Open(Internal, flags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Release() })
+		return h
+	}
+	readH := func(h *Handle) (string, error) {
+		buf := make([]byte, 64)
+		k, err := h.ReadAt(buf, 0)
+		return string(buf[:k]), err
+	}
+	write(v.tree, "class/net/ib0/create_child", "0x8001")
+	old := open("class/net/ib0.8001/umcast", syscall.O_RDWR)
+	oldDir, _ := v.tree.Lookup("class/net/ib0.8001")
+	write(v.tree, "class/net/ib0/delete_child", "0x8001")
+	write(v.tree, "class/net/ib0/create_child", "0x8001")
+	if _, err := old.Write([]byte("1\n")); !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("write through a descriptor of the deleted child: %v, want ENODEV", err)
+	}
+	if got, _ := read(v.tree, "class/net/ib0.8001/umcast"); got != "0\n" {
+		t.Errorf("the new child's umcast is %q after a write to the old one's", got)
+	}
+	if _, err := readH(old); !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("read through a descriptor of the deleted child: %v", err)
+	}
+	if cs, err := oldDir.Children(); err != nil || len(cs) != 0 {
+		t.Errorf("the deleted child's directory lists %d entries, %v", len(cs), err)
+	}
+	if _, err := oldDir.Lookup("umcast"); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("lookup in the deleted child's directory: %v", err)
+	}
+
+	cur := open("class/net/ib0.8001/umcast", syscall.O_WRONLY)
+	dbg := open("kernel/debug/ipoib/ib0.8001_mcg", syscall.O_RDONLY)
+	c, _ := v.e.Interface("ib0.8001")
+	if err := v.e.Rename(c, "storage1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cur.Write([]byte("1\n")); err != nil {
+		t.Errorf("write after a rename: %v", err)
+	}
+	if got, _ := read(v.tree, "class/net/storage1/umcast"); got != "1\n" {
+		t.Errorf("storage1/umcast %q after a write through the descriptor opened as ib0.8001", got)
+	}
+	if _, err := readH(dbg); err != nil {
+		t.Errorf("the renamed child's _mcg through its old descriptor: %v", err)
 	}
 }
 

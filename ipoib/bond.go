@@ -408,8 +408,9 @@ type slave struct {
 
 // Bond is one active-backup bond.
 type Bond struct {
-	bs   *Bonds
-	name string
+	bs     *Bonds
+	serial uint64
+	name   string
 
 	active  atomic.Pointer[Interface] // the data path's view of the active slave
 	host    atomic.Pointer[hostRef]
@@ -452,7 +453,7 @@ type Bond struct {
 type hostRef struct{ h Host }
 
 func newBond(bs *Bonds, name string) *Bond {
-	b := &Bond{bs: bs, name: name, miimon: bondDefaultMiimon, fom: fomNone, mtu: 1500, typ: typeEther,
+	b := &Bond{bs: bs, serial: bs.e.serials.Add(1), name: name, miimon: bondDefaultMiimon, fom: fomNone, mtu: 1500, typ: typeEther,
 		hwLen: 6, randomAddr: true, features: defaultFeatures,
 		kick: make(chan struct{}, 1), speedKick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.hw = randomMAC()
@@ -491,6 +492,17 @@ func (b *Bond) err(op string, errno syscall.Errno, format string, a ...any) erro
 
 // Name returns the bond's name.
 func (b *Bond) Name() string { return b.name }
+
+// Serial is a number no other bond or interface of the engine has had (Interface.Serial).
+func (b *Bond) Serial() uint64 { return b.serial }
+
+// Listed reports whether the bond still exists: false from the moment a delete takes it
+// out of the list.
+func (b *Bond) Listed() bool {
+	b.bs.mu.Lock()
+	defer b.bs.mu.Unlock()
+	return slices.Contains(b.bs.list, b)
+}
 
 // SpeedMbps is the bond's link speed as bond_ethtool_get_link_ksettings gives it in
 // active-backup, the sum over the slaves that can send: the active slave's while it

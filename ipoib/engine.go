@@ -157,6 +157,8 @@ type Engine struct {
 
 	cms map[int]*cm.Manager // per port, when the HCA supports RC (connected mode)
 
+	serials atomic.Uint64 // the last Serial given to an interface or bond
+
 	mu      sync.Mutex
 	ifs     map[string]*Interface
 	closed  bool

@@ -99,6 +99,7 @@ type Interface struct {
 	noMulticast   bool   // IFF_MULTICAST cleared (a flags write, ip link set multicast off)
 	flags         devFlags
 	closed        bool
+	serial        uint64
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
 	childOps      sync.Mutex    // serialises CreateChild and DeleteChild of a parent
@@ -244,7 +245,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 		}
 	}
 	pkey |= verbs.PKeyFullMember
-	i := &Interface{e: e, port: port, parent: parent, sa: e.newSAClient(p, attr),
+	i := &Interface{e: e, serial: e.serials.Add(1), port: port, parent: parent, sa: e.newSAClient(p, attr),
 		maxIBMTU: attr.MaxMTU.Bytes(), features: defaultFeatures, txQueueLen: 1000,
 		mcast: map[verbs.GID]*mcastGroup{}, paths: map[verbs.GID]*path{}, neigh: map[netip.Addr]*neigh{},
 		pending: map[netip.Addr]*neigh{},
@@ -333,6 +334,18 @@ func (i *Interface) allocRecvRingLocked() {
 
 // Name returns the interface name.
 func (i *Interface) Name() string { return *i.name.Load() }
+
+// Serial is a number no other interface or bond of the engine has had: a child deleted
+// and made again under its name is another interface with another serial.
+func (i *Interface) Serial() uint64 { return i.serial }
+
+// Listed reports whether the interface is still in the engine's table (under whatever
+// name it has now): false from the moment a delete takes it out.
+func (i *Interface) Listed() bool {
+	i.e.mu.Lock()
+	defer i.e.mu.Unlock()
+	return i.e.ifs[i.Name()] == i
+}
 
 // Port returns the HCA port number.
 func (i *Interface) Port() int { return i.port }

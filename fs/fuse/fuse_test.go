@@ -396,3 +396,48 @@ echo 0x8002 > class/net/ib0/delete_child && if test -e class/net/ib0.8002; then 
 		t.Errorf("renamed child: %q %d", out, code)
 	}
 }
+
+// A descriptor holds the interface it was opened on, as a sysfs one holds its kobject:
+// after a delete it answers ENODEV and never reaches the child made again under the
+// name, which new opens reach (its files have new inode numbers, so the kernel's
+// cached inodes of the old child are not reused); after a rename it goes on working.
+func TestDescriptorHoldsItsInterface(t *testing.T) {
+	v := newEnv(t)
+	changes, cancel := v.tree.Changes()
+	defer cancel()
+	dir, _ := mountChanges(t, v.tree.Root(), changes)
+	p := func(s string) string { return filepath.Join(dir, s) }
+	if _, _, code := sh(t, dir, "echo 0x8005 > class/net/ib0/create_child", nil); code != 0 {
+		t.Fatal("create_child")
+	}
+	old, err := os.OpenFile(p("class/net/ib0.8005/umcast"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if out, errb, code := sh(t, dir, "echo 0x8005 > class/net/ib0/delete_child && echo 0x8005 > class/net/ib0/create_child && cat class/net/ib0.8005/umcast", nil); code != 0 || out != "0\n" {
+		t.Fatalf("delete, create, read: %q %q %d", out, errb, code)
+	}
+	if _, err := old.Write([]byte("1\n")); !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("write through the deleted child's descriptor: %v, want ENODEV", err)
+	}
+	if out, errb, code := sh(t, dir, "cat class/net/ib0.8005/umcast && echo 1 > class/net/ib0.8005/umcast && cat class/net/ib0.8005/umcast", nil); code != 0 || out != "0\n1\n" {
+		t.Errorf("the new child through new opens: %q %q %d", out, errb, code)
+	}
+	cur, err := os.OpenFile(p("class/net/ib0.8005/umcast"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.Close()
+	c, _ := v.e.Interface("ib0.8005")
+	if err := v.e.Rename(c, "storage5"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cur.Write([]byte("0\n")); err != nil {
+		t.Errorf("write after a rename: %v", err)
+	}
+	waitFor(t, "storage5 in the mount", func() bool { _, err := os.Stat(p("class/net/storage5")); return err == nil })
+	if b, err := os.ReadFile(p("class/net/storage5/umcast")); err != nil || string(b) != "0\n" {
+		t.Errorf("storage5/umcast after the write through the old name's descriptor: %q, %v", b, err)
+	}
+}
