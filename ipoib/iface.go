@@ -262,6 +262,7 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	i.adminMTU = mcastMTU
 	i.ds.Store(&dataState{pkey: pkey, mcastMTU: mcastMTU, mtu: mcastMTU, bcast: broadcastAddr(pkey)})
 	if err := i.createQP(); err != nil {
+		i.undoSetup()
 		return nil, err
 	}
 	i.hw = MakeHWAddr(0, i.qp.Num(), gid)
@@ -269,10 +270,28 @@ func newInterface(e *Engine, name string, port int, parent *Interface, pkey verb
 	i.lanes.Store(&[]*txLane{&i.tx0})
 	if mgr := e.cms[port]; mgr != nil {
 		if err := i.cmInit(mgr); err != nil {
+			i.undoSetup()
 			return nil, err
 		}
 	}
 	return i, nil
+}
+
+// undoSetup closes what a failed newInterface made: an HCA's QPs and CQs are finite,
+// and a create_child refused for want of one must not keep the others it got.
+func (i *Interface) undoSetup() {
+	if i.cmStop != nil {
+		i.cmStop()
+	}
+	if i.qp != nil {
+		_ = i.qp.Close()
+	}
+	for _, cq := range []verbs.CQ{i.scq, i.rcq, i.cmScq, i.cmRcq} {
+		if cq != nil {
+			_ = cq.Close()
+		}
+	}
+	i.cancel()
 }
 
 // startLoops starts the receive loop and the task (and connected mode's two loops)
