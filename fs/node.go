@@ -241,8 +241,14 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 		err = n.MayTruncate(c)
 	}
 	if err != nil {
-		if wr && n.t.log != nil {
-			n.t.log(fmt.Sprintf("%s: permission denied; open for writing as %s", n.path, c))
+		// Every refused change is logged: an open for writing, or one that would
+		// truncate (O_RDONLY|O_TRUNC asks for write permission too).
+		if (wr || flags&syscall.O_TRUNC != 0) && n.t.log != nil {
+			how := "for writing"
+			if !wr {
+				how = "with O_TRUNC"
+			}
+			n.t.log(fmt.Sprintf("%s: permission denied; open %s as %s", n.path, how, c))
 		}
 		return nil, err
 	}
@@ -296,7 +302,12 @@ func (n *Node) SetAttr(c Caller, a AttrChange) error {
 		return syscall.EISDIR
 	}
 	if (a.Size || a.TimesNow) && (a.Handle == nil || !a.Handle.wr) {
-		return n.MayTruncate(c)
+		err := n.MayTruncate(c)
+		if err != nil && n.t.log != nil {
+			what := map[bool]string{true: "truncate", false: "set times to now"}[a.Size]
+			n.t.log(fmt.Sprintf("%s: permission denied; %s as %s", n.path, what, c))
+		}
+		return err
 	}
 	return nil
 }

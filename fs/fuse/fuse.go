@@ -344,34 +344,44 @@ func (n *node) Statfs(ctx context.Context, out *gofuse.StatfsOut) syscall.Errno 
 
 func (n *node) OnForget() {}
 
-// The tree's names are fixed (fs.ErrCreate, fs.ErrNamespace).
+// The tree's names are fixed: every change of names that reaches the daemon (root's;
+// the kernel refuses other users itself, default_permissions) is refused and logged
+// (fs.Node.ChangeNames).
+
+func (n *node) names(ctx context.Context, op fs.NameOp, name string) syscall.Errno {
+	return errno(n.m.ChangeNames(caller(ctx, false), op, name))
+}
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	return nil, nil, 0, fs.ErrCreate
+	return nil, nil, 0, n.names(ctx, fs.OpCreate, name)
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, fs.ErrNamespace
+	return nil, n.names(ctx, fs.OpMkdir, name)
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, fs.ErrNamespace
+	return nil, n.names(ctx, fs.OpMknod, name)
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, fs.ErrNamespace
+	return nil, n.names(ctx, fs.OpLink, name)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, fs.ErrNamespace
+	return nil, n.names(ctx, fs.OpSymlink, name)
 }
 
-func (n *node) Unlink(ctx context.Context, name string) syscall.Errno { return fs.ErrNamespace }
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	return n.names(ctx, fs.OpUnlink, name)
+}
 
-func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno { return fs.ErrNamespace }
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return n.names(ctx, fs.OpRmdir, name)
+}
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	return fs.ErrNamespace
+	return n.names(ctx, fs.OpRename, name)
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {

@@ -441,3 +441,26 @@ func TestDescriptorHoldsItsInterface(t *testing.T) {
 		t.Errorf("storage5/umcast after the write through the old name's descriptor: %q, %v", b, err)
 	}
 }
+
+// Root's changes of names reach the daemon (the kernel refuses other users itself):
+// refused as sysfs refuses them, and logged with who asked.
+func TestNameChangesLogged(t *testing.T) {
+	v := newEnv(t)
+	dir := mount(t, v.tree.Root())
+	v.log.Take()
+	for _, c := range []struct{ cmd, errText, line string }{
+		{"mkdir class/net/x", "Operation not permitted", "class/net/x: mkdir refused (operation not permitted)"},
+		{"rm -f class/net/ib0/mtu", "Operation not permitted", "class/net/ib0/mtu: unlink refused (operation not permitted)"},
+		{"mv class/net/ib0/mtu class/net/ib0/mtu2", "Operation not permitted", "class/net/ib0/mtu: rename refused"},
+		{"ln -s ib0 class/net/ib9", "Operation not permitted", "class/net/ib9: symlink refused"},
+	} {
+		_, errb, code := sh(t, dir, c.cmd, nil)
+		if code == 0 || !strings.Contains(errb, c.errText) {
+			t.Errorf("%s: exit %d, %q; want %q", c.cmd, code, errb, c.errText)
+		}
+		lines := v.log.Take()
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], c.line) || !strings.Contains(lines[0], "as uid=0 via=fuse") {
+			t.Errorf("%s: logged %q, want one line starting %q", c.cmd, lines, c.line)
+		}
+	}
+}

@@ -564,33 +564,34 @@ func (f *file) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.
 	return p9.LockStatusError, linux.ENOSYS
 }
 
-func (f *file) Create(string, p9.OpenFlags, p9.FileMode, p9.UID, p9.GID) (p9.File, p9.QID, uint32, error) {
-	if !f.n.IsDir() {
-		return nil, p9.QID{}, 0, linux.ENOTDIR
-	}
-	return nil, p9.QID{}, 0, linux.Errno(fs.ErrCreate)
+// The tree's names are fixed: every change of names is refused and logged
+// (fs.Node.ChangeNames).
+
+func (f *file) Create(name string, _ p9.OpenFlags, _ p9.FileMode, _ p9.UID, _ p9.GID) (p9.File, p9.QID, uint32, error) {
+	return nil, p9.QID{}, 0, f.names(fs.OpCreate, name)
 }
 
-// namespace is the answer to every other change of names.
-func (f *file) namespace() error {
-	if !f.n.IsDir() {
-		return linux.ENOTDIR
-	}
-	return linux.Errno(fs.NamespaceErrno(f.who))
-}
+func (f *file) names(op fs.NameOp, name string) error { return toErr(f.n.ChangeNames(f.who, op, name)) }
 
-func (f *file) Mkdir(string, p9.FileMode, p9.UID, p9.GID) (p9.QID, error) {
-	return p9.QID{}, f.namespace()
+func (f *file) Mkdir(name string, _ p9.FileMode, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	return p9.QID{}, f.names(fs.OpMkdir, name)
 }
-func (f *file) Symlink(string, string, p9.UID, p9.GID) (p9.QID, error) {
-	return p9.QID{}, f.namespace()
+func (f *file) Symlink(_, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	return p9.QID{}, f.names(fs.OpSymlink, name)
 }
-func (f *file) Link(p9.File, string) error { return f.namespace() }
-func (f *file) Mknod(string, p9.FileMode, uint32, uint32, p9.UID, p9.GID) (p9.QID, error) {
-	return p9.QID{}, f.namespace()
+func (f *file) Link(_ p9.File, name string) error { return f.names(fs.OpLink, name) }
+func (f *file) Mknod(name string, _ p9.FileMode, _, _ uint32, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	return p9.QID{}, f.names(fs.OpMknod, name)
 }
-func (f *file) Rename(p9.File, string) error           { return linux.Errno(fs.NamespaceErrno(f.who)) }
-func (f *file) RenameAt(string, p9.File, string) error { return f.namespace() }
-func (f *file) UnlinkAt(string, uint32) error          { return f.namespace() }
-func (f *file) Readlink() (string, error)              { return "", linux.EINVAL }
-func (f *file) Renamed(p9.File, string)                {}
+func (f *file) Rename(p9.File, string) error { return f.names(fs.OpRename, "") }
+func (f *file) RenameAt(oldName string, _ p9.File, _ string) error {
+	return f.names(fs.OpRename, oldName)
+}
+func (f *file) UnlinkAt(name string, flags uint32) error {
+	if flags&0x200 != 0 { // AT_REMOVEDIR
+		return f.names(fs.OpRmdir, name)
+	}
+	return f.names(fs.OpUnlink, name)
+}
+func (f *file) Readlink() (string, error) { return "", linux.EINVAL }
+func (f *file) Renamed(p9.File, string)   {}

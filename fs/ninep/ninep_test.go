@@ -474,9 +474,10 @@ func TestSetAttrAndTruncate(t *testing.T) {
 		chmod, truncate error
 		lopenTrunc      error
 		mkdir           error
+		unlinkDir       error // unlinkat without AT_REMOVEDIR of a directory
 	}{
-		{fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p"}, linux.EPERM, linux.EACCES, linux.EACCES, linux.EACCES},
-		{fs.Internal, linux.EPERM, nil, nil, linux.EPERM},
+		{fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p"}, linux.EPERM, linux.EACCES, linux.EACCES, linux.EACCES, linux.EACCES},
+		{fs.Internal, linux.EPERM, nil, nil, linux.EPERM, linux.EISDIR},
 	} {
 		cc, sc := net.Pipe()
 		go ServeConn(sc, v.tree.Root(), Options{Unidentified: &c.who})
@@ -508,8 +509,8 @@ func TestSetAttrAndTruncate(t *testing.T) {
 		if _, err := d.Mkdir("x", 0o755, 0, 0); !errors.Is(err, c.mkdir) {
 			t.Errorf("uid %d mkdir: %v, want %v", c.who.UID, err, c.mkdir)
 		}
-		if err := d.UnlinkAt("ib0", 0); !errors.Is(err, c.mkdir) {
-			t.Errorf("uid %d unlink: %v, want %v", c.who.UID, err, c.mkdir)
+		if err := d.UnlinkAt("ib0", 0); !errors.Is(err, c.unlinkDir) {
+			t.Errorf("uid %d unlink: %v, want %v", c.who.UID, err, c.unlinkDir)
 		}
 		pc.Close()
 	}
@@ -560,8 +561,10 @@ func TestPathTreeForgetsNames(t *testing.T) {
 		}
 	}
 	unlinkAll(0) // warm: buffers and pools at their size
+	v.log.Take() // each refusal is logged: the test's sink keeps the lines
 	before := heapAfterGC()
 	unlinkAll(unlinks)
+	v.log.Take()
 	if grew := int64(heapAfterGC()) - int64(before); grew > 1<<20 {
 		t.Errorf("the heap grew by %d KiB over %d unlinks of new names", grew>>10, unlinks)
 	}
@@ -660,4 +663,113 @@ func TestOpenTwiceKeepsOneHandle(t *testing.T) {
 		t.Error("the second open replaced the fid's handle")
 	}
 	f.Close()
+}
+
+// Every refused change over 9P is answered as sysfs answers it (names looked up first:
+// EEXIST onto an existing name, ENOENT for a missing one, EISDIR and ENOTDIR; then
+// EACCES for users; then EPERM, or EACCES for a create, for root) and logged with the
+// path, what was asked and who asked.
+func TestRefusedChangesAnsweredAndLogged(t *testing.T) {
+	v := newEnv(t)
+	nobody := fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p"}
+	type step struct {
+		what string
+		do   func(root, netDir, ib0, mtu p9.File) error
+		want map[uint32]error // by uid
+		line string           // the log line's start
+	}
+	anyone := func(err error) map[uint32]error { return map[uint32]error{0: err, fs.Nobody: err} }
+	steps := []step{
+		{"mkdir of a new name", func(_, d, _, _ p9.File) error { _, err := d.Mkdir("x", 0o755, 0, 0); return err },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/x: mkdir refused"},
+		{"mkdir of an existing name", func(_, d, _, _ p9.File) error { _, err := d.Mkdir("ib0", 0o755, 0, 0); return err },
+			anyone(linux.EEXIST), "class/net/ib0: mkdir refused (file exists)"},
+		{"create of a new name", func(_, d, _, _ p9.File) error {
+			_, _, _, err := d.Create("x", p9.WriteOnly, 0o644, 0, 0)
+			return err
+		}, anyone(linux.EACCES), "class/net/x: create refused"},
+		{"create of an existing name", func(_, _, i, _ p9.File) error {
+			_, _, _, err := i.Create("mtu", p9.WriteOnly, 0o644, 0, 0)
+			return err
+		}, anyone(linux.EEXIST), "class/net/ib0/mtu: create refused"},
+		{"symlink", func(_, d, _, _ p9.File) error { _, err := d.Symlink("ib0", "y", 0, 0); return err },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/y: symlink refused"},
+		{"mknod", func(_, d, _, _ p9.File) error { _, err := d.Mknod("z", 0o644, 0, 0, 0, 0); return err },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/z: mknod refused"},
+		{"link", func(_, _, i, m p9.File) error { return i.Link(m, "mtu2") },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu2: link refused"},
+		{"unlink of a missing name", func(_, d, _, _ p9.File) error { return d.UnlinkAt("nothing", 0) },
+			anyone(linux.ENOENT), "class/net/nothing: unlink refused (no such file or directory)"},
+		{"unlink of a file", func(_, _, i, _ p9.File) error { return i.UnlinkAt("mtu", 0) },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu: unlink refused"},
+		{"rmdir of a file", func(_, _, i, _ p9.File) error { return i.UnlinkAt("mtu", 0x200) },
+			map[uint32]error{0: linux.ENOTDIR, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu: rmdir refused"},
+		{"rmdir of a directory", func(_, d, _, _ p9.File) error { return d.UnlinkAt("ib0", 0x200) },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0: rmdir refused"},
+		{"renameat of a missing name", func(_, d, _, _ p9.File) error { return d.RenameAt("nothing", d, "x") },
+			anyone(linux.ENOENT), "class/net/nothing: rename refused"},
+		{"renameat", func(_, d, _, _ p9.File) error { return d.RenameAt("ib0", d, "x") },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0: rename refused"},
+		{"rename", func(_, d, _, m p9.File) error { return m.Rename(d, "x") },
+			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu: rename refused"},
+		{"mkdir in the debugfs directory", func(r, _, _, _ p9.File) error {
+			_, d, err := r.Walk([]string{"kernel"})
+			if err != nil {
+				return err
+			}
+			_, err = d.Mkdir("debug", 0o755, 0, 0)
+			return err
+		}, anyone(linux.EEXIST), "kernel/debug: mkdir refused (file exists)"},
+	}
+	for _, who := range []fs.Caller{fs.Internal, nobody} {
+		cc, sc := net.Pipe()
+		go ServeConn(sc, v.tree.Root(), Options{Unidentified: &who})
+		pc, err := p9.NewClient(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		root, err := pc.Attach("/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		walk := func(names ...string) p9.File {
+			_, f, err := root.Walk(names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+		netDir, ib0, mtu := walk("class", "net"), walk("class", "net", "ib0"), walk("class", "net", "ib0", "mtu")
+		v.log.Take()
+		for _, s := range steps {
+			want := s.want[who.UID]
+			if err := s.do(root, netDir, ib0, mtu); !errors.Is(err, want) {
+				t.Errorf("uid %d %s: %v, want %v", who.UID, s.what, err, want)
+			}
+			lines := v.log.Take()
+			as := fmt.Sprintf("as uid=%d via=9p", who.UID)
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], s.line) || !strings.Contains(lines[0], as) {
+				t.Errorf("uid %d %s: logged %q, want one line starting %q and saying %q", who.UID, s.what, lines, s.line, as)
+			}
+		}
+		// A truncate or an O_TRUNC open without write permission: logged as well.
+		for _, f := range []func() error{
+			func() error { return mtu.SetAttr(p9.SetAttrMask{Size: true}, p9.SetAttr{}) },
+			func() error {
+				_, _, err := walk("class", "net", "ib0", "mtu").Open(p9.ReadOnly | p9.OpenFlags(syscall.O_TRUNC))
+				return err
+			},
+		} {
+			err := f()
+			lines := v.log.Take()
+			if who.UID == 0 {
+				if err != nil || len(lines) != 0 {
+					t.Errorf("root's truncate: %v, logged %q", err, lines)
+				}
+			} else if !errors.Is(err, linux.EACCES) || len(lines) != 1 || !strings.HasPrefix(lines[0], "class/net/ib0/mtu: permission denied; ") {
+				t.Errorf("nobody's truncate: %v, logged %q", err, lines)
+			}
+		}
+		pc.Close()
+	}
 }
