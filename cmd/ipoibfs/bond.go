@@ -32,14 +32,16 @@ type bondBridge struct {
 type bondBridges struct {
 	bonds *ipoib.Bonds
 	netns string
+	brs   *bridges // the interfaces' devices: bonds have devices when they do
 	mu    sync.Mutex
 	m     map[*ipoib.Bond]*bondBridge
-	off   bool
+	off   bool // closed
 }
 
-// startBonds starts the engine's bonding layer with a TUN device per bond.
-func startBonds(e *ipoib.Engine, netns string) *bondBridges {
-	bb := &bondBridges{bonds: ipoib.NewBonds(e), netns: netns, m: map[*ipoib.Bond]*bondBridge{}}
+// startBonds starts the engine's bonding layer with a TUN device per bond while the
+// engine's interfaces have theirs.
+func startBonds(e *ipoib.Engine, netns string, brs *bridges) *bondBridges {
+	bb := &bondBridges{bonds: ipoib.NewBonds(e), netns: netns, brs: brs, m: map[*ipoib.Bond]*bondBridge{}}
 	bb.bonds.SetDevices(bb)
 	return bb
 }
@@ -48,12 +50,12 @@ func startBonds(e *ipoib.Engine, netns string) *bondBridges {
 func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 	bb.mu.Lock()
 	defer bb.mu.Unlock()
-	if bb.off {
+	if bb.off || bb.brs.isOff() {
 		return nil
 	}
-	dev, err := kernel.Open(kernel.Config{Name: b.Name(), MTU: b.MTU(), NetNS: bb.netns, Offloads: offloads(b.Features())})
+	dev, err := openDevice(kernel.Config{Name: b.Name(), MTU: b.MTU(), NetNS: bb.netns, Offloads: offloads(b.Features())})
 	if err != nil {
-		bb.off, err = openErr(b.Name(), "the bond runs without a TUN device", err)
+		_, err = openErr(b.Name(), "", err, false)
 		return err
 	}
 	br := &bondBridge{b: b, dev: dev, bb: bb, done: make(chan struct{})}

@@ -104,7 +104,7 @@ func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) 
 	if i.Parent() != nil {
 		queues = 1
 	}
-	dev, err := kernel.Open(kernel.Config{Name: i.Name(), MTU: i.MTU(), NetNS: netns,
+	dev, err := openDevice(kernel.Config{Name: i.Name(), MTU: i.MTU(), NetNS: netns,
 		Offloads: offloads(f), Queues: queues})
 	if err != nil {
 		return nil, err
@@ -502,17 +502,24 @@ var (
 	_ ipoib.AliasHost     = (*bridge)(nil)
 )
 
+// openDevice is kernel.Open (a variable for tests).
+var openDevice = kernel.Open
+
 // bridges keeps one bridge per engine interface. The engine calls Create and Delete
 // inside create_child and delete_child, so a child's device exists when the write
 // returns and is gone when delete_child returns. When the kernel bridge is unavailable
-// it says why once and the engine runs without it.
+// from the start (no /dev/net/tun, no privilege) it says why once and the engine runs
+// without it; once a device has been made, a device that cannot be made fails its
+// create_child instead, so that no interface exists without its device while others
+// have theirs.
 type bridges struct {
 	e      *ipoib.Engine
 	netns  string
 	queues int // TUN queues of a port's interface (a child's device has one)
 	mu     sync.Mutex
 	m      map[*ipoib.Interface]*bridge
-	off    bool
+	off    bool // no devices: unavailable from the start, or closed
+	made   bool // a device has been made: the bridge is on for good
 
 	release *time.Timer // debug.FreeOSMemory after a burst of deletions
 	// recreating holds the pending retry of each port interface whose device could
@@ -538,23 +545,34 @@ func (bs *bridges) Create(i *ipoib.Interface) error {
 	}
 	b, err := openBridge(bs, i, bs.netns)
 	if err != nil {
-		bs.off, err = openErr(i.Name(), "the engine runs without TUN devices", err)
+		bs.off, err = openErr(i.Name(), "the engine runs without TUN devices", err, !bs.made)
 		return err
 	}
-	bs.m[i] = b
+	bs.m[i], bs.made = b, true
 	return nil
 }
 
+// isOff reports whether the engine runs without devices.
+func (bs *bridges) isOff() bool {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	return bs.off
+}
+
 // openErr sorts a failed kernel.Open of name's device: without the kernel bridge
-// (off, said once, no error: the engine runs on without devices, as says), a name
-// taken (EEXIST), a deleted namespace (ENODEV: ip netns del; the devices made so far
-// live on where nothing leads to them, and new ones are not made in a namespace of
-// the same name made since), or anything else as it is.
-func openErr(name, without string, err error) (off bool, _ error) {
+// (when mayTurnOff: off, said once, no error, the engine runs on without devices, as
+// without says; otherwise the error, with the system's errno), a name taken (EEXIST),
+// a deleted namespace (ENODEV: ip netns del; the devices made so far live on where
+// nothing leads to them, and new ones are not made in a namespace of the same name
+// made since), or anything else as it is.
+func openErr(name, without string, err error, mayTurnOff bool) (off bool, _ error) {
 	switch {
-	case errors.Is(err, kernel.ErrUnavailable):
+	case errors.Is(err, kernel.ErrUnavailable) && mayTurnOff:
 		log.Printf("kernel bridge off, %s: %v", without, err)
 		return true, nil
+	case errors.Is(err, kernel.ErrUnavailable):
+		log.Printf("%s: %v", name, err)
+		return false, err
 	case errors.Is(err, kernel.ErrExists):
 		return false, fmt.Errorf("%w: %v", syscall.EEXIST, err)
 	case errors.Is(err, kernel.ErrNamespaceGone):

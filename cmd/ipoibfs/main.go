@@ -300,8 +300,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	})()
 	brs := startBridges(eng, *netns, *queues)
 	defer brs.close()
-	bonds := startBonds(eng, *netns) // bond.go
-	defer bonds.close()              // slaves released before their devices go
+	bonds := startBonds(eng, *netns, brs) // bond.go
+	defer bonds.close()                   // slaves released before their devices go
 	if *loadBonding {
 		bonds.bonds.Load()
 	}

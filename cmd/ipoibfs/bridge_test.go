@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"ipoibfs/internal/testenv"
+	"ipoibfs/ipoib"
+	"ipoibfs/ipoib/kernel"
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft"
+)
+
+// Once the interfaces have devices, a device that cannot be made (EPERM from the TUN
+// driver, as an LSM or a lost capability gives) fails its create_child or bond with
+// that errno: the child or bond is not made, and later ones still get devices. (The
+// first such failure turned devices off for good, and every later child existed
+// without one.)
+func TestDeviceRefusedAfterStartFailsItsChild(t *testing.T) {
+	testenv.Root(t)
+	testenv.File(t, "/dev/net/tun")
+	testenv.Tool(t, "ip")
+	ns := fmt.Sprintf("ipobr%d", os.Getpid()%100000)
+	_ = exec.Command("ip", "netns", "del", ns).Run()
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	log.SetOutput(io.Discard)
+	defer log.SetOutput(os.Stderr)
+
+	h, err := soft.New(soft.Config{Name: "br", Network: soft.NewMemNetwork(), HostSM: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for deadline := time.Now().Add(20 * time.Second); h.SoftPort(1).Attr().State != verbs.PortActive; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("port not active")
+		}
+	}
+	eng, err := ipoib.New(h, ipoib.Options{Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	saved := openDevice
+	defer func() { openDevice = saved }()
+	openDevice = func(cfg kernel.Config) (*kernel.Device, error) {
+		if cfg.Name == "ib0.8001" || cfg.Name == "bond1" {
+			return nil, fmt.Errorf("%w: %s: create TUN (needs CAP_NET_ADMIN): %w", kernel.ErrUnavailable, cfg.Name, syscall.EPERM)
+		}
+		return saved(cfg)
+	}
+	brs := startBridges(eng, ns, 1)
+	defer brs.close()
+	bonds := startBonds(eng, ns, brs)
+	defer bonds.close()
+	ib0, _ := eng.Interface("ib0")
+	if brs.device(ib0) == nil {
+		t.Fatal("ib0 has no device")
+	}
+	if _, err := ib0.CreateChild(0x8001); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("create_child whose device is refused: %v, want EPERM", err)
+	}
+	if _, ok := eng.Interface("ib0.8001"); ok {
+		t.Error("ib0.8001 exists without its device")
+	}
+	c, err := ib0.CreateChild(0x8002)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if brs.device(c) == nil {
+		t.Error("after one refused device, ib0.8002 was made without one")
+	}
+	if _, err := bonds.bonds.Create("bond1"); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("a bond whose device is refused: %v, want EPERM", err)
+	}
+	if _, ok := bonds.bonds.Bond("bond1"); ok {
+		t.Error("bond1 exists without its device")
+	}
+	b, err := bonds.bonds.Create("bond2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bonds.mu.Lock()
+	made := bonds.m[b] != nil
+	bonds.mu.Unlock()
+	if !made {
+		t.Error("after one refused device, bond2 was made without one")
+	}
+	if err := ib0.DeleteChild(0x8002); err != nil {
+		t.Error(err)
+	}
+}
