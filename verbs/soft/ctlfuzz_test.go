@@ -75,5 +75,41 @@ func FuzzPortCtl(f *testing.F) {
 		if len(p.partial) > maxRoutesParts {
 			t.Fatalf("%d parts kept", len(p.partial))
 		}
+		// An address leads only to the route its LID has now.
+		for a, r := range p.byAddr {
+			if u, ok := p.uni[r.LID]; !ok || u != r || r.Addr != a {
+				t.Fatalf("byAddr[%v] = %+v; uni[%d] = %+v, %v", a, r, r.LID, u, ok)
+			}
+		}
 	})
+}
+
+// A route table or delta that lists one LID twice keeps its last route, and the
+// address of the first no longer passes as that LID (source()).
+func TestRoutesListingALIDTwice(t *testing.T) {
+	// An SM address where nothing answers: no route table but the test's arrives.
+	h, err := New(Config{Name: "a", Network: NewMemNetwork(), SM: netip.MustParseAddrPort("127.0.0.1:9"), Heartbeat: testHB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p := h.SoftPort(1)
+	gid := verbs.MakeGID(verbs.DefaultGIDPrefix, 7)
+	a, b, c := netip.MustParseAddrPort("127.0.0.7:4791"), netip.MustParseAddrPort("127.0.0.8:4791"), netip.MustParseAddrPort("127.0.0.9:4791")
+	p.applyRoutes(&ctlRoutes{Version: 3, Parts: 1, Uni: []ctlRoute{{LID: 7, GID: gid, Addr: a}, {LID: 7, GID: gid, Addr: b}}})
+	if r, ok := p.source(a); ok {
+		t.Errorf("whole table: the first address of LID 7 still passes as %+v", r)
+	}
+	if r, ok := p.source(b); !ok || r.LID != 7 {
+		t.Errorf("whole table: LID 7's route: %+v, %v", r, ok)
+	}
+	p.applyDelta(&ctlRoutesDelta{From: 3, Routes: ctlRoutes{Version: 4, Parts: 1, Uni: []ctlRoute{{LID: 7, GID: gid, Addr: c}, {LID: 7, GID: gid, Addr: a}}}})
+	for _, stale := range []netip.AddrPort{b, c} {
+		if r, ok := p.source(stale); ok {
+			t.Errorf("delta: %v still passes as %+v", stale, r)
+		}
+	}
+	if r, ok := p.source(a); !ok || r.LID != 7 {
+		t.Errorf("delta: LID 7's route: %+v, %v", r, ok)
+	}
 }

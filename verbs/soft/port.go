@@ -421,7 +421,13 @@ func (p *Port) applyRoutes(r *ctlRoutes) {
 	p.byAddr = make(map[netip.AddrPort]ctlRoute, len(r.Uni))
 	for _, u := range r.Uni {
 		p.uni[u.LID] = u
-		p.byAddr[u.Addr] = u
+	}
+	for _, u := range r.Uni {
+		// A LID listed twice keeps its last route: the address of an earlier one
+		// must not lead to it (source() would take that sender as the LID).
+		if p.uni[u.LID] == u {
+			p.byAddr[u.Addr] = u
+		}
 	}
 	p.multi = make(map[verbs.LID]ctlMRoute, len(r.Multi))
 	p.mgidLID = make(map[verbs.GID]verbs.LID, len(r.Multi))
@@ -471,7 +477,9 @@ func (p *Port) applyDelta(d *ctlRoutesDelta) {
 		p.uni[u.LID] = u
 	}
 	for _, u := range d.Routes.Uni { // after every old address went: a set may take another's
-		p.byAddr[u.Addr] = u
+		if p.uni[u.LID] == u { // a LID set twice: its last route only
+			p.byAddr[u.Addr] = u
+		}
 	}
 	for _, m := range d.Routes.Multi {
 		if old, ok := p.multi[m.MLID]; ok {
