@@ -159,3 +159,23 @@ func TestSecondDaemonRefused(t *testing.T) {
 		t.Errorf("first daemon's tree after the refusals: %q, %v", b, err)
 	}
 }
+
+// A mount point the daemon cannot make (a path through a regular file) fails the
+// daemon before it joins the fabric, naming -mount: it does not go on to say READY
+// without the tree the administrator asked for.
+func TestUnusableMountPointRefused(t *testing.T) {
+	requireE2E(t)
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mnt := filepath.Join(file, "tree")
+	out, err := run(t, 20*time.Second, binPath, "-name", "badmnt", "-netns", netns(t, "badmnt"), "-9p", "", "-mount", mnt)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out, "-mount "+mnt+": ") || !strings.Contains(out, "not a directory") {
+		t.Errorf("-mount %s: %v, output %q; want exit 1 naming -mount and ENOTDIR", mnt, err, out)
+	}
+	if strings.Contains(out, "subnet manager on") || strings.Contains(out, "endpoint") {
+		t.Errorf("the daemon started its HCA before refusing its mount point:\n%s", out)
+	}
+}

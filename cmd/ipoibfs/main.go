@@ -360,16 +360,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer ninepLn.serve(tree, *trustUname)()
 		ninepLn = nil
 	}
-	mounted := ""
+	mounted, mountOff := "", ""
 	if *mountDir != "" {
-		if unmount := mountTree(tree, *mountDir); unmount != nil {
+		var unmount func()
+		if unmount, mountOff = mountTree(tree, *mountDir); unmount != nil {
 			defer unmount()
 			mounted = *mountDir
 		}
 	}
 	// Ready: every interface has its kernel device and the tree is served, so
-	// `ip addr add` and scripts against the tree work from here on.
-	sdNotify("READY=1\nSTATUS=" + readyStatus(eng, mounted, *ninepAddr))
+	// `ip addr add` and scripts against the tree work from here on; a tree that could
+	// not be mounted is said in the status (systemctl status shows it).
+	sdNotify("READY=1\nSTATUS=" + readyStatus(eng, mounted, mountOff, *ninepAddr))
 	defer sdNotify("STOPPING=1")
 
 	hca.ready()

@@ -21,7 +21,7 @@ func sdNotify(state string) {
 }
 
 // readyStatus is the STATUS= line sent with READY=1: what is now usable.
-func readyStatus(eng *ipoib.Engine, mount, ninep string) string {
+func readyStatus(eng *ipoib.Engine, mount, mountOff, ninep string) string {
 	var names []string
 	for _, i := range eng.Interfaces() {
 		names = append(names, i.Name())
@@ -29,6 +29,9 @@ func readyStatus(eng *ipoib.Engine, mount, ninep string) string {
 	s := fmt.Sprintf("interfaces %s", strings.Join(names, " "))
 	if mount != "" {
 		s += "; tree at " + mount
+	}
+	if mountOff != "" {
+		s += "; FUSE mount off: " + mountOff
 	}
 	if ninep != "" {
 		s += "; 9P on " + ninep

@@ -30,7 +30,13 @@ func checkMountPoint(dir string) error {
 	}
 	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(abs))
 	if err != nil || len(mounts) == 0 {
-		return nil // no mount table to read, or nothing mounted there
+		// Nothing mounted there: the directory must be one we can mount on (a
+		// path through a file or on a read-only file system fails here, not after
+		// the daemon has joined the fabric and said READY without its tree).
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return fmt.Errorf("-mount %s: %v", dir, err)
+		}
+		return nil
 	}
 	if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) || fuse.Dead(abs) {
 		return nil // dead mount: mountTree cleans it up

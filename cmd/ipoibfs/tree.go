@@ -17,26 +17,29 @@ import (
 )
 
 // mountTree mounts the tree with FUSE at dir, cleaning up a dead mount a crashed
-// daemon left there. Without FUSE the daemon goes on and says why; it returns the
-// unmount function or nil.
-func mountTree(tree *fs.Tree, dir string) func() {
+// daemon left there. Without FUSE (no /dev/fuse, no privilege to mount) the daemon goes
+// on and says why: it returns a nil unmount function and the reason, which the
+// readiness status repeats.
+func mountTree(tree *fs.Tree, dir string) (unmount func(), off string) {
+	fail := func(format string, a ...any) (func(), string) {
+		off = fmt.Sprintf(format, a...)
+		log.Printf("FUSE mount off: %s", off)
+		return nil, off
+	}
 	// A dead mount answers every access (mkdir included) with ENOTCONN: clean it first.
 	if cleaned, err := fuse.CleanupStale(dir); err != nil {
-		log.Printf("FUSE mount off: %s: stale mount: %v", dir, err)
-		return nil
+		return fail("%s: stale mount: %v", dir, err)
 	} else if cleaned {
 		log.Printf("%s: removed a dead mount left by an earlier daemon", dir)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		log.Printf("FUSE mount off: %v", err)
-		return nil
+		return fail("%v", err)
 	}
 	changes, cancel := tree.Changes()
 	srv, err := fuse.Mount(dir, tree.Root(), fuse.Options{Log: func(l string) { log.Print(l) }, Changes: changes})
 	if err != nil {
 		cancel()
-		log.Printf("FUSE mount off: %v", err)
-		return nil
+		return fail("%v", err)
 	}
 	log.Printf("control tree mounted at %s", dir)
 	return func() {
@@ -44,7 +47,7 @@ func mountTree(tree *fs.Tree, dir string) func() {
 			log.Printf("unmount %s: %v", dir, err)
 		}
 		cancel()
-	}
+	}, ""
 }
 
 // ninepListener is the 9P listening socket, opened before anything else starts so a
