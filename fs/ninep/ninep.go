@@ -182,6 +182,7 @@ func serveConn(c net.Conn, root *fs.Node, id connIdentity, o *Options) error {
 	})
 	defer t.Stop()
 	defer c.Close()
+	defer locks.dropConn(a) // a connection's locks end with it
 	return p9.NewServer(a).Handle(c, c)
 }
 
@@ -559,10 +560,6 @@ func (f *file) XattrFID() (p9.File, error)      { return newFile(f.a, f.n, f.who
 func (f *file) GetXattr(string) ([]byte, error) { return nil, linux.EOPNOTSUPP } // as the FUSE mount: the tree has no extended attributes
 func (f *file) ListXattrs() ([]string, error)   { return nil, nil }
 func (f *file) RemoveXattr(string) error        { return linux.EOPNOTSUPP }
-
-func (f *file) Lock(int, p9.LockType, p9.LockFlags, uint64, uint64, string) (p9.LockStatus, error) {
-	return p9.LockStatusError, linux.ENOSYS
-}
 
 // The tree's names are fixed: every change of names is refused and logged
 // (fs.Node.ChangeNames).

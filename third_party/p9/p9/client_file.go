@@ -203,6 +203,7 @@ func (c *clientFile) Lock(pid int, locktype LockType, flags LockFlags, start, le
 
 	r := rlock{}
 	err := c.client.sendRecv(&tlock{
+		fid:    c.fid, // ipoibfs patch: upstream sent fid 0
 		Type:   locktype,
 		Flags:  flags,
 		Start:  start,
@@ -211,6 +212,17 @@ func (c *clientFile) Lock(pid int, locktype LockType, flags LockFlags, start, le
 		Client: client,
 	}, &r)
 	return r.Status, err
+}
+
+// GetLock sends Tgetlock: the first lock that would conflict with want, or want with
+// Type Unlock (ipoibfs patch).
+func (c *clientFile) GetLock(want LockDesc) (LockDesc, error) {
+	if atomic.LoadUint32(&c.closed) != 0 {
+		return LockDesc{}, linux.EBADF
+	}
+	r := rgetlock{}
+	err := c.client.sendRecv(&tgetlock{fid: c.fid, LockDesc: want}, &r)
+	return r.LockDesc, err
 }
 
 // Remove implements File.Remove.

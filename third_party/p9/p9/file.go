@@ -291,3 +291,21 @@ func (DefaultWalkGetAttr) WalkGetAttr([]string) ([]QID, File, AttrMask, Attr, er
 type FlushableReader interface {
 	ReadAtFlush(p []byte, offset int64, flushed <-chan struct{}) (int, error)
 }
+
+// LockDesc is a POSIX record lock as Tgetlock asks about one and Rgetlock describes
+// it (fcntl F_GETLK's struct flock, plus the client's name).
+type LockDesc struct {
+	Type   LockType
+	Start  uint64
+	Length uint64 // 0: to the end of the file
+	PID    int32
+	Client string
+}
+
+// LockTester is a File that answers Tgetlock: the first lock that would conflict with
+// want, or want with Type Unlock when none would. Without it Tgetlock is ENOSYS, as
+// Tlock is for a File whose Lock is. (ipoibfs patch: upstream registers no Tgetlock,
+// so fcntl(F_GETLK) on a v9fs mount was answered with a protocol error.)
+type LockTester interface {
+	GetLock(want LockDesc) (LockDesc, error)
+}

@@ -1180,6 +1180,24 @@ func (t *tlock) handle(cs *connState) message {
 	return &rlock{Status: status}
 }
 
+// handle implements handler.handle (ipoibfs patch).
+func (t *tgetlock) handle(cs *connState) message {
+	ref, ok := cs.LookupFID(t.fid)
+	if !ok {
+		return newErr(linux.EBADF)
+	}
+	defer ref.DecRef()
+	lt, ok := ref.file.(LockTester)
+	if !ok {
+		return newErr(linux.ENOSYS)
+	}
+	d, err := lt.GetLock(t.LockDesc)
+	if err != nil {
+		return newErr(err)
+	}
+	return &rgetlock{d}
+}
+
 // walkOne walks zero or one path elements.
 //
 // The slice passed as qids is append and returned.

@@ -2198,6 +2198,63 @@ func (r *rlock) String() string {
 // and is set to the nodename by the Linux v9fs client.  tusymlink is
 // a Tsymlink message that includes a UID.
 
+// tgetlock is a Tgetlock message (ipoibfs patch).
+type tgetlock struct {
+	fid fid
+	LockDesc
+}
+
+func (t *tgetlock) decode(b *buffer) {
+	t.fid = b.ReadFID()
+	t.Type = LockType(b.Read8())
+	t.Start = b.Read64()
+	t.Length = b.Read64()
+	t.PID = int32(b.Read32())
+	t.Client = b.ReadString()
+}
+
+func (t *tgetlock) encode(b *buffer) {
+	b.WriteFID(t.fid)
+	b.Write8(uint8(t.Type))
+	b.Write64(t.Start)
+	b.Write64(t.Length)
+	b.Write32(uint32(t.PID))
+	b.WriteString(t.Client)
+}
+
+func (*tgetlock) typ() msgType { return msgTgetlock }
+
+func (t *tgetlock) String() string {
+	return fmt.Sprintf("Tgetlock{FID: %d, Type: %s, Start: %d, Length: %d, PID: %d, Client: %s}", t.fid, t.Type, t.Start, t.Length, t.PID, t.Client)
+}
+
+// rgetlock is an Rgetlock message (ipoibfs patch).
+type rgetlock struct {
+	LockDesc
+}
+
+func (r *rgetlock) decode(b *buffer) {
+	r.Type = LockType(b.Read8())
+	r.Start = b.Read64()
+	r.Length = b.Read64()
+	r.PID = int32(b.Read32())
+	r.Client = b.ReadString()
+}
+
+func (r *rgetlock) encode(b *buffer) {
+	b.Write8(uint8(r.Type))
+	b.Write64(r.Start)
+	b.Write64(r.Length)
+	b.Write32(uint32(r.PID))
+	b.WriteString(r.Client)
+}
+
+func (*rgetlock) typ() msgType { return msgRgetlock }
+
+func (r *rgetlock) String() string {
+	return fmt.Sprintf("Rgetlock{Type: %s, Start: %d, Length: %d, PID: %d, Client: %s}", r.Type, r.Start, r.Length, r.PID, r.Client)
+}
+
 /// END LOCK
 
 const maxCacheSize = 3
@@ -2314,6 +2371,8 @@ func init() {
 	msgDotLRegistry.register(msgRlink, func() message { return &rlink{} })
 	msgDotLRegistry.register(msgTlock, func() message { return &tlock{} })
 	msgDotLRegistry.register(msgRlock, func() message { return &rlock{} })
+	msgDotLRegistry.register(msgTgetlock, func() message { return &tgetlock{} }) // ipoibfs patch
+	msgDotLRegistry.register(msgRgetlock, func() message { return &rgetlock{} }) // ipoibfs patch
 	msgDotLRegistry.register(msgTmkdir, func() message { return &tmkdir{} })
 	msgDotLRegistry.register(msgRmkdir, func() message { return &rmkdir{} })
 	msgDotLRegistry.register(msgTrenameat, func() message { return &trenameat{} })

@@ -1,0 +1,222 @@
+package ninep
+
+import (
+	"errors"
+	"net"
+	"testing"
+
+	"github.com/hugelgupf/p9/linux"
+	"github.com/hugelgupf/p9/p9"
+
+	"ipoibfs/fs"
+)
+
+type lockFile interface {
+	p9.File
+	GetLock(p9.LockDesc) (p9.LockDesc, error)
+}
+
+// lockClient opens class/net/ib0/pkey over its own connection.
+func lockClient(t *testing.T, v *env) (lockFile, func()) {
+	t.Helper()
+	cc, sc := net.Pipe()
+	done := make(chan struct{})
+	go func() { ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal}); close(done) }()
+	pc, err := p9.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := pc.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, f, err := root.Walk([]string{"class", "net", "ib0", "pkey"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Open(p9.ReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	lf, ok := f.(lockFile)
+	if !ok {
+		t.Fatal("the p9 client file has no GetLock")
+	}
+	closed := false
+	end := func() {
+		if !closed {
+			closed = true
+			pc.Close()
+			<-done
+		}
+	}
+	t.Cleanup(end)
+	return lf, end
+}
+
+// POSIX record locks over 9P hold between connections, as v9fs clients on two
+// machines need them to: conflicts are Blocked, Tgetlock names the holder, read locks
+// share, an unlock splits a range, and a connection's locks end with it.
+func TestLocksBetweenConnections(t *testing.T) {
+	v := newEnv(t)
+	a, endA := lockClient(t, v)
+	b, _ := lockClient(t, v)
+	lock := func(f lockFile, pid int, typ p9.LockType, start, length uint64) p9.LockStatus {
+		t.Helper()
+		st, err := f.Lock(pid, typ, 0, start, length, "host")
+		if err != nil {
+			t.Fatalf("Tlock %v [%d,+%d): %v", typ, start, length, err)
+		}
+		return st
+	}
+	if st := lock(a, 1, p9.WriteLock, 0, 0); st != p9.LockStatusOK {
+		t.Fatalf("first write lock: %v", st)
+	}
+	for _, typ := range []p9.LockType{p9.WriteLock, p9.ReadLock} {
+		if st := lock(b, 2, typ, 100, 1); st != p9.LockStatusBlocked {
+			t.Errorf("%v over another connection's write lock: %v, want Blocked", typ, st)
+		}
+	}
+	got, err := b.GetLock(p9.LockDesc{Type: p9.WriteLock, Start: 5, Length: 1, PID: 2, Client: "host"})
+	if err != nil || got != (p9.LockDesc{Type: p9.WriteLock, Start: 0, Length: 0, PID: 1, Client: "host"}) {
+		t.Errorf("Tgetlock under a's lock: %+v, %v", got, err)
+	}
+	// The same pid and client on the other connection is another owner still.
+	if st := lock(b, 1, p9.WriteLock, 0, 1); st != p9.LockStatusBlocked {
+		t.Errorf("pid 1 of the other connection: %v, want Blocked", st)
+	}
+	// Unlocking [10,20) leaves a with [0,10) and [20,end).
+	lock(a, 1, p9.Unlock, 10, 10)
+	if st := lock(b, 2, p9.WriteLock, 10, 10); st != p9.LockStatusOK {
+		t.Errorf("the hole a unlocked: %v", st)
+	}
+	for _, r := range [][2]uint64{{5, 10}, {19, 2}, {30, 0}} {
+		if st := lock(b, 2, p9.WriteLock, r[0], r[1]); st != p9.LockStatusBlocked {
+			t.Errorf("[%d,+%d) across a's remaining locks: %v", r[0], r[1], st)
+		}
+	}
+	if got, _ := b.GetLock(p9.LockDesc{Type: p9.WriteLock, Start: 25, Length: 0}); got.Start != 20 || got.Length != 0 {
+		t.Errorf("Tgetlock names a's upper piece as %+v, want start 20 to the end", got)
+	}
+	// Read locks share; a write lock waits for them.
+	lock(a, 1, p9.Unlock, 0, 0)
+	lock(b, 2, p9.Unlock, 0, 0)
+	if lock(a, 1, p9.ReadLock, 0, 0) != p9.LockStatusOK || lock(b, 2, p9.ReadLock, 0, 0) != p9.LockStatusOK {
+		t.Error("two read locks do not share")
+	}
+	if st := lock(b, 2, p9.WriteLock, 0, 0); st != p9.LockStatusBlocked {
+		t.Errorf("upgrading past another's read lock: %v", st)
+	}
+	if got, _ := a.GetLock(p9.LockDesc{Type: p9.ReadLock}); got.Type != p9.Unlock {
+		t.Errorf("Tgetlock for a read lock among read locks: %+v, want unlocked", got)
+	}
+	// a's connection ends: its locks go, and nothing of them stays in the table.
+	endA()
+	if st := lock(b, 2, p9.WriteLock, 0, 0); st != p9.LockStatusOK {
+		t.Errorf("after a's connection ended: %v", st)
+	}
+	lock(b, 2, p9.Unlock, 0, 0)
+	locks.mu.Lock()
+	n, m := len(locks.files), len(locks.held)
+	locks.mu.Unlock()
+	if n != 0 || m != 0 {
+		t.Errorf("the lock table keeps %d files and %d connections with every lock released", n, m)
+	}
+}
+
+// One connection holds at most maxLocksPerConn locks (ENOLCK beyond), and a range that
+// does not fit in 64 bits is EINVAL.
+func TestLocksBounded(t *testing.T) {
+	v := newEnv(t)
+	a, _ := lockClient(t, v)
+	for k := range uint64(maxLocksPerConn) {
+		if st, err := a.Lock(1, p9.ReadLock, 0, 2*k, 1, "host"); err != nil || st != p9.LockStatusOK {
+			t.Fatalf("lock %d: %v %v", k, st, err)
+		}
+	}
+	if _, err := a.Lock(1, p9.ReadLock, 0, 1<<40, 1, "host"); !errors.Is(err, linux.ENOLCK) {
+		t.Errorf("lock %d: %v, want ENOLCK", maxLocksPerConn+1, err)
+	}
+	if _, err := a.Lock(1, p9.Unlock, 0, 0, 0, "host"); err != nil {
+		t.Errorf("unlocking all: %v", err)
+	}
+	if _, err := a.Lock(1, p9.WriteLock, 0, 1<<63, 1<<63, "host"); !errors.Is(err, linux.EINVAL) {
+		t.Errorf("a range past 2^64: %v, want EINVAL", err)
+	}
+}
+
+// FuzzLockTable checks the lock table against a model that keeps each owner's lock
+// type byte by byte (the last cell standing for every byte from size on): the same
+// answers (OK, Blocked, EINVAL), and after each request the same lock on every byte,
+// with no two ranges of one owner overlapping.
+func FuzzLockTable(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 0, 1, 1, 5, 3, 0, 2, 2, 0})
+	f.Add([]byte{0, 0, 0, 0, 1, 0, 3, 4, 0, 2, 1, 2, 1, 1, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		const size = 24
+		ops = ops[:min(len(ops), 4*64)] // 64 requests: each checks every byte of the model
+		tab := &lockTable{files: map[lockKey][]heldLock{}, held: map[*attacher]int{}}
+		conns := []*attacher{{}, {}}
+		k := lockKey{ino: 1}
+		var model [3][size + 1]int // owner, byte: 0 none, 1 read, 2 write
+		owners := []lockOwner{{conn: conns[0], pid: 1}, {conn: conns[0], pid: 2}, {conn: conns[1], pid: 1}}
+		kind := map[p9.LockType]int{p9.ReadLock: 1, p9.WriteLock: 2, p9.Unlock: 0}
+		for len(ops) >= 4 {
+			o, typ, start := int(ops[0])%3, p9.LockType(ops[1]%4), uint64(ops[2]%size)
+			length := uint64(ops[3]) % (size - start + 1) // 0: to the end, tail included
+			ops = ops[4:]
+			end := uint64(size + 1)
+			if length != 0 {
+				end = start + length
+			}
+			st, err := tab.lock(k, owners[o], typ, start, length)
+			if typ > p9.Unlock {
+				if !errors.Is(err, linux.EINVAL) {
+					t.Fatalf("lock type %d: %v %v", typ, st, err)
+				}
+				continue
+			}
+			want := p9.LockStatusOK
+			for b := start; b < end && typ != p9.Unlock; b++ {
+				for other := range owners {
+					if other != o && model[other][b] != 0 && (typ == p9.WriteLock || model[other][b] == 2) {
+						want = p9.LockStatusBlocked
+					}
+				}
+			}
+			if err != nil || st != want {
+				t.Fatalf("owner %d %v [%d,+%d): %v %v, model %v", o, typ, start, length, st, err, want)
+			}
+			if want == p9.LockStatusOK {
+				for b := start; b < end; b++ {
+					model[o][b] = kind[typ]
+				}
+			}
+			for w := range owners {
+				var got [size + 1]int
+				for _, l := range tab.files[k] {
+					if l.owner != owners[w] {
+						continue
+					}
+					hi := uint64(size + 1)
+					if l.end != 0 {
+						hi = l.end
+					}
+					for b := l.start; b < hi; b++ {
+						if got[b] != 0 {
+							t.Fatalf("owner %d holds byte %d twice: %+v", w, b, tab.files[k])
+						}
+						got[b] = kind[l.typ]
+					}
+				}
+				if got != model[w] {
+					t.Fatalf("owner %d: table %v, model %v", w, got, model[w])
+				}
+			}
+		}
+		tab.dropConn(conns[0])
+		tab.dropConn(conns[1])
+		if len(tab.files) != 0 || len(tab.held) != 0 {
+			t.Fatalf("left after both connections: %+v %+v", tab.files, tab.held)
+		}
+	})
+}
