@@ -431,6 +431,65 @@ func TestTreeDocCommandsFUSEAnd9PGuest(t *testing.T) {
 	}
 }
 
+// flock(1) on the Linux v9fs mount works as on sysfs, and its locks hold against
+// another 9P client's (here the test's own connection): a write lock the host holds
+// makes the guest's non-blocking flock fail, a read lock lets a shared one through.
+func TestGuestFlock(t *testing.T) {
+	treeRequire(t)
+	testenv.Short(t, "boots a QEMU guest")
+	im, err := vm.Prepare()
+	if errors.Is(err, vm.ErrMissing) {
+		testenv.Missing(t, err.Error())
+	}
+	if err != nil {
+		t.Fatalf("vm.Prepare: %v", err)
+	}
+	flock := testenv.Tool(t, "flock") // util-linux's: the guest's busybox has none
+	guest := *im
+	guest.Copy = []string{flock}
+	td := treeStart(t, "tflock", "")
+	conn, err := net.Dial("tcp", td.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := p9.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	root, err := pc.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, typ := range map[string]p9.LockType{"pkey": p9.WriteLock, "mtu": p9.ReadLock} {
+		_, f, err := root.Walk([]string{"class", "net", "ib0", file})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, _, err := f.Open(p9.ReadOnly); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := f.Lock(4242, typ, 0, 0, 0, "host"); err != nil || st != p9.LockStatusOK {
+			t.Fatalf("host %v on %s: %v %v", typ, file, st, err)
+		}
+	}
+	script := strings.NewReplacer("flock", flock).Replace(`flock class/net/ib0/mode -c 'echo locked'; echo "status $?"
+flock -n class/net/ib0/pkey -c 'echo should not run'; echo "contended $?"
+flock -s -n class/net/ib0/mtu -c 'echo shared'; echo "status $?"
+`)
+	const want = "locked\nstatus 0\ncontended 1\nshared\nstatus 0\n"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, code, err := guest.Run(ctx, td.port, script)
+	if err != nil {
+		t.Fatalf("guest: %v", err)
+	}
+	if code != 0 || out != want {
+		t.Errorf("flock on v9fs: exit %d, transcript (-want +got):\n%s", code, cmp.Diff(want, out))
+	}
+}
+
 // ---- errno table ----
 
 // TestTreeWriteErrnos writes every error path of every writable file with Go's

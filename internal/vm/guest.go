@@ -241,18 +241,9 @@ func (im *Image) writeGuestInitrd(path string, g Guest, script, begin, end, fail
 	}
 	defer f.Close()
 	w := newCPIOWriter(f)
-	dirs := map[string]bool{}
-	var mkdir func(string)
-	mkdir = func(d string) {
-		if d == "." || d == "/" || d == "" || dirs[d] {
-			return
-		}
-		mkdir(filepath.Dir(d))
-		dirs[d] = true
-		w.Dir(d, 0o755)
-	}
+	t := newInitrdTree(w)
 	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "mnt", "tmp", "lib/modules/extra"} {
-		mkdir(d)
+		t.mkdir(d)
 	}
 	if err := im.writeBase(w); err != nil {
 		return err
@@ -264,47 +255,14 @@ func (im *Image) writeGuestInitrd(path string, g Guest, script, begin, end, fail
 		}
 		w.File("lib/modules/extra/"+m+".ko", 0o644, ko)
 	}
-	copied := map[string]bool{}
-	var copyIn func(string) error
-	copyIn = func(p string) error {
-		p = filepath.Clean(p)
-		if copied[p] {
-			return nil
-		}
-		copied[p] = true
-		if !filepath.IsAbs(p) {
-			return fmt.Errorf("vm: copy %s: not an absolute path", p)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		st, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		rel := strings.TrimPrefix(p, "/")
-		mkdir(filepath.Dir(rel))
-		w.File(rel, uint32(st.Mode().Perm()), b)
-		libs, err := sharedLibs(p)
-		if err != nil {
-			return err
-		}
-		for _, l := range libs {
-			if err := copyIn(l); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	for _, p := range g.Copy {
-		if err := copyIn(p); err != nil {
+		if err := t.copyIn(p); err != nil {
 			return err
 		}
 	}
 	for _, fl := range g.Files {
 		rel := strings.TrimPrefix(filepath.Clean(fl.Path), "/")
-		mkdir(filepath.Dir(rel))
+		t.mkdir(filepath.Dir(rel))
 		w.File(rel, uint32(fl.Mode.Perm()), fl.Data)
 	}
 	var env strings.Builder
@@ -325,4 +283,59 @@ func (im *Image) writeGuestInitrd(path string, g Guest, script, begin, end, fail
 		return err
 	}
 	return f.Close()
+}
+
+// initrdTree writes directories and host files into an initramfs, each directory once.
+type initrdTree struct {
+	w      *cpioWriter
+	dirs   map[string]bool
+	copied map[string]bool
+}
+
+func newInitrdTree(w *cpioWriter) *initrdTree {
+	return &initrdTree{w: w, dirs: map[string]bool{}, copied: map[string]bool{}}
+}
+
+// mkdir writes d and its parents (relative paths) unless written already.
+func (t *initrdTree) mkdir(d string) {
+	if d == "." || d == "/" || d == "" || t.dirs[d] {
+		return
+	}
+	t.mkdir(filepath.Dir(d))
+	t.dirs[d] = true
+	t.w.Dir(d, 0o755)
+}
+
+// copyIn copies the host file p (absolute; symbolic links followed) to the same path,
+// with the shared libraries ldd lists for it.
+func (t *initrdTree) copyIn(p string) error {
+	p = filepath.Clean(p)
+	if t.copied[p] {
+		return nil
+	}
+	t.copied[p] = true
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("vm: copy %s: not an absolute path", p)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	rel := strings.TrimPrefix(p, "/")
+	t.mkdir(filepath.Dir(rel))
+	t.w.File(rel, uint32(st.Mode().Perm()), b)
+	libs, err := sharedLibs(p)
+	if err != nil {
+		return err
+	}
+	for _, l := range libs {
+		if err := t.copyIn(l); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -56,6 +56,8 @@ type Image struct {
 	Append string
 	// MountOptions are added to the guest's 9p mount options (e.g. "access=user").
 	MountOptions string
+	// Copy lists host files Run copies into the guest at the same path, as Guest.Copy.
+	Copy []string
 
 	busybox string   // path of the cached static busybox
 	applets []string // busybox --list
@@ -381,11 +383,17 @@ func (im *Image) writeInitrd(path string, port int, script, begin, end, failm st
 	}
 	defer f.Close()
 	w := newCPIOWriter(f)
+	t := newInitrdTree(w)
 	for _, d := range []string{"bin", "dev", "etc", "proc", "sys", "mnt", "tmp", "lib", "lib/modules"} {
-		w.Dir(d, 0o755)
+		t.mkdir(d)
 	}
 	if err := im.writeBase(w); err != nil {
 		return err
+	}
+	for _, p := range im.Copy {
+		if err := t.copyIn(p); err != nil {
+			return err
+		}
 	}
 	for _, m := range im.modules {
 		ko, err := os.ReadFile(filepath.Join(im.Dir, "modules", m+".ko"))
