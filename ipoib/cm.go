@@ -319,6 +319,10 @@ func (i *Interface) cmRxDestroy(r *cmRx) {
 	if conn != nil {
 		go conn.Disconnect()
 	}
+	// To the error state first, as ipoib_cm_stale_task and the DREQ handler move a
+	// passive QP: the receives still posted on it come back flushed and are counted
+	// in rx_dropped (none with the shared receive queue, whose buffers stay posted).
+	_ = r.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr})
 	r.qp.Close()
 }
 
@@ -649,19 +653,22 @@ func (i *Interface) cmDrainRxLocked() {
 				buf = i.cmSRQBufs[wc.WRID]
 				re = append(re, cmRepost{i.cmSRQ, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
 			case rx == nil || wc.Status == verbs.WCWRFlushErr || int(wc.WRID) >= len(rx.bufs):
+				// A buffer of a connection going or gone: not posted again. Each
+				// failed completion (a teardown's flush of every posted buffer
+				// too) counts in rx_dropped, as ipoib_cm_handle_rx_wc counts it.
+				if wc.Status != verbs.WCSuccess || rx == nil {
+					i.stats.rxDropped.Add(1)
+				}
 				continue
 			default:
 				buf = rx.bufs[wc.WRID]
 				re = append(re, cmRepost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
 			}
-			if rx == nil || wc.Status == verbs.WCWRFlushErr {
+			if rx == nil || wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
+				i.stats.rxDropped.Add(1) // failed, flushed, or its connection gone
 				continue
 			}
 			rx.last = now
-			if wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
-				i.stats.rxDropped.Add(1)
-				continue
-			}
 			frame := buf[cmRxHeadroom : cmRxHeadroom+wc.ByteLen]
 			if dataDebug {
 				i.e.cmdtracef("%s: cm rx %d bytes on QPN %#x", i.Name(), len(frame), wc.QPN)

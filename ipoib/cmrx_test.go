@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"ipoibfs/verbs/soft"
 )
 
 // A peer in connected mode may send any protocol on its connection, ARP included (the
@@ -175,4 +177,36 @@ func TestConnectedFullSendQueueKeepsConnection(t *testing.T) {
 		t.Fatalf("the connection was torn down by a full send queue")
 	}
 	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 7)
+}
+
+// A passive connection's teardown counts each receive buffer it flushes in rx_dropped,
+// as ipoib_cm_handle_rx_wc counts every failed completion; with the shared receive
+// queue the buffers stay posted and nothing is counted.
+func TestConnectionTeardownCountsFlushedReceives(t *testing.T) {
+	for _, noSRQ := range []bool{false, true} {
+		_, nodes := testFabricWith(t, "", func(c *soft.Config, _ *Options) { c.NoSRQ = noSRQ }, "a", "b")
+		connectedNodes(t, nodes)
+		a, b := nodes[0], nodes[1]
+		ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+		passive := func() int {
+			b.ib0.dmu.Lock()
+			defer b.ib0.dmu.Unlock()
+			return len(b.ib0.rx)
+		}
+		if b.ib0.cmHasSRQ == noSRQ || passive() != 1 {
+			t.Fatalf("noSRQ %v: shared queue %v, %d passive connections", noSRQ, b.ib0.cmHasSRQ, passive())
+		}
+		before := b.ib0.Stats().RxDropped
+		setTimers(b.e, func(tm *timers) { tm.cmRxIdle = 200 * time.Millisecond })
+		waitFor(t, "b's idle passive connection reaped", func() bool { return passive() == 0 })
+		want := uint64(0)
+		if noSRQ {
+			want = uint64(b.e.params.RecvQueueSize) // every posted buffer flushed
+		}
+		waitFor(t, fmt.Sprintf("noSRQ %v: rx_dropped up by %d", noSRQ, want), func() bool { return b.ib0.Stats().RxDropped-before == want })
+		time.Sleep(100 * time.Millisecond) // and no more
+		if got := b.ib0.Stats().RxDropped - before; got != want {
+			t.Errorf("noSRQ %v: rx_dropped up by %d, want %d", noSRQ, got, want)
+		}
+	}
 }
