@@ -527,7 +527,18 @@ func (b *Bond) SpeedMbps() int {
 }
 
 // Alias is the bond's alias (ifalias; ip link set alias), "" without one.
-func (b *Bond) Alias() string { b.mu.Lock(); defer b.mu.Unlock(); return b.alias }
+func (b *Bond) Alias() string {
+	if r := b.host.Load(); r != nil {
+		if ar, ok := r.h.(AliasReader); ok {
+			if s, err := ar.ReadAlias(); err == nil {
+				return s // the device's, as Interface.Alias
+			}
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.alias
+}
 
 // SetAlias sets the bond's alias, which its kernel device follows, with Interface's
 // rules (at most 255 bytes, ends at a NUL, every call reaches the device).

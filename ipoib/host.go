@@ -68,6 +68,12 @@ func (i *Interface) pushTxQueueLen() {
 	})
 }
 
+// AliasReader is a host that can read its device's alias now (the kernel announces no
+// alias change on a device that is down, so a host cannot follow it otherwise).
+type AliasReader interface {
+	ReadAlias() (string, error)
+}
+
 // pushAlias tells a host that follows it the current alias.
 func (i *Interface) pushAlias() { i.hostPush(func() func(Host) { return aliasSender(i.alias) }) }
 

@@ -579,8 +579,16 @@ func (i *Interface) IfLink() int {
 	return i.IfIndex()
 }
 
-// Alias is the interface's alias (ifalias; ip link set alias), "" without one.
+// Alias is the interface's alias (ifalias; ip link set alias), "" without one: its
+// device's as the kernel has it now where the host can read it (AliasReader: an alias
+// set with ip link on a down device reaches the interface no other way), else the
+// interface's own.
 func (i *Interface) Alias() string {
+	if ar, ok := i.data().host.(AliasReader); ok {
+		if s, err := ar.ReadAlias(); err == nil {
+			return s
+		}
+	}
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	return i.alias

@@ -708,9 +708,11 @@ func TestTreeAgreesWithSysfs(t *testing.T) {
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "down")
 	agree("with the child down")
 	// An alias set with ip on a device that is down is not announced (the kernel's
-	// netdev_state_change), so the engine keeps its own; a write of that same alias
-	// still puts it on the device, as every ifalias write sets it.
+	// netdev_state_change): ifalias reads it from the device all the same, and a
+	// write of the alias the engine had before still puts it on the device, as every
+	// ifalias write sets it.
 	mustRun(t, "ip", "-n", ns, "link", "set", "ib0.8001", "alias", "unseen")
+	agree("after ip link set alias on the child down")
 	if err := os.WriteFile(td.path("class/net/ib0.8001/ifalias"), []byte("child\n"), 0); err != nil {
 		t.Fatal(err)
 	}

@@ -207,6 +207,9 @@ func (br *bondBridge) SetCarrier(on bool) {
 	br.logErr(br.dev.SetSpeed(speed))
 }
 
+// ReadAlias reads the bond device's alias from the kernel (see ipoib.AliasReader).
+func (br *bondBridge) ReadAlias() (string, error) { return br.dev.Alias() }
+
 // SetAlias follows the bond's alias (an ifalias write).
 func (br *bondBridge) SetAlias(s string) {
 	br.logErr(push(&br.adopter, attrAlias, s, br.dev.SetAlias, br.dev.SetAliasIfChanged))
@@ -232,6 +235,7 @@ var (
 	_ ipoib.UserFlagsHost = (*bondBridge)(nil)
 	_ ipoib.AdminHost     = (*bondBridge)(nil)
 	_ ipoib.AliasHost     = (*bondBridge)(nil)
+	_ ipoib.AliasReader   = (*bondBridge)(nil)
 )
 
 func (br *bondBridge) SetOffloads(f ipoib.Features) { br.logErr(br.dev.SetOffloads(offloads(f))) }

@@ -457,6 +457,10 @@ func (b *bridge) SetTxQueueLen(n uint32) {
 	b.logErr(push(&b.adopter, attrTxq, int(n), b.dev.SetTxQueueLen, b.dev.SetTxQueueLenIfChanged))
 }
 
+// ReadAlias reads the device's alias from the kernel (ifalias of a device that is
+// down; see ipoib.AliasReader).
+func (b *bridge) ReadAlias() (string, error) { return b.dev.Alias() }
+
 // SetAlias follows the interface's alias (an ifalias write).
 func (b *bridge) SetAlias(s string) {
 	b.logErr(push(&b.adopter, attrAlias, s, b.dev.SetAlias, b.dev.SetAliasIfChanged))
@@ -500,6 +504,7 @@ var (
 	_ ipoib.MulticastHost = (*bridge)(nil)
 	_ ipoib.UserFlagsHost = (*bridge)(nil)
 	_ ipoib.AliasHost     = (*bridge)(nil)
+	_ ipoib.AliasReader   = (*bridge)(nil)
 )
 
 // openDevice is kernel.Open (a variable for tests).

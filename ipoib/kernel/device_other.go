@@ -130,6 +130,9 @@ func (d *Device) Groups() ([]netip.Addr, error) { return nil, d.unsupported() }
 // EnsureLinkLocal is not supported.
 func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported() }
 
+// Alias is not supported.
+func (d *Device) Alias() (string, error) { return "", d.unsupported() }
+
 // SetAlias is not supported.
 func (d *Device) SetAlias(s string) error { return d.unsupported() }
 

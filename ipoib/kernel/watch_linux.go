@@ -73,6 +73,32 @@ func (d *Device) kickWatch(w *watcher) {
 	go d.runWatch(w)
 }
 
+// Alias reads the device's alias from the kernel now. `ip link set alias` on a device
+// that is down announces nothing (the kernel tells of a state change only for an up
+// device), so no watch sees it: a reader of ifalias asks here, and an alias someone
+// else set is then reported to the watches as the announcement would have been.
+func (d *Device) Alias() (string, error) {
+	var s string
+	err := d.control(func() error {
+		nl, err := d.h.LinkByIndex(d.index)
+		if err != nil {
+			return d.errorf("read link: %w", err)
+		}
+		s = nl.Attrs().Alias
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	d.setMu.Lock()
+	changed := s != d.alias
+	d.setMu.Unlock()
+	if changed {
+		d.mark(dirtyLink)
+	}
+	return s, nil
+}
+
 // RefreshGroups re-reads the device's multicast list soon. The kernel gives no netlink
 // event for every join and leave, but it sends an IGMP or MLD report for each, so the
 // caller calls this when it sees one go out of the device.

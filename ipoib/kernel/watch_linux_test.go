@@ -132,6 +132,19 @@ func TestWatchLink(t *testing.T) {
 	if l := await(t, e.links, "alias theirs", func(l Link) bool { return l.Alias == "theirs" }); !l.AliasChanged {
 		t.Errorf("ip link set alias theirs not reported as an outside change: %+v", l)
 	}
+	// Down, an alias change is not announced: Alias reads it, and the watch then
+	// reports it as the announcement would have.
+	if err := d.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	await(t, e.links, "down", func(l Link) bool { return !l.Up })
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "alias", "quiet")
+	if s, err := d.Alias(); err != nil || s != "quiet" {
+		t.Errorf("Alias after ip link set alias on the device down: %q, %v", s, err)
+	}
+	if l := await(t, e.links, "alias quiet", func(l Link) bool { return l.Alias == "quiet" }); !l.AliasChanged {
+		t.Errorf("the alias Alias read is not reported as an outside change: %+v", l)
+	}
 
 	// Deleted from outside: Gone.
 	ipMust(t, "-n", ns, "link", "del", d.Name())
