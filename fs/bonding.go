@@ -134,7 +134,7 @@ func (t *Tree) bondFile(dir string, bond *ipoib.Bond, name string, perm uint32, 
 			return write(b, p)
 		}
 	}
-	n := t.fileOf(bond.Serial(), dir, name, perm, func() (string, error) {
+	n := t.fileOf(bond, dir, name, perm, func() (string, error) {
 		b, err := liveBond(bond)
 		if err != nil {
 			return "", err
@@ -146,15 +146,12 @@ func (t *Tree) bondFile(dir string, bond *ipoib.Bond, name string, perm uint32, 
 }
 
 func (t *Tree) bondDir(dir string, b *ipoib.Bond) *Node {
-	return t.dirOf(b.Serial(), dir, b.Name(), func(d string) ([]*Node, error) {
-		if !b.Listed() {
-			return nil, nil
-		}
+	return t.dirOf(b, dir, b.Name(), func(d string) ([]*Node, error) {
 		out := make([]*Node, 0, len(bondAttrs)+1)
 		for _, a := range bondAttrs {
 			out = append(out, t.bondFile(d, b, a.name, a.perm, a.read, a.write))
 		}
-		out = append(out, t.dirOf(b.Serial(), d, "bonding", func(d string) ([]*Node, error) {
+		out = append(out, t.dirOf(b, d, "bonding", func(d string) ([]*Node, error) {
 			var out []*Node
 			for _, opt := range ipoib.OptionNames {
 				out = append(out, t.bondFile(d, b, opt, 0644,
@@ -194,13 +191,12 @@ func (t *Tree) bondingSlaveDir(dir string, i *ipoib.Interface) []*Node {
 			return f(s), nil
 		}
 	}
-	s := i.Serial()
-	return []*Node{t.dirOf(s, dir, "bonding_slave", func(d string) ([]*Node, error) {
+	return []*Node{t.dirOf(i, dir, "bonding_slave", func(d string) ([]*Node, error) {
 		return []*Node{
-			t.fileOf(s, d, "link_failure_count", 0444, info(func(s ipoib.SlaveInfo) string { return fmt.Sprintf("%d\n", s.LinkFailures) }), nil),
-			t.fileOf(s, d, "mii_status", 0444, info(func(s ipoib.SlaveInfo) string { return s.MIIStatus + "\n" }), nil),
-			t.fileOf(s, d, "perm_hwaddr", 0444, info(func(s ipoib.SlaveInfo) string { return s.PermHWAddr.String() + "\n" }), nil),
-			t.fileOf(s, d, "state", 0444, info(func(s ipoib.SlaveInfo) string { return s.State + "\n" }), nil),
+			t.fileOf(i, d, "link_failure_count", 0444, info(func(s ipoib.SlaveInfo) string { return fmt.Sprintf("%d\n", s.LinkFailures) }), nil),
+			t.fileOf(i, d, "mii_status", 0444, info(func(s ipoib.SlaveInfo) string { return s.MIIStatus + "\n" }), nil),
+			t.fileOf(i, d, "perm_hwaddr", 0444, info(func(s ipoib.SlaveInfo) string { return s.PermHWAddr.String() + "\n" }), nil),
+			t.fileOf(i, d, "state", 0444, info(func(s ipoib.SlaveInfo) string { return s.State + "\n" }), nil),
 		}, nil
 	})}
 }

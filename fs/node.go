@@ -227,6 +227,9 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 	rd := acc == syscall.O_RDONLY || acc == syscall.O_RDWR
 	wr := acc == syscall.O_WRONLY || acc == syscall.O_RDWR
 	if n.dir && (wr || flags&syscall.O_TRUNC != 0) {
+		if n.t.log != nil {
+			n.t.log(fmt.Sprintf("%s: is a directory; open for writing as %s", n.path, c))
+		}
 		return nil, syscall.EISDIR
 	}
 	mask := 0

@@ -12,7 +12,8 @@ import (
 // that parses the same sysfs file, so scripts get the kernel's answers.
 
 func isCSpace(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'
+	// The kernel's isspace (lib/ctype.c) also counts Latin-1's no-break space, 0xa0.
+	return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r' || c == 0xa0
 }
 
 func digitVal(c byte) int {

@@ -30,6 +30,7 @@ func TestScanInt(t *testing.T) {
 		{"4294967297", 1, true}, {"0x100008001", 0x8001, true}, {"2147483648", math.MinInt32, true},
 		{"0xffffffffffffffffffff", -1, true}, {"-99999999999999999999", -1661992959, true},
 		{"-0x80000001", math.MaxInt32, true},
+		{"\xa032769", 32769, true}, // lib/ctype.c: 0xa0 is a space
 	} {
 		v, ok := scanInt([]byte(c.in))
 		if v != c.v || ok != c.ok {

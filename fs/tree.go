@@ -185,13 +185,27 @@ func join(dir, name string) string {
 }
 
 func (t *Tree) dir(parent, name string, list func(dir string) ([]*Node, error)) *Node {
-	return t.dirOf(0, parent, name, list)
+	p := join(parent, name)
+	return &Node{t: t, name: name, path: p, ino: t.ino(p, 0), perm: 0755, dir: true, list: list}
 }
 
-// dirOf is dir for the directories of the interface or bond with that serial.
-func (t *Tree) dirOf(serial uint64, parent, name string, list func(dir string) ([]*Node, error)) *Node {
+// owner is the interface or bond whose files a node is (*ipoib.Interface, *ipoib.Bond).
+type owner interface {
+	Serial() uint64
+	Listed() bool
+}
+
+// dirOf is dir for a directory of o's: once o is gone it lists nothing, as a removed
+// kernfs directory (a descriptor held open on it, or a cached inode).
+func (t *Tree) dirOf(o owner, parent, name string, list func(dir string) ([]*Node, error)) *Node {
 	p := join(parent, name)
-	return &Node{t: t, name: name, path: p, ino: t.ino(p, serial), perm: 0755, dir: true, list: list}
+	return &Node{t: t, name: name, path: p, ino: t.ino(p, o.Serial()), perm: 0755, dir: true,
+		list: func(d string) ([]*Node, error) {
+			if !o.Listed() {
+				return nil, nil
+			}
+			return list(d)
+		}}
 }
 
 // static returns a list function for fixed children.
@@ -207,12 +221,16 @@ func static(mk ...func(dir string) *Node) func(string) ([]*Node, error) {
 
 // file builds an attribute file. read may be nil (0200 files), write may be nil.
 func (t *Tree) file(dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
-	return t.fileOf(0, dir, name, perm, read, write)
+	return t.fileOf(nil, dir, name, perm, read, write)
 }
 
-// fileOf is file for the files of the interface or bond with that serial.
-func (t *Tree) fileOf(serial uint64, dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
+// fileOf is file for a file of o's (nil: the tree's own).
+func (t *Tree) fileOf(o owner, dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
 	p := join(dir, name)
+	serial := uint64(0)
+	if o != nil {
+		serial = o.Serial()
+	}
 	n := &Node{t: t, name: name, path: p, ino: t.ino(p, serial), perm: perm, write: write}
 	if read != nil {
 		n.read = func() ([]byte, error) {
@@ -332,11 +350,8 @@ func live(i *ipoib.Interface) (*ipoib.Interface, error) {
 
 // ifDir is class/net/NAME for interface i.
 func (t *Tree) ifDir(dir string, i *ipoib.Interface) *Node {
-	child, s := i.Parent() != nil, i.Serial()
-	return t.dirOf(s, dir, i.Name(), func(d string) ([]*Node, error) {
-		if !i.Listed() {
-			return nil, nil // removed: an open descriptor lists nothing, as kernfs's
-		}
+	child := i.Parent() != nil
+	return t.dirOf(i, dir, i.Name(), func(d string) ([]*Node, error) {
 		var out []*Node
 		for k := range ifAttrs {
 			a := &ifAttrs[k]
@@ -348,7 +363,7 @@ func (t *Tree) ifDir(dir string, i *ipoib.Interface) *Node {
 		out = append(out,
 			t.attrDir(d, "dhcp", i, dhcpAttrs),
 			t.attrDir(d, "ethtool", i, ethtoolAttrs),
-			t.dirOf(s, d, "statistics", func(d string) ([]*Node, error) {
+			t.dirOf(i, d, "statistics", func(d string) ([]*Node, error) {
 				out := make([]*Node, 0, len(ipoib.StatNames)+len(zeroStats))
 				for k, st := range ipoib.StatNames {
 					out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: statReader(k)}))
@@ -368,7 +383,7 @@ func (t *Tree) ifDir(dir string, i *ipoib.Interface) *Node {
 
 // attrDir is a directory of an interface's files from a table (ethtool/, dhcp/).
 func (t *Tree) attrDir(dir, name string, i *ipoib.Interface, attrs []ifAttr) *Node {
-	return t.dirOf(i.Serial(), dir, name, func(d string) ([]*Node, error) {
+	return t.dirOf(i, dir, name, func(d string) ([]*Node, error) {
 		out := make([]*Node, len(attrs))
 		for k := range attrs {
 			out[k] = t.ifFile(d, i, &attrs[k])
@@ -398,26 +413,30 @@ func (t *Tree) ifFile(dir string, i *ipoib.Interface, a *ifAttr) *Node {
 			return a.write(i, b)
 		}
 	}
-	n := t.fileOf(i.Serial(), dir, a.name, a.perm, read, write)
+	n := t.fileOf(i, dir, a.name, a.perm, read, write)
 	n.netAdmin, n.parseFirst = a.netAdmin, a.parseFirst
 	return n
 }
 
 // ---- kernel/debug/ipoib ----
 
+// debugFiles are an interface's debugfs files. The driver removes them with the
+// interface and makes them again under the new name at a rename (ipoib_netdev_event),
+// and a removed debugfs file answers reads with EIO: so do these, once their
+// interface is gone or no longer has the name they were made for.
 func (t *Tree) debugFiles(dir string, i *ipoib.Interface) []*Node {
+	name := i.Name()
 	text := func(f func(*ipoib.Interface) string) func() (string, error) {
 		return func() (string, error) {
-			i, err := live(i)
-			if err != nil {
-				return "", err
+			if !i.Listed() || i.Name() != name {
+				return "", errorf(syscall.EIO, "%s's debug file was removed (the interface is gone or renamed)", name)
 			}
 			return f(i), nil
 		}
 	}
 	return []*Node{
-		t.fileOf(i.Serial(), dir, i.Name()+"_mcg", 0444, text((*ipoib.Interface).MCGText), nil),
-		t.fileOf(i.Serial(), dir, i.Name()+"_path", 0444, text((*ipoib.Interface).PathText), nil),
+		t.fileOf(i, dir, name+"_mcg", 0444, text((*ipoib.Interface).MCGText), nil),
+		t.fileOf(i, dir, name+"_path", 0444, text((*ipoib.Interface).PathText), nil),
 	}
 }
 

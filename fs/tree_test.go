@@ -650,6 +650,8 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 	write(v.tree, "class/net/ib0/create_child", "0x8001")
 	old := open("class/net/ib0.8001/umcast", syscall.O_RDWR)
 	oldDir, _ := v.tree.Lookup("class/net/ib0.8001")
+	oldStats, _ := v.tree.Lookup("class/net/ib0.8001/statistics")
+	oldEthtool, _ := v.tree.Lookup("class/net/ib0.8001/ethtool")
 	write(v.tree, "class/net/ib0/delete_child", "0x8001")
 	write(v.tree, "class/net/ib0/create_child", "0x8001")
 	if _, err := old.Write([]byte("1\n")); !errors.Is(err, syscall.ENODEV) {
@@ -667,6 +669,14 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 	if _, err := oldDir.Lookup("umcast"); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("lookup in the deleted child's directory: %v", err)
 	}
+	for name, d := range map[string]*Node{"statistics": oldStats, "ethtool": oldEthtool} {
+		if cs, err := d.Children(); err != nil || len(cs) != 0 {
+			t.Errorf("the deleted child's %s lists %d entries, %v", name, len(cs), err)
+		}
+	}
+	if _, err := oldStats.Lookup("rx_bytes"); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("lookup in the deleted child's statistics: %v", err)
+	}
 
 	cur := open("class/net/ib0.8001/umcast", syscall.O_WRONLY)
 	dbg := open("kernel/debug/ipoib/ib0.8001_mcg", syscall.O_RDONLY)
@@ -680,8 +690,13 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 	if got, _ := read(v.tree, "class/net/storage1/umcast"); got != "1\n" {
 		t.Errorf("storage1/umcast %q after a write through the descriptor opened as ib0.8001", got)
 	}
-	if _, err := readH(dbg); err != nil {
-		t.Errorf("the renamed child's _mcg through its old descriptor: %v", err)
+	// The driver makes a renamed interface's debugfs files again under the new name:
+	// the old one's descriptor reads EIO, as a removed debugfs file does.
+	if _, err := readH(dbg); !errors.Is(err, syscall.EIO) {
+		t.Errorf("the renamed child's old _mcg descriptor: %v, want EIO", err)
+	}
+	if _, errno := read(v.tree, "kernel/debug/ipoib/storage1_mcg"); errno != 0 {
+		t.Errorf("storage1_mcg: %v", errno)
 	}
 }
 

@@ -361,7 +361,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *gofuse.
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, n.names(ctx, fs.OpMknod, name)
+	return nil, errno(n.m.Mknod(caller(ctx, false), name, mode))
 }
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -381,7 +381,11 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	return n.names(ctx, fs.OpRename, name)
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	return errno(n.m.Rename(caller(ctx, false), name, np.m, newName, flags))
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
@@ -494,11 +498,15 @@ func (v *invalidator) close() {
 }
 
 // drop invalidates the kernel's entries for interface name ("": every cached name in
-// fs.DynamicDirs). Invalidating a name that still exists only costs a lookup.
+// fs.DynamicDirs). Invalidating a name that still exists only costs a lookup. A name
+// is invalidated whether or not go-fuse holds its node yet: a lookup answered before
+// the change may not have added it (go-fuse does after the reply is made), and the
+// kernel would then keep the entry it is about to get for the entry timeout. (The
+// kernel takes the directory's lock for the invalidation, which the lookup holds.)
 func (v *invalidator) drop(name string) {
 	if name != "" {
 		for _, e := range fs.InterfaceEntries(name) {
-			if d := v.dir(e.Dir); d != nil && d.GetChild(e.Name) != nil {
+			if d := v.dir(e.Dir); d != nil {
 				d.NotifyEntry(e.Name)
 			}
 		}

@@ -456,6 +456,17 @@ func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	return qidOf(f.n), 0, nil
 }
 
+// RefuseDirWrite refuses an open of a directory for writing through the tree, which
+// logs it as it logs every refused change.
+func (f *file) RefuseDirWrite(mode p9.OpenFlags) error {
+	if _, _, err := f.Open(mode); err != nil {
+		return err
+	}
+	return linux.EISDIR // not reached: the tree opens no directory for writing
+}
+
+var _ p9.DirWriteRefuser = (*file)(nil)
+
 func (f *file) ReadAt(p []byte, off int64) (int, error) {
 	h, err := f.handle()
 	if err != nil {
@@ -577,12 +588,19 @@ func (f *file) Symlink(_, name string, _ p9.UID, _ p9.GID) (p9.QID, error) {
 	return p9.QID{}, f.names(fs.OpSymlink, name)
 }
 func (f *file) Link(_ p9.File, name string) error { return f.names(fs.OpLink, name) }
-func (f *file) Mknod(name string, _ p9.FileMode, _, _ uint32, _ p9.UID, _ p9.GID) (p9.QID, error) {
-	return p9.QID{}, f.names(fs.OpMknod, name)
+func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.GID) (p9.QID, error) {
+	return p9.QID{}, toErr(f.n.Mknod(f.who, name, uint32(mode)))
 }
+
+// Rename is not reached (the p9 server turns Trename into the parent's RenameAt).
 func (f *file) Rename(p9.File, string) error { return f.names(fs.OpRename, "") }
-func (f *file) RenameAt(oldName string, _ p9.File, _ string) error {
-	return f.names(fs.OpRename, oldName)
+
+func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
+	nd, ok := newDir.(*file)
+	if !ok {
+		return linux.EXDEV
+	}
+	return toErr(f.n.Rename(f.who, oldName, nd.n, newName, 0))
 }
 func (f *file) UnlinkAt(name string, flags uint32) error {
 	if flags&0x200 != 0 { // AT_REMOVEDIR

@@ -694,8 +694,19 @@ func TestRefusedChangesAnsweredAndLogged(t *testing.T) {
 		}, anyone(linux.EEXIST), "class/net/ib0/mtu: create refused"},
 		{"symlink", func(_, d, _, _ p9.File) error { _, err := d.Symlink("ib0", "y", 0, 0); return err },
 			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/y: symlink refused"},
-		{"mknod", func(_, d, _, _ p9.File) error { _, err := d.Mknod("z", 0o644, 0, 0, 0, 0); return err },
-			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/z: mknod refused"},
+		// mknod's file type decides (may_mknod, do_mknodat): a regular file is a create.
+		{"mknod of a regular file", func(_, d, _, _ p9.File) error { _, err := d.Mknod("z", 0o644, 0, 0, 0, 0); return err },
+			anyone(linux.EACCES), "class/net/z: mknod refused"},
+		{"mknod of a FIFO", func(_, d, _, _ p9.File) error {
+			_, err := d.Mknod("z", p9.ModeNamedPipe|0o644, 0, 0, 0, 0)
+			return err
+		}, map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/z: mknod refused"},
+		{"mknod of a directory", func(_, d, _, _ p9.File) error {
+			_, err := d.Mknod("ib0", p9.ModeDirectory|0o755, 0, 0, 0, 0)
+			return err
+		}, anyone(linux.EPERM), "class/net/ib0: mknod refused (operation not permitted)"},
+		{"mknod of no known type", func(_, d, _, _ p9.File) error { _, err := d.Mknod("z", 0o170644, 0, 0, 0, 0); return err },
+			anyone(linux.EINVAL), "class/net/z: mknod refused (invalid argument)"},
 		{"link", func(_, _, i, m p9.File) error { return i.Link(m, "mtu2") },
 			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu2: link refused"},
 		{"unlink of a missing name", func(_, d, _, _ p9.File) error { return d.UnlinkAt("nothing", 0) },
@@ -710,6 +721,12 @@ func TestRefusedChangesAnsweredAndLogged(t *testing.T) {
 			anyone(linux.ENOENT), "class/net/nothing: rename refused"},
 		{"renameat", func(_, d, _, _ p9.File) error { return d.RenameAt("ib0", d, "x") },
 			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0: rename refused"},
+		{"renameat of a file onto a directory", func(_, d, i, _ p9.File) error { return i.RenameAt("mtu", d, "ib0") },
+			map[uint32]error{0: linux.EISDIR, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu: rename refused"},
+		{"renameat of a directory onto a file", func(_, d, i, _ p9.File) error { return d.RenameAt("ib0", i, "mtu") },
+			map[uint32]error{0: linux.ENOTDIR, fs.Nobody: linux.EACCES}, "class/net/ib0: rename refused"},
+		{"unlink of a name with a newline", func(_, d, _, _ p9.File) error { return d.UnlinkAt("a\nfake: ok", 0) },
+			anyone(linux.ENOENT), `class/net/a\nfake: ok: unlink refused`},
 		{"rename", func(_, d, _, m p9.File) error { return m.Rename(d, "x") },
 			map[uint32]error{0: linux.EPERM, fs.Nobody: linux.EACCES}, "class/net/ib0/mtu: rename refused"},
 		{"mkdir in the debugfs directory", func(r, _, _, _ p9.File) error {
@@ -751,6 +768,13 @@ func TestRefusedChangesAnsweredAndLogged(t *testing.T) {
 			if len(lines) != 1 || !strings.HasPrefix(lines[0], s.line) || !strings.Contains(lines[0], as) {
 				t.Errorf("uid %d %s: logged %q, want one line starting %q and saying %q", who.UID, s.what, lines, s.line, as)
 			}
+		}
+		// A directory opened for writing: EISDIR, logged.
+		if _, _, err := walk("class", "net").Open(p9.WriteOnly); !errors.Is(err, linux.EISDIR) {
+			t.Errorf("uid %d: a directory opened for writing: %v", who.UID, err)
+		}
+		if lines := v.log.Take(); len(lines) != 1 || !strings.HasPrefix(lines[0], "class/net: is a directory; open for writing as uid=") {
+			t.Errorf("uid %d: a directory opened for writing logged %q", who.UID, lines)
 		}
 		// A truncate or an O_TRUNC open without write permission: logged as well.
 		for _, f := range []func() error{

@@ -309,3 +309,10 @@ type LockDesc struct {
 type LockTester interface {
 	GetLock(want LockDesc) (LockDesc, error)
 }
+
+// DirWriteRefuser is a File that answers an open of a directory for writing itself
+// (and may say so in its log): the server refuses the open with the error it returns,
+// EISDIR without it. (ipoibfs patch: the server refused it before the File saw it.)
+type DirWriteRefuser interface {
+	RefuseDirWrite(mode OpenFlags) error
+}

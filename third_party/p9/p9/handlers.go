@@ -332,6 +332,9 @@ func (t *tlopen) handle(cs *connState) message {
 
 		// Is this an attempt to open a directory as writable? Don't accept.
 		if ref.mode.IsDir() && t.Flags.Mode() != ReadOnly {
+			if c, ok := ref.file.(DirWriteRefuser); ok { // ipoibfs patch
+				return c.RefuseDirWrite(t.Flags)
+			}
 			return linux.EISDIR
 		}
 
