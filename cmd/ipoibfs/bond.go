@@ -58,6 +58,7 @@ func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 		_, err = openErr(b.Name(), "", err, false)
 		return err
 	}
+	bb.brs.markMade()
 	br := &bondBridge{b: b, dev: dev, bb: bb, done: make(chan struct{})}
 	if ll := b.LinkLocal(); ll.IsValid() {
 		br.logErr(dev.SetLinkLocal(ll))

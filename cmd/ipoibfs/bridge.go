@@ -536,8 +536,23 @@ func startBridges(e *ipoib.Engine, netns string, queues int) *bridges {
 	bs := &bridges{e: e, netns: netns, queues: queues, m: map[*ipoib.Interface]*bridge{}}
 	if err := e.SetDevices(bs); err != nil {
 		log.Print(err)
+		// A port's interface cannot go (only a child can be refused): its device is
+		// tried again until it can be made, as after an ip link del.
+		for _, i := range e.Interfaces() {
+			if i.Parent() == nil && !bs.isOff() && bs.device(i) == nil {
+				bs.recreateLater(i, time.Second, 1)
+			}
+		}
 	}
 	return bs
+}
+
+// markMade records that a device has been made (a bond's counts): from then on a
+// refused device fails its interface instead of turning devices off.
+func (bs *bridges) markMade() {
+	bs.mu.Lock()
+	bs.made = true
+	bs.mu.Unlock()
 }
 
 // Create makes the interface's device. A name taken in the namespace is EEXIST for

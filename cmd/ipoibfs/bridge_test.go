@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -95,5 +96,55 @@ func TestDeviceRefusedAfterStartFailsItsChild(t *testing.T) {
 	}
 	if err := ib0.DeleteChild(0x8002); err != nil {
 		t.Error(err)
+	}
+}
+
+// A port interface whose device cannot be made at startup (its name taken, say) is
+// not left without one: it is tried again until it is made.
+func TestPortDeviceRetriedAfterStartup(t *testing.T) {
+	testenv.Root(t)
+	testenv.File(t, "/dev/net/tun")
+	testenv.Tool(t, "ip")
+	ns := fmt.Sprintf("ipobp%d", os.Getpid()%100000)
+	_ = exec.Command("ip", "netns", "del", ns).Run()
+	defer exec.Command("ip", "netns", "del", ns).Run()
+	log.SetOutput(io.Discard)
+	defer log.SetOutput(os.Stderr)
+
+	h, err := soft.New(soft.Config{Name: "bp", Ports: 2, Network: soft.NewMemNetwork(), HostSM: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for deadline := time.Now().Add(20 * time.Second); h.SoftPort(2).Attr().State != verbs.PortActive; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("port 2 not active")
+		}
+	}
+	eng, err := ipoib.New(h, ipoib.Options{Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	saved := openDevice
+	defer func() { openDevice = saved }()
+	var refused atomic.Int32
+	openDevice = func(cfg kernel.Config) (*kernel.Device, error) {
+		if cfg.Name == "ib1" && refused.Add(1) == 1 {
+			return nil, fmt.Errorf("kernel bridge: %s: %w", cfg.Name, kernel.ErrExists)
+		}
+		return saved(cfg)
+	}
+	brs := startBridges(eng, ns, 1)
+	defer brs.close()
+	ib0, _ := eng.Interface("ib0")
+	ib1, _ := eng.Interface("ib1")
+	if brs.device(ib0) == nil {
+		t.Fatal("ib0 has no device")
+	}
+	for deadline := time.Now().Add(20 * time.Second); brs.device(ib1) == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("ib1's device, refused once at startup, was not made again (%d tries)", refused.Load())
+		}
 	}
 }
