@@ -12,10 +12,12 @@
 // leave stale entries. The files of an interface or bond hold that object, not its name,
 // as a sysfs file holds its kobject: a handle that outlives its interface gets ENODEV
 // and never reaches a child made again under the name, and one opened before a rename
-// goes on working. Inode numbers (also the 9P QID paths) come from a registry that
-// hands out one number per path and, under class/net/<if> and kernel/debug/ipoib, per
-// interface: a re-created child's files are new inodes, as a new kobject's are, so a
-// kernel cache holding the old ones cannot lead to the old object. 1 is the root.
+// goes on working, under the new name in its log lines. Inode numbers (also the 9P QID
+// paths) come from a registry that hands out one number per path and, for the files
+// of an interface or bond, per object: a re-created child's files are new inodes, as
+// a new kobject's are, so a kernel cache holding the old ones cannot lead to the old
+// object, and a renamed interface's files keep theirs, as kernfs nodes do (its
+// debugfs files, which the driver makes again, do not). 1 is the root.
 //
 // # File semantics (as sysfs)
 //

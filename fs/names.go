@@ -119,10 +119,10 @@ func (n *Node) rename(c Caller, oldName string, newDir *Node, newName string, fl
 // escaped (a newline in it must not make a line of its own in the log).
 func (n *Node) refused(c Caller, op NameOp, name string, err error) error {
 	if n.t.log != nil {
-		p := n.path
+		p := n.Path()
 		if name != "" {
 			q := strconv.Quote(clip([]byte(name)))
-			p = join(n.path, q[1:len(q)-1])
+			p = join(p, q[1:len(q)-1])
 		}
 		n.t.log(fmt.Sprintf("%s: %s refused (%v); the tree's names are fixed; as %s", p, op, Errno(err).Error(), c))
 	}

@@ -101,8 +101,13 @@ func NamespaceErrno(c Caller) syscall.Errno {
 type Node struct {
 	t    *Tree
 	name string
-	path string
+	path string // as made; Path is the current one
 	ino  uint64
+	// own is the interface or bond whose directory class/net/<name> holds the node
+	// (nil for the rest), rest the path below that directory: an interface renamed
+	// after the node was made names its new path in Path.
+	own  owner
+	rest string
 	perm uint32 // 0755 for directories; 0444, 0644 or 0200 for files
 	dir  bool
 
@@ -124,7 +129,12 @@ type Node struct {
 func (n *Node) Name() string { return n.name }
 
 // Path returns the path relative to the mount root ("" for the root).
-func (n *Node) Path() string { return n.path }
+func (n *Node) Path() string {
+	if n.own != nil {
+		return netPrefix + n.own.Name() + n.rest
+	}
+	return n.path
+}
 
 // Ino returns the stable inode number (also the 9P QID path).
 func (n *Node) Ino() uint64 { return n.ino }
@@ -179,7 +189,7 @@ func (t *Tree) Changes() (<-chan string, func()) { return t.e.Watch() }
 
 // InDynamicDir reports whether n's name is one that may vanish (see DynamicDirs).
 func (n *Node) InDynamicDir() bool {
-	dir, _ := path.Split(n.path)
+	dir, _ := path.Split(n.Path())
 	return slices.Contains(DynamicDirs, strings.TrimSuffix(dir, "/"))
 }
 
@@ -192,7 +202,7 @@ func (n *Node) Children() ([]*Node, error) {
 	if !n.dir {
 		return nil, syscall.ENOTDIR
 	}
-	return n.list(n.path)
+	return n.list(n.Path())
 }
 
 // Lookup returns the child called name: ENOENT when there is none, ENOTDIR when n is a
@@ -205,9 +215,9 @@ func (n *Node) Lookup(name string) (*Node, error) {
 		return nil, syscall.ENOENT
 	}
 	if n.lookup != nil {
-		return n.lookup(n.path, name)
+		return n.lookup(n.Path(), name)
 	}
-	cs, err := n.list(n.path)
+	cs, err := n.list(n.Path())
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +238,7 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 	wr := acc == syscall.O_WRONLY || acc == syscall.O_RDWR
 	if n.dir && (wr || flags&syscall.O_TRUNC != 0) {
 		if n.t.log != nil {
-			n.t.log(fmt.Sprintf("%s: is a directory; open for writing as %s", n.path, c))
+			n.t.log(fmt.Sprintf("%s: is a directory; open for writing as %s", n.Path(), c))
 		}
 		return nil, syscall.EISDIR
 	}
@@ -251,7 +261,7 @@ func (n *Node) Open(c Caller, flags int) (*Handle, error) {
 			if !wr {
 				how = "with O_TRUNC"
 			}
-			n.t.log(fmt.Sprintf("%s: permission denied; open %s as %s", n.path, how, c))
+			n.t.log(fmt.Sprintf("%s: permission denied; open %s as %s", n.Path(), how, c))
 		}
 		return nil, err
 	}
@@ -297,7 +307,7 @@ func (n *Node) SetAttr(c Caller, a AttrChange) error {
 	if a.Mode || a.Owner || a.Times {
 		what := map[bool]string{true: "modes and owners", false: "times"}[a.Mode || a.Owner]
 		if n.t.log != nil {
-			n.t.log(fmt.Sprintf("%s: the tree's %s are fixed (EPERM); setattr as %s", n.path, what, c))
+			n.t.log(fmt.Sprintf("%s: the tree's %s are fixed (EPERM); setattr as %s", n.Path(), what, c))
 		}
 		return syscall.EPERM
 	}
@@ -308,7 +318,7 @@ func (n *Node) SetAttr(c Caller, a AttrChange) error {
 		err := n.MayTruncate(c)
 		if err != nil && n.t.log != nil {
 			what := map[bool]string{true: "truncate", false: "set times to now"}[a.Size]
-			n.t.log(fmt.Sprintf("%s: permission denied; %s as %s", n.path, what, c))
+			n.t.log(fmt.Sprintf("%s: permission denied; %s as %s", n.Path(), what, c))
 		}
 		return err
 	}
@@ -409,20 +419,20 @@ func (h *Handle) WriteAs(c Caller, p []byte) (int, error) {
 	if h.n.netAdmin && !c.NetAdmin {
 		if h.n.parseFirst != nil {
 			if err := h.n.parseFirst(p); err != nil {
-				return 0, h.n.t.audit(c, h.n.path, p, err)
+				return 0, h.n.t.audit(c, h.n.Path(), p, err)
 			}
 		}
-		return 0, h.n.t.audit(c, h.n.path, p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
+		return 0, h.n.t.audit(c, h.n.Path(), p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
 	}
 	if h.n.commit != nil {
 		if len(h.acc)+len(p) > maxCommitBytes {
-			return 0, h.n.t.audit(c, h.n.path, p, errorf(syscall.EFBIG, "more than %d bytes written", maxCommitBytes))
+			return 0, h.n.t.audit(c, h.n.Path(), p, errorf(syscall.EFBIG, "more than %d bytes written", maxCommitBytes))
 		}
 		h.acc = append(h.acc, p...)
 		h.dirty, h.w = true, c
 		return len(p), nil
 	}
-	if errno := h.n.t.audit(c, h.n.path, p, h.n.write(p)); errno != 0 {
+	if errno := h.n.t.audit(c, h.n.Path(), p, h.n.write(p)); errno != 0 {
 		return 0, errno
 	}
 	return len(p), nil
@@ -454,7 +464,7 @@ func (h *Handle) applyLocked() error {
 		return nil
 	}
 	h.dirty = false
-	if errno := h.n.t.audit(h.w, h.n.path, h.acc, h.n.commit(h.acc)); errno != 0 {
+	if errno := h.n.t.audit(h.w, h.n.Path(), h.acc, h.n.commit(h.acc)); errno != 0 {
 		return errno
 	}
 	return nil

@@ -104,17 +104,18 @@ func (t *Tree) Lookup(path string) (*Node, error) {
 }
 
 // idKey names an inode: its path and, for the files of an interface or bond, that
-// object's Serial (0 for the rest). A child deleted and made again under its name gets
-// new numbers, as a new kobject's kernfs files are new inodes: a kernel cache or a 9P
-// client that still holds the old ones never reaches the new child through them.
+// object's Serial (0 for the rest), with the object's own name left out of the path
+// (class/net/*/mtu). A child deleted and made again under its name gets new numbers,
+// as a new kobject's kernfs files are new inodes, so a kernel cache or a 9P client
+// that still holds the old ones never reaches the new child through them; a renamed
+// interface keeps its numbers, as kernfs keeps them across a rename.
 type idKey struct {
 	path   string
 	serial uint64
 }
 
-// ino returns the inode number of a path, allocating one on first use.
-func (t *Tree) ino(path string, serial uint64) uint64 {
-	k := idKey{path, serial}
+// ino returns the inode number of a key, allocating one on first use.
+func (t *Tree) ino(k idKey) uint64 {
 	t.idMu.Lock()
 	defer t.idMu.Unlock()
 	id, ok := t.ids[k]
@@ -132,49 +133,48 @@ func (t *Tree) ino(path string, serial uint64) uint64 {
 // minPruneAt is the registry's size before its first pruning (a variable for tests).
 var minPruneAt = 4096
 
-// pruneLocked forgets the inode numbers of the paths of interfaces and bonds that no
-// longer exist (children deleted, names changed), as sysfs's go with their kobject: a
-// daemon creating and deleting children under ever new names must not keep them all.
-// It runs when the registry has doubled since the last time, so its cost is spread
-// over the numbers given since. A name made again gets new numbers.
+// pruneLocked forgets the inode numbers of interfaces and bonds that no longer exist,
+// as sysfs's go with their kobject: a daemon creating and deleting children must not
+// keep them all. It runs when the registry has doubled since the last time, so its
+// cost is spread over the numbers given since.
 func (t *Tree) pruneLocked() {
-	serials := map[string]uint64{} // the serial of what now has the name; 0: nothing
-	liveSerial := func(name string) uint64 {
-		s, seen := serials[name]
-		if !seen {
-			if i, ok := t.e.Interface(name); ok {
-				s = i.Serial()
-			} else if b, ok := t.bondOf(name); ok {
-				s = b.Serial()
-			}
-			serials[name] = s
+	live := map[uint64]bool{}
+	for _, i := range t.e.Interfaces() {
+		live[i.Serial()] = true
+	}
+	if t.bonds != nil {
+		for _, b := range t.bonds.List() {
+			live[b.Serial()] = true
 		}
-		return s
 	}
 	for k := range t.ids {
-		if name, ok := ifaceOfPath(k.path); ok && k.serial != 0 && liveSerial(name) != k.serial {
+		if k.serial != 0 && !live[k.serial] {
 			delete(t.ids, k)
 		}
 	}
 	t.pruneAt = max(2*len(t.ids), minPruneAt)
 }
 
-// ifaceOfPath is the interface (or bond) a path of the tree belongs to:
-// class/net/NAME[/...] or kernel/debug/ipoib/NAME_mcg|NAME_path.
-func ifaceOfPath(p string) (string, bool) {
-	if rest, ok := strings.CutPrefix(p, "class/net/"); ok {
-		name, _, _ := strings.Cut(rest, "/")
-		return name, name != "bonding_masters"
-	}
-	if rest, ok := strings.CutPrefix(p, "kernel/debug/ipoib/"); ok {
-		if name, ok := strings.CutSuffix(rest, "_mcg"); ok {
-			return name, true
+// netPrefix is where interfaces and bonds have their directories.
+const netPrefix = "class/net/"
+
+// node makes the node at path p, one of o's files when o is not nil.
+func (t *Tree) node(o owner, p, name string) *Node {
+	n := &Node{t: t, name: name, path: p}
+	k := idKey{path: p}
+	if o != nil {
+		k.serial = o.Serial()
+		if rest, ok := strings.CutPrefix(p, netPrefix); ok {
+			_, below, _ := strings.Cut(rest, "/")
+			n.own, n.rest = o, ""
+			if below != "" {
+				n.rest = "/" + below
+			}
+			k.path = netPrefix + "*" + n.rest
 		}
-		if name, ok := strings.CutSuffix(rest, "_path"); ok {
-			return name, true
-		}
 	}
-	return "", false
+	n.ino = t.ino(k)
+	return n
 }
 
 func join(dir, name string) string {
@@ -185,12 +185,14 @@ func join(dir, name string) string {
 }
 
 func (t *Tree) dir(parent, name string, list func(dir string) ([]*Node, error)) *Node {
-	p := join(parent, name)
-	return &Node{t: t, name: name, path: p, ino: t.ino(p, 0), perm: 0755, dir: true, list: list}
+	n := t.node(nil, join(parent, name), name)
+	n.perm, n.dir, n.list = 0755, true, list
+	return n
 }
 
 // owner is the interface or bond whose files a node is (*ipoib.Interface, *ipoib.Bond).
 type owner interface {
+	Name() string
 	Serial() uint64
 	Listed() bool
 }
@@ -198,14 +200,15 @@ type owner interface {
 // dirOf is dir for a directory of o's: once o is gone it lists nothing, as a removed
 // kernfs directory (a descriptor held open on it, or a cached inode).
 func (t *Tree) dirOf(o owner, parent, name string, list func(dir string) ([]*Node, error)) *Node {
-	p := join(parent, name)
-	return &Node{t: t, name: name, path: p, ino: t.ino(p, o.Serial()), perm: 0755, dir: true,
-		list: func(d string) ([]*Node, error) {
-			if !o.Listed() {
-				return nil, nil
-			}
-			return list(d)
-		}}
+	n := t.node(o, join(parent, name), name)
+	n.perm, n.dir = 0755, true
+	n.list = func(d string) ([]*Node, error) {
+		if !o.Listed() {
+			return nil, nil
+		}
+		return list(d)
+	}
+	return n
 }
 
 // static returns a list function for fixed children.
@@ -226,12 +229,8 @@ func (t *Tree) file(dir, name string, perm uint32, read func() (string, error), 
 
 // fileOf is file for a file of o's (nil: the tree's own).
 func (t *Tree) fileOf(o owner, dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
-	p := join(dir, name)
-	serial := uint64(0)
-	if o != nil {
-		serial = o.Serial()
-	}
-	n := &Node{t: t, name: name, path: p, ino: t.ino(p, serial), perm: perm, write: write}
+	n := t.node(o, join(dir, name), name)
+	n.perm, n.write = perm, write
 	if read != nil {
 		n.read = func() ([]byte, error) {
 			s, err := read()

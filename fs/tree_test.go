@@ -680,12 +680,22 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 
 	cur := open("class/net/ib0.8001/umcast", syscall.O_WRONLY)
 	dbg := open("kernel/debug/ipoib/ib0.8001_mcg", syscall.O_RDONLY)
+	before, _ := v.tree.Lookup("class/net/ib0.8001/umcast")
 	c, _ := v.e.Interface("ib0.8001")
 	if err := v.e.Rename(c, "storage1"); err != nil {
 		t.Fatal(err)
 	}
+	v.log.take()
 	if _, err := cur.Write([]byte("1\n")); err != nil {
 		t.Errorf("write after a rename: %v", err)
+	}
+	// The write is logged under the file's name now, and the file keeps its inode
+	// number, as a kernfs node does across a rename.
+	if lines := v.log.take(); len(lines) != 1 || !strings.HasPrefix(lines[0], "class/net/storage1/umcast: ok;") {
+		t.Errorf("the write through the descriptor opened as ib0.8001 logged %q", lines)
+	}
+	if after, _ := v.tree.Lookup("class/net/storage1/umcast"); after == nil || after.Ino() != before.Ino() {
+		t.Errorf("umcast's inode across the rename: %d, then %v", before.Ino(), after)
 	}
 	if got, _ := read(v.tree, "class/net/storage1/umcast"); got != "1\n" {
 		t.Errorf("storage1/umcast %q after a write through the descriptor opened as ib0.8001", got)
