@@ -68,7 +68,11 @@ const (
 // Rename answers c's rename of oldName in n to newName in newDir, with renameat2's
 // flags (do_renameat2, vfs_rename; kernfs_iop_rename refuses any flag with EINVAL).
 func (n *Node) Rename(c Caller, oldName string, newDir *Node, newName string, flags uint32) error {
-	return n.refused(c, OpRename, oldName, n.rename(c, oldName, newDir, newName, flags))
+	err := n.rename(c, oldName, newDir, newName, flags)
+	if err == nil {
+		return nil // a name onto itself: nothing to do, as vfs_rename has it
+	}
+	return n.refused(c, OpRename, oldName, err)
 }
 
 func (n *Node) rename(c Caller, oldName string, newDir *Node, newName string, flags uint32) error {
@@ -94,6 +98,9 @@ func (n *Node) rename(c Caller, oldName string, newDir *Node, newName string, fl
 		return syscall.ENOENT
 	case flags&renameNoReplace != 0 && derr == nil:
 		return syscall.EEXIST
+	}
+	if derr == nil && src.Ino() == dst.Ino() {
+		return nil // vfs_rename's first check: the same file
 	}
 	for _, d := range []*Node{n, newDir} {
 		if err := d.Access(c, MayWrite|MayExec); err != nil {

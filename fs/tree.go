@@ -424,10 +424,10 @@ func (t *Tree) ifFile(dir string, i *ipoib.Interface, a *ifAttr) *Node {
 // and a removed debugfs file answers reads with EIO: so do these, once their
 // interface is gone or no longer has the name they were made for.
 func (t *Tree) debugFiles(dir string, i *ipoib.Interface) []*Node {
-	name := i.Name()
+	name, gen := i.Name(), i.Renames()
 	text := func(f func(*ipoib.Interface) string) func() (string, error) {
 		return func() (string, error) {
-			if !i.Listed() || i.Name() != name {
+			if !i.Listed() || i.Renames() != gen { // renamed back since: new files still
 				return "", errorf(syscall.EIO, "%s's debug file was removed (the interface is gone or renamed)", name)
 			}
 			return f(i), nil

@@ -708,6 +708,16 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 	if _, errno := read(v.tree, "kernel/debug/ipoib/storage1_mcg"); errno != 0 {
 		t.Errorf("storage1_mcg: %v", errno)
 	}
+	// Renamed back, the old file stays removed (the driver made new ones twice).
+	if err := v.e.Rename(c, "ib0.8001"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readH(dbg); !errors.Is(err, syscall.EIO) {
+		t.Errorf("the old _mcg descriptor after renaming back: %v, want EIO", err)
+	}
+	if err := v.e.Rename(c, "storage1"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestSnapshot: a handle keeps its content across reads at other offsets and refreshes

@@ -664,11 +664,16 @@ func (i *Interface) cmDrainRxLocked() {
 				buf = rx.bufs[wc.WRID]
 				re = append(re, cmRepost{rx.qp, verbs.RecvWR{ID: wc.WRID, Buf: buf[cmRxHeadroom:]}})
 			}
-			if rx == nil || wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
-				i.stats.rxDropped.Add(1) // failed, flushed, or its connection gone
+			if wc.Status != verbs.WCSuccess || wc.ByteLen < encapLen {
+				i.stats.rxDropped.Add(1) // failed or flushed
 				continue
 			}
-			rx.last = now
+			// A packet that arrived before its connection went (reaped, or a DREQ)
+			// is delivered, as the driver delivers until the drain: only a shared
+			// buffer can be found once the connection is out of the table.
+			if rx != nil {
+				rx.last = now
+			}
 			frame := buf[cmRxHeadroom : cmRxHeadroom+wc.ByteLen]
 			if dataDebug {
 				i.e.cmdtracef("%s: cm rx %d bytes on QPN %#x", i.Name(), len(frame), wc.QPN)

@@ -275,6 +275,7 @@ func (e *Engine) Rename(i *Interface, name string) error {
 	delete(e.ifs, old)
 	e.ifs[name] = i
 	i.name.Store(&name)
+	i.renames.Add(1)
 	e.log.Printf("%s: renamed %s", old, name)
 	e.event("%s: renamed %s", old, name)
 	e.notifyLocked(old)

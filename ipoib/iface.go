@@ -100,6 +100,7 @@ type Interface struct {
 	flags         devFlags
 	closed        bool
 	serial        uint64
+	renames       atomic.Uint64
 	legacy        bool          // a create_child child (not AddLink's)
 	taskRounds    atomic.Uint64 // rounds task() has finished (tests wait for one)
 	childOps      sync.Mutex    // serialises CreateChild and DeleteChild of a parent
@@ -353,6 +354,9 @@ func (i *Interface) allocRecvRingLocked() {
 
 // Name returns the interface name.
 func (i *Interface) Name() string { return *i.name.Load() }
+
+// Renames is how many times the interface has been renamed.
+func (i *Interface) Renames() uint64 { return i.renames.Load() }
 
 // Serial is a number no other interface or bond of the engine has had: a child deleted
 // and made again under its name is another interface with another serial.

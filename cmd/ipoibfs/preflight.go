@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/vishvananda/netlink"
@@ -30,11 +31,17 @@ func checkMountPoint(dir string) error {
 	}
 	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(abs))
 	if err != nil || len(mounts) == 0 {
-		// Nothing mounted there: the directory must be one we can mount on (a
-		// path through a file or on a read-only file system fails here, not after
-		// the daemon has joined the fabric and said READY without its tree).
-		if err := os.MkdirAll(abs, 0o755); err != nil {
+		// Nothing mounted there: a path that cannot be a directory (through a
+		// file, or a file itself) is a mistake to say now, not after the daemon
+		// has joined the fabric and said READY without its tree. Anything else
+		// (a directory still to be made, one we may not make: no privilege to
+		// mount either) is mountTree's, which goes on with 9P alone and says why.
+		st, err := os.Stat(abs)
+		switch {
+		case errors.Is(err, syscall.ENOTDIR):
 			return fmt.Errorf("-mount %s: %v", dir, err)
+		case err == nil && !st.IsDir():
+			return fmt.Errorf("-mount %s: not a directory", dir)
 		}
 		return nil
 	}

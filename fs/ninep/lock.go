@@ -17,10 +17,19 @@ import (
 // matter between the scripts that take them to serialise their changes, so the server
 // keeps them for every connection of the tree and a connection's locks go with it.
 //
+// The server keeps clients from each other: a client's kernel settles its own
+// processes' locks before it asks, so locks conflict only between connections.
+// Within one a lock belongs to the process that took it (proc_id, client_id) and to
+// the fid it came through: v9fs turns flock into a lock owned by the open file, whose
+// unlock may come from another process (`flock -u 9`, the shell's close of fd 9) but
+// always through that file's fid. An unlock releases the range from locks that match
+// either, and a fid's clunk releases what was taken through it.
+//
 // A conflicting request is answered LockStatusBlocked at once; the client retries a
 // blocking one itself (v9fs waits its lock timeout, 30 s, between tries).
 
-// maxLocksPerConn bounds the locks one connection holds (ENOLCK beyond).
+// maxLocksPerConn bounds the locks one connection holds (ENOLCK beyond; adjacent
+// ranges of one owner and type are merged, as the kernel merges them).
 const maxLocksPerConn = 1024
 
 // lockKey is a file of one tree.
@@ -29,11 +38,17 @@ type lockKey struct {
 	ino  uint64
 }
 
-// lockOwner is who holds a lock: a process of a client on one connection.
+// lockOwner is who holds a lock: a process of a client, through a fid of a connection.
 type lockOwner struct {
 	conn   *attacher
+	fid    *file
 	pid    int32
 	client string
+}
+
+// owns reports whether a request of o acts on a lock of l's (see above).
+func (o lockOwner) owns(l lockOwner) bool {
+	return o.conn == l.conn && (o.fid == l.fid || o.pid == l.pid && o.client == l.client)
 }
 
 // heldLock is one range [start, end) locked by one owner; end 0 is the end of the
@@ -66,11 +81,11 @@ func rangeOf(start, length uint64) (uint64, uint64, bool) {
 	return start, end, end > start
 }
 
-// conflict is the first lock of another owner in [start, end) that a lock of type
-// typ cannot coexist with.
+// conflict is the first lock of another connection in [start, end) that a lock of
+// type typ cannot coexist with.
 func (t *lockTable) conflict(k lockKey, o lockOwner, typ p9.LockType, start, end uint64) (heldLock, bool) {
 	for _, l := range t.files[k] {
-		if l.owner != o && l.overlaps(start, end) && (typ == p9.WriteLock || l.typ == p9.WriteLock) {
+		if l.owner.conn != o.conn && l.overlaps(start, end) && (typ == p9.WriteLock || l.typ == p9.WriteLock) {
 			return l, true
 		}
 	}
@@ -78,7 +93,8 @@ func (t *lockTable) conflict(k lockKey, o lockOwner, typ p9.LockType, start, end
 }
 
 // lock applies a Tlock: an unlock removes o's locks from the range (splitting them);
-// a read or write lock replaces o's own in the range when no other owner's conflicts.
+// a read or write lock replaces o's own in the range when no other connection's
+// conflicts.
 func (t *lockTable) lock(k lockKey, o lockOwner, typ p9.LockType, start, length uint64) (p9.LockStatus, error) {
 	start, end, ok := rangeOf(start, length)
 	if !ok || typ > p9.Unlock {
@@ -91,9 +107,10 @@ func (t *lockTable) lock(k lockKey, o lockOwner, typ p9.LockType, start, length 
 			return p9.LockStatusBlocked, nil
 		}
 	}
+	old := t.files[k]
 	var out []heldLock
-	for _, l := range t.files[k] {
-		if l.owner != o || !l.overlaps(start, end) {
+	for _, l := range old {
+		if !o.owns(l.owner) || !l.overlaps(start, end) {
 			out = append(out, l)
 			continue
 		}
@@ -105,33 +122,62 @@ func (t *lockTable) lock(k lockKey, o lockOwner, typ p9.LockType, start, length 
 		}
 	}
 	if typ != p9.Unlock {
-		out = append(out, heldLock{o, typ, start, end})
+		// Merged with the owner's adjacent ranges of the same type (those that
+		// overlapped are gone above).
+		nl := heldLock{o, typ, start, end}
+		kept := out[:0]
+		for _, l := range out {
+			switch {
+			case l.owner != o || l.typ != typ:
+			case l.end != 0 && l.end == nl.start:
+				nl.start = l.start
+				continue
+			case nl.end != 0 && l.start == nl.end:
+				nl.end = l.end
+				continue
+			}
+			kept = append(kept, l)
+		}
+		out = append(kept, nl)
 	}
-	n := t.held[o.conn] - len(t.files[k]) + len(out)
-	if n > maxLocksPerConn && typ != p9.Unlock {
+	was := t.held[o.conn]
+	n := was - len(old) + len(out)
+	if n > maxLocksPerConn && n > was {
 		return p9.LockStatusError, linux.ENOLCK
 	}
-	t.held[o.conn] = n
-	if t.held[o.conn] <= 0 {
-		delete(t.held, o.conn)
-	}
-	if len(out) == 0 {
-		delete(t.files, k)
-	} else {
-		t.files[k] = out
-	}
+	t.set(k, o.conn, out, n)
 	return p9.LockStatusOK, nil
 }
 
-// test answers a Tgetlock: the first lock in the way of want, or want unlocked.
+// set stores a file's locks and the connection's count.
+func (t *lockTable) set(k lockKey, conn *attacher, ls []heldLock, n int) {
+	if n <= 0 {
+		delete(t.held, conn)
+	} else {
+		t.held[conn] = n
+	}
+	if len(ls) == 0 {
+		delete(t.files, k)
+	} else {
+		t.files[k] = ls
+	}
+}
+
+// test answers a Tgetlock: the first lock of another connection in the way of want,
+// or want unlocked. v9fs asks with type Unlock (the kernel has reused the field by
+// then), which is taken as the question for a write lock, as other servers take it.
 func (t *lockTable) test(k lockKey, o lockOwner, want p9.LockDesc) (p9.LockDesc, error) {
 	start, end, ok := rangeOf(want.Start, want.Length)
 	if !ok || want.Type > p9.Unlock {
 		return p9.LockDesc{}, linux.EINVAL
 	}
+	typ := want.Type
+	if typ == p9.Unlock {
+		typ = p9.WriteLock
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if l, busy := t.conflict(k, o, want.Type, start, end); busy && want.Type != p9.Unlock {
+	if l, busy := t.conflict(k, o, typ, start, end); busy {
 		length := uint64(0)
 		if l.end != 0 {
 			length = l.end - l.start
@@ -140,6 +186,22 @@ func (t *lockTable) test(k lockKey, o lockOwner, want p9.LockDesc) (p9.LockDesc,
 	}
 	want.Type = p9.Unlock
 	return want, nil
+}
+
+// dropFid releases the locks taken through a fid that is clunked.
+func (t *lockTable) dropFid(k lockKey, f *file) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ls := t.files[k]
+	var out []heldLock
+	for _, l := range ls {
+		if l.owner.fid != f {
+			out = append(out, l)
+		}
+	}
+	if len(out) != len(ls) {
+		t.set(k, f.a, out, t.held[f.a]-len(ls)+len(out))
+	}
 }
 
 // dropConn releases every lock of a connection that ended.
@@ -169,12 +231,13 @@ func (f *file) lockKey() lockKey { return lockKey{f.a.root, f.n.Ino()} }
 
 // Lock is Tlock (see above).
 func (f *file) Lock(pid int, typ p9.LockType, _ p9.LockFlags, start, length uint64, client string) (p9.LockStatus, error) {
-	return locks.lock(f.lockKey(), lockOwner{f.a, int32(pid), client}, typ, start, length)
+	f.locked.Store(true)
+	return locks.lock(f.lockKey(), lockOwner{f.a, f, int32(pid), client}, typ, start, length)
 }
 
 // GetLock is Tgetlock (see above).
 func (f *file) GetLock(want p9.LockDesc) (p9.LockDesc, error) {
-	return locks.test(f.lockKey(), lockOwner{f.a, want.PID, want.Client}, want)
+	return locks.test(f.lockKey(), lockOwner{f.a, f, want.PID, want.Client}, want)
 }
 
 var _ p9.LockTester = (*file)(nil)

@@ -19,6 +19,26 @@ type lockFile interface {
 // lockClient opens class/net/ib0/pkey over its own connection.
 func lockClient(t *testing.T, v *env) (lockFile, func()) {
 	t.Helper()
+	f, _, end := lockClientRoot(t, v)
+	return f, end
+}
+
+// openPkey opens another fid of class/net/ib0/pkey from root.
+func openPkey(t *testing.T, root p9.File) lockFile {
+	t.Helper()
+	_, f, err := root.Walk([]string{"class", "net", "ib0", "pkey"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Open(p9.ReadOnly); err != nil {
+		t.Fatal(err)
+	}
+	return f.(lockFile)
+}
+
+// lockClientRoot is lockClient that also returns the connection's root.
+func lockClientRoot(t *testing.T, v *env) (lockFile, p9.File, func()) {
+	t.Helper()
 	cc, sc := net.Pipe()
 	done := make(chan struct{})
 	go func() { ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal}); close(done) }()
@@ -30,17 +50,7 @@ func lockClient(t *testing.T, v *env) (lockFile, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, f, err := root.Walk([]string{"class", "net", "ib0", "pkey"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.Open(p9.ReadOnly); err != nil {
-		t.Fatal(err)
-	}
-	lf, ok := f.(lockFile)
-	if !ok {
-		t.Fatal("the p9 client file has no GetLock")
-	}
+	lf := openPkey(t, root)
 	closed := false
 	end := func() {
 		if !closed {
@@ -50,7 +60,7 @@ func lockClient(t *testing.T, v *env) (lockFile, func()) {
 		}
 	}
 	t.Cleanup(end)
-	return lf, end
+	return lf, root, end
 }
 
 // POSIX record locks over 9P hold between connections, as v9fs clients on two
@@ -158,7 +168,7 @@ func FuzzLockTable(f *testing.F) {
 		conns := []*attacher{{}, {}}
 		k := lockKey{ino: 1}
 		var model [3][size + 1]int // owner, byte: 0 none, 1 read, 2 write
-		owners := []lockOwner{{conn: conns[0], pid: 1}, {conn: conns[0], pid: 2}, {conn: conns[1], pid: 1}}
+		owners := []lockOwner{{conn: conns[0], fid: &file{}, pid: 1}, {conn: conns[0], fid: &file{}, pid: 2}, {conn: conns[1], fid: &file{}, pid: 1}}
 		kind := map[p9.LockType]int{p9.ReadLock: 1, p9.WriteLock: 2, p9.Unlock: 0}
 		for len(ops) >= 4 {
 			o, typ, start := int(ops[0])%3, p9.LockType(ops[1]%4), uint64(ops[2]%size)
@@ -178,7 +188,8 @@ func FuzzLockTable(f *testing.F) {
 			want := p9.LockStatusOK
 			for b := start; b < end && typ != p9.Unlock; b++ {
 				for other := range owners {
-					if other != o && model[other][b] != 0 && (typ == p9.WriteLock || model[other][b] == 2) {
+					// Only another connection's locks conflict (owners 0 and 1 share one).
+					if owners[other].conn != owners[o].conn && model[other][b] != 0 && (typ == p9.WriteLock || model[other][b] == 2) {
 						want = p9.LockStatusBlocked
 					}
 				}
@@ -219,4 +230,73 @@ func FuzzLockTable(f *testing.F) {
 			t.Fatalf("left after both connections: %+v %+v", tab.files, tab.held)
 		}
 	})
+}
+
+// Locks conflict only between connections (a client's kernel settles its own
+// processes' first); within one, an unlock through the fid a lock came through
+// releases it whatever process sends it (flock's lock is the open file's: `flock -u`
+// or the shell's close come from another pid), a clunk of that fid releases it, and
+// v9fs's Tgetlock, which asks with type Unlock, is answered as for a write lock.
+func TestLocksOwnership(t *testing.T) {
+	v := newEnv(t)
+	a1, rootA, _ := lockClientRoot(t, v)
+	a2 := openPkey(t, rootA)
+	b, _ := lockClient(t, v)
+	lock := func(f lockFile, pid int, typ p9.LockType) p9.LockStatus {
+		t.Helper()
+		st, err := f.Lock(pid, typ, 0, 0, 0, "host")
+		if err != nil {
+			t.Fatalf("Tlock %v: %v", typ, err)
+		}
+		return st
+	}
+	if lock(a1, 100, p9.WriteLock) != p9.LockStatusOK || lock(a2, 101, p9.WriteLock) != p9.LockStatusOK {
+		t.Error("two write locks of one connection conflict: its client's kernel settles those")
+	}
+	if lock(b, 7, p9.ReadLock) != p9.LockStatusBlocked {
+		t.Fatal("another connection's read lock under a write lock")
+	}
+	got, err := b.GetLock(p9.LockDesc{Type: p9.Unlock, PID: 7, Client: "host"})
+	if err != nil || got.Type != p9.WriteLock || got.PID != 100 && got.PID != 101 {
+		t.Errorf("Tgetlock of type Unlock (as v9fs sends it) under a write lock: %+v, %v", got, err)
+	}
+	// flock -u from another process, through the same fid: released.
+	lock(a1, 200, p9.Unlock)
+	// a2's lock stays until its fid is clunked.
+	if lock(b, 7, p9.ReadLock) != p9.LockStatusBlocked {
+		t.Error("a2's lock went with a1's unlock")
+	}
+	if err := a2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := lock(b, 7, p9.WriteLock); st != p9.LockStatusOK {
+		t.Errorf("after a1's unlock by another pid and a2's clunk: %v", st)
+	}
+	// v9fs's Unlock-typed question is a write lock's: another's read lock is in the way.
+	lock(b, 7, p9.ReadLock)
+	if got, _ := a1.GetLock(p9.LockDesc{Type: p9.Unlock, PID: 100, Client: "host"}); got.Type != p9.ReadLock || got.PID != 7 {
+		t.Errorf("Tgetlock of type Unlock over another connection's read lock: %+v", got)
+	}
+	lock(b, 7, p9.Unlock)
+	// Adjacent ranges of one owner merge: a connection may lock byte by byte.
+	for k := range uint64(maxLocksPerConn + 10) {
+		if st, err := a1.Lock(100, p9.ReadLock, 0, k, 1, "host"); err != nil || st != p9.LockStatusOK {
+			t.Fatalf("byte %d: %v %v", k, st, err)
+		}
+	}
+	locks.mu.Lock()
+	n := len(locks.files[lockKey{v.tree.Root(), mustIno(t, v, "class/net/ib0/pkey")}])
+	locks.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d adjacent one-byte read locks of one owner are %d locks, want 1", maxLocksPerConn+10, n)
+	}
+}
+
+func mustIno(t *testing.T, v *env, p string) uint64 {
+	t.Helper()
+	n, err := v.tree.Lookup(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Ino()
 }

@@ -306,6 +306,8 @@ type file struct {
 	mu    sync.Mutex
 	h     *fs.Handle
 	gone  atomic.Bool // clunked: the fid no longer counts
+	// locked: a Tlock came through the fid, whose clunk releases what it took
+	locked atomic.Bool
 }
 
 // newFile makes a fid for n, within the connection's bound on live fids.
@@ -412,6 +414,9 @@ func (f *file) SetAttr(m p9.SetAttrMask, _ p9.SetAttr) error {
 func (f *file) Close() error {
 	if !f.gone.Swap(true) {
 		f.a.fids.Add(-1)
+	}
+	if f.locked.Load() {
+		locks.dropFid(f.lockKey(), f)
 	}
 	f.mu.Lock()
 	h := f.h
