@@ -20,7 +20,6 @@ import (
 
 	"ipoibfs/fs/ninep"
 	"ipoibfs/internal/testenv"
-	"ipoibfs/internal/vm"
 )
 
 // permGarbage is what the table writes: no parser accepts it, so a write that gets past
@@ -276,14 +275,7 @@ func TestPermissionTable(t *testing.T) {
 // other than root is read-only either way.
 func TestGuestAccessUser(t *testing.T) {
 	treeRequire(t)
-	testenv.Short(t, "boots a QEMU guest")
-	im, err := vm.Prepare()
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("vm.Prepare: %v", err)
-	}
+	im := guestImage(t)
 	guest := *im
 	guest.MountOptions = "access=user"
 	const script = `cat class/net/ib0/pkey

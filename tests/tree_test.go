@@ -183,6 +183,40 @@ func (td *treeDaemon) client(t *testing.T) *ninep.Client {
 	return c
 }
 
+// attach returns the root of a raw p9 client of the daemon (for locks and fids the
+// ninep.Client does not expose), its connection closed at cleanup.
+func (td *treeDaemon) attach(t *testing.T) p9.File {
+	t.Helper()
+	conn, err := net.Dial("tcp", td.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := p9.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	root, err := pc.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// guestImage prepares the QEMU guest (a missing piece fails under CI, else skips).
+func guestImage(t *testing.T) *vm.Image {
+	t.Helper()
+	testenv.Short(t, "boots a QEMU guest")
+	im, err := vm.Prepare()
+	if errors.Is(err, vm.ErrMissing) {
+		testenv.Missing(t, err.Error())
+	}
+	if err != nil {
+		t.Fatalf("vm.Prepare: %v", err)
+	}
+	return im
+}
+
 func treeErrno(err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -385,14 +419,7 @@ func treeWaitMCG(t *testing.T, td *treeDaemon) {
 // guest: the transcripts must be identical and right.
 func TestTreeDocCommandsFUSEAnd9PGuest(t *testing.T) {
 	treeRequire(t)
-	testenv.Short(t, "boots a QEMU guest")
-	im, err := vm.Prepare()
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("vm.Prepare: %v", err)
-	}
+	im := guestImage(t)
 	td := treeStart(t, "tdoc", "")
 	treeWaitMCG(t, td)
 
@@ -436,31 +463,12 @@ func TestTreeDocCommandsFUSEAnd9PGuest(t *testing.T) {
 // makes the guest's non-blocking flock fail, a read lock lets a shared one through.
 func TestGuestFlock(t *testing.T) {
 	treeRequire(t)
-	testenv.Short(t, "boots a QEMU guest")
-	im, err := vm.Prepare()
-	if errors.Is(err, vm.ErrMissing) {
-		testenv.Missing(t, err.Error())
-	}
-	if err != nil {
-		t.Fatalf("vm.Prepare: %v", err)
-	}
+	im := guestImage(t)
 	flock := testenv.Tool(t, "flock") // util-linux's: the guest's busybox has none
 	guest := *im
 	guest.Copy = []string{flock}
 	td := treeStart(t, "tflock", "")
-	conn, err := net.Dial("tcp", td.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := p9.NewClient(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	root, err := pc.Attach("/")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := td.attach(t)
 	for file, typ := range map[string]p9.LockType{"pkey": p9.WriteLock, "mtu": p9.ReadLock} {
 		_, f, err := root.Walk([]string{"class", "net", "ib0", file})
 		if err != nil {
@@ -645,19 +653,7 @@ func TestTreeWriteErrnos(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fh.Close()
-	conn, err := net.Dial("tcp", td.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := p9.NewClient(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	root, err := pc.Attach("/")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := td.attach(t)
 	_, pf, err := root.Walk([]string{"class", "net", "ib0.8002", "mtu"})
 	if err != nil {
 		t.Fatal(err)
@@ -964,19 +960,7 @@ func TestTree9PReaddirDuringChanges(t *testing.T) {
 			t.Fatalf("%s %s: %v", file, pkey, err)
 		}
 	}
-	conn, err := net.Dial("tcp", td.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := p9.NewClient(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	root, err := pc.Attach("/")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := td.attach(t)
 	// list opens class/net and reads it with Treaddir of count bytes, calling between
 	// after the first call.
 	list := func(count uint32, between func()) []string {

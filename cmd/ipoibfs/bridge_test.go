@@ -25,30 +25,7 @@ import (
 // first such failure turned devices off for good, and every later child existed
 // without one.)
 func TestDeviceRefusedAfterStartFailsItsChild(t *testing.T) {
-	testenv.Root(t)
-	testenv.File(t, "/dev/net/tun")
-	testenv.Tool(t, "ip")
-	ns := fmt.Sprintf("ipobr%d", os.Getpid()%100000)
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	log.SetOutput(io.Discard)
-	defer log.SetOutput(os.Stderr)
-
-	h, err := soft.New(soft.Config{Name: "br", Network: soft.NewMemNetwork(), HostSM: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	for deadline := time.Now().Add(20 * time.Second); h.SoftPort(1).Attr().State != verbs.PortActive; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("port not active")
-		}
-	}
-	eng, err := ipoib.New(h, ipoib.Options{Logger: log.New(io.Discard, "", 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng, ns := bridgeRig(t, "br", 1)
 	saved := openDevice
 	defer func() { openDevice = saved }()
 	openDevice = func(cfg kernel.Config) (*kernel.Device, error) {
@@ -102,30 +79,7 @@ func TestDeviceRefusedAfterStartFailsItsChild(t *testing.T) {
 // A port interface whose device cannot be made at startup (its name taken, say) is
 // not left without one: it is tried again until it is made.
 func TestPortDeviceRetriedAfterStartup(t *testing.T) {
-	testenv.Root(t)
-	testenv.File(t, "/dev/net/tun")
-	testenv.Tool(t, "ip")
-	ns := fmt.Sprintf("ipobp%d", os.Getpid()%100000)
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	log.SetOutput(io.Discard)
-	defer log.SetOutput(os.Stderr)
-
-	h, err := soft.New(soft.Config{Name: "bp", Ports: 2, Network: soft.NewMemNetwork(), HostSM: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	for deadline := time.Now().Add(20 * time.Second); h.SoftPort(2).Attr().State != verbs.PortActive; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("port 2 not active")
-		}
-	}
-	eng, err := ipoib.New(h, ipoib.Options{Logger: log.New(io.Discard, "", 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	eng, ns := bridgeRig(t, "bp", 2)
 	saved := openDevice
 	defer func() { openDevice = saved }()
 	var refused atomic.Int32
@@ -147,4 +101,34 @@ func TestPortDeviceRetriedAfterStartup(t *testing.T) {
 			t.Fatalf("ib1's device, refused once at startup, was not made again (%d tries)", refused.Load())
 		}
 	}
+}
+
+// bridgeRig is an engine on a soft HCA with ports ports, all active, and a network
+// namespace for its devices, removed at cleanup (with the log silenced meanwhile).
+func bridgeRig(t *testing.T, name string, ports int) (*ipoib.Engine, string) {
+	t.Helper()
+	testenv.Root(t)
+	testenv.File(t, "/dev/net/tun")
+	testenv.Tool(t, "ip")
+	ns := fmt.Sprintf("ipo%s%d", name, os.Getpid()%100000)
+	_ = exec.Command("ip", "netns", "del", ns).Run()
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	log.SetOutput(io.Discard)
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	h, err := soft.New(soft.Config{Name: name, Ports: ports, Network: soft.NewMemNetwork(), HostSM: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	for deadline := time.Now().Add(20 * time.Second); h.SoftPort(ports).Attr().State != verbs.PortActive; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("port %d not active", ports)
+		}
+	}
+	eng, err := ipoib.New(h, ipoib.Options{Logger: log.New(io.Discard, "", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(eng.Close)
+	return eng, ns
 }
