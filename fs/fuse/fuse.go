@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -282,13 +283,23 @@ func fill(m *fs.Node, a *gofuse.Attr) {
 const fixedTTL = time.Hour
 
 func (n *node) Lookup(ctx context.Context, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	var gen uint64
+	if n.inv != nil {
+		gen = n.inv.gen.Load()
+	}
 	c, err := n.m.Lookup(name)
 	if err != nil {
 		return nil, errno(err)
 	}
 	fill(c, &out.Attr)
 	out.SetAttrTimeout(fixedTTL)
-	if n.inv != nil || !c.InDynamicDir() {
+	switch {
+	case !c.InDynamicDir():
+		out.SetEntryTimeout(fixedTTL)
+	case n.inv != nil && n.inv.gen.Load() == gen:
+		// Cached until a change names it; a name that changed while it was looked
+		// up is not cached at all: the invalidation may have come before go-fuse
+		// knew the name (for "", all names, it invalidates only the known ones).
 		out.SetEntryTimeout(fixedTTL)
 	}
 	return n.NewInode(ctx, &node{m: c, inv: n.inv}, gofs.StableAttr{Mode: kind(c), Ino: c.Ino()}), 0
@@ -446,6 +457,7 @@ func (h *handle) Setattr(ctx context.Context, in *gofuse.SetAttrIn, out *gofuse.
 // cache (FUSE_NOTIFY_INVAL_ENTRY). One goroutine owns the change channel, so a write
 // handler's sync sees every change made before it, in order.
 type invalidator struct {
+	gen     atomic.Uint64 // changes taken so far (Lookup's check)
 	changes <-chan string
 	flush   chan chan struct{}
 	stop    chan struct{}
@@ -458,11 +470,13 @@ func (v *invalidator) run() {
 	for {
 		select {
 		case name := <-v.changes:
+			v.gen.Add(1)
 			v.drop(name)
 		case done := <-v.flush:
 			for more := true; more; {
 				select {
 				case name := <-v.changes:
+					v.gen.Add(1)
 					v.drop(name)
 				default:
 					more = false
