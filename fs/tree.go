@@ -158,10 +158,11 @@ func (t *Tree) pruneLocked() {
 // netPrefix is where interfaces and bonds have their directories.
 const netPrefix = "class/net/"
 
-// node makes the node at path p, one of o's files when o is not nil.
-func (t *Tree) node(o owner, p, name string) *Node {
+// node makes the node at path p, one of o's files when o is not nil; keySuffix is
+// added to the key of its inode number.
+func (t *Tree) node(o owner, p, name string, keySuffix ...string) *Node {
 	n := &Node{t: t, name: name, path: p}
-	k := idKey{path: p}
+	k := idKey{path: p + strings.Join(keySuffix, "")}
 	if o != nil {
 		k.serial = o.Serial()
 		if rest, ok := strings.CutPrefix(p, netPrefix); ok {
@@ -229,7 +230,12 @@ func (t *Tree) file(dir, name string, perm uint32, read func() (string, error), 
 
 // fileOf is file for a file of o's (nil: the tree's own).
 func (t *Tree) fileOf(o owner, dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
-	n := t.node(o, join(dir, name), name)
+	return t.fileKeyed(o, "", dir, name, perm, read, write)
+}
+
+// fileKeyed is fileOf with keySuffix added to the key of its inode number.
+func (t *Tree) fileKeyed(o owner, keySuffix, dir, name string, perm uint32, read func() (string, error), write func([]byte) error) *Node {
+	n := t.node(o, join(dir, name), name, keySuffix)
 	n.perm, n.write = perm, write
 	if read != nil {
 		n.read = func() ([]byte, error) {
@@ -424,18 +430,22 @@ func (t *Tree) ifFile(dir string, i *ipoib.Interface, a *ifAttr) *Node {
 // and a removed debugfs file answers reads with EIO: so do these, once their
 // interface is gone or no longer has the name they were made for.
 func (t *Tree) debugFiles(dir string, i *ipoib.Interface) []*Node {
-	name, gen := i.Name(), i.Renames()
+	name := i.Name()
+	gen := i.Renames() // after the name: a rename in between fails the check below
 	text := func(f func(*ipoib.Interface) string) func() (string, error) {
 		return func() (string, error) {
-			if !i.Listed() || i.Renames() != gen { // renamed back since: new files still
+			if !i.Listed() || i.Renames() != gen || i.Name() != name {
 				return "", errorf(syscall.EIO, "%s's debug file was removed (the interface is gone or renamed)", name)
 			}
 			return f(i), nil
 		}
 	}
+	// Each rename makes new files, with new inode numbers (a cached inode of the
+	// removed one must not stand for the new one): the count is in their key.
+	g := fmt.Sprintf("@%d", gen)
 	return []*Node{
-		t.fileOf(i, dir, name+"_mcg", 0444, text((*ipoib.Interface).MCGText), nil),
-		t.fileOf(i, dir, name+"_path", 0444, text((*ipoib.Interface).PathText), nil),
+		t.fileKeyed(i, g, dir, name+"_mcg", 0444, text((*ipoib.Interface).MCGText), nil),
+		t.fileKeyed(i, g, dir, name+"_path", 0444, text((*ipoib.Interface).PathText), nil),
 	}
 }
 

@@ -681,6 +681,7 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 	cur := open("class/net/ib0.8001/umcast", syscall.O_WRONLY)
 	dbg := open("kernel/debug/ipoib/ib0.8001_mcg", syscall.O_RDONLY)
 	before, _ := v.tree.Lookup("class/net/ib0.8001/umcast")
+	oldMcg, _ := v.tree.Lookup("kernel/debug/ipoib/ib0.8001_mcg")
 	c, _ := v.e.Interface("ib0.8001")
 	if err := v.e.Rename(c, "storage1"); err != nil {
 		t.Fatal(err)
@@ -714,6 +715,11 @@ func TestHandleHoldsItsInterface(t *testing.T) {
 	}
 	if _, err := readH(dbg); !errors.Is(err, syscall.EIO) {
 		t.Errorf("the old _mcg descriptor after renaming back: %v, want EIO", err)
+	}
+	if n, err := v.tree.Lookup("kernel/debug/ipoib/ib0.8001_mcg"); err != nil || n.Ino() == oldMcg.Ino() {
+		t.Errorf("the _mcg made again after renaming back: %v, inode %d as the removed one's", err, oldMcg.Ino())
+	} else if _, errno := read(v.tree, "kernel/debug/ipoib/ib0.8001_mcg"); errno != 0 {
+		t.Errorf("the _mcg made again after renaming back: %v", errno)
 	}
 	if err := v.e.Rename(c, "storage1"); err != nil {
 		t.Fatal(err)

@@ -274,8 +274,8 @@ func (e *Engine) Rename(i *Interface, name string) error {
 	}
 	delete(e.ifs, old)
 	e.ifs[name] = i
+	i.renames.Add(1) // before the name: a reader of the name, then the count, sees a change
 	i.name.Store(&name)
-	i.renames.Add(1)
 	e.log.Printf("%s: renamed %s", old, name)
 	e.event("%s: renamed %s", old, name)
 	e.notifyLocked(old)

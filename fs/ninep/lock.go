@@ -19,11 +19,14 @@ import (
 //
 // The server keeps clients from each other: a client's kernel settles its own
 // processes' locks before it asks, so locks conflict only between connections.
-// Within one a lock belongs to the process that took it (proc_id, client_id) and to
-// the fid it came through: v9fs turns flock into a lock owned by the open file, whose
-// unlock may come from another process (`flock -u 9`, the shell's close of fd 9) but
-// always through that file's fid. An unlock releases the range from locks that match
-// either, and a fid's clunk releases what was taken through it.
+// Within one a lock belongs to the process that took it (proc_id, client_id): its
+// unlocks release it, another process's do not (a forked child's exit, which makes
+// the client send an unlock through the same fid, must not drop its parent's lock).
+// A lock is also released when the fid it came through is clunked, at the last close
+// of the open file: v9fs turns flock into a lock owned by the open file, which the
+// process that took it may not be the one to unlock (`flock -u 9` from another
+// process, the shell's close of fd 9). 9P cannot tell flock(1)'s own exit from an
+// unlock, so `flock 9` holds on a v9fs mount only while flock(1) runs.
 //
 // A conflicting request is answered LockStatusBlocked at once; the client retries a
 // blocking one itself (v9fs waits its lock timeout, 30 s, between tries).
@@ -46,9 +49,10 @@ type lockOwner struct {
 	client string
 }
 
-// owns reports whether a request of o acts on a lock of l's (see above).
+// owns reports whether a request of o acts on a lock of l's: the same process of the
+// same connection, through whichever fid (see above).
 func (o lockOwner) owns(l lockOwner) bool {
-	return o.conn == l.conn && (o.fid == l.fid || o.pid == l.pid && o.client == l.client)
+	return o.conn == l.conn && o.pid == l.pid && o.client == l.client
 }
 
 // heldLock is one range [start, end) locked by one owner; end 0 is the end of the
@@ -142,7 +146,7 @@ func (t *lockTable) lock(k lockKey, o lockOwner, typ p9.LockType, start, length 
 	}
 	was := t.held[o.conn]
 	n := was - len(old) + len(out)
-	if n > maxLocksPerConn && n > was {
+	if n > maxLocksPerConn && n > was && typ != p9.Unlock { // an unlock always goes through
 		return p9.LockStatusError, linux.ENOLCK
 	}
 	t.set(k, o.conn, out, n)
@@ -197,10 +201,14 @@ func (t *lockTable) dropFid(k lockKey, f *file) {
 	for _, l := range ls {
 		if l.owner.fid != f {
 			out = append(out, l)
+		} else if t.held[l.owner.conn]--; t.held[l.owner.conn] <= 0 {
+			delete(t.held, l.owner.conn)
 		}
 	}
-	if len(out) != len(ls) {
-		t.set(k, f.a, out, t.held[f.a]-len(ls)+len(out))
+	if len(out) == 0 {
+		delete(t.files, k)
+	} else {
+		t.files[k] = out
 	}
 }
 

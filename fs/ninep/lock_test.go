@@ -157,23 +157,39 @@ func TestLocksBounded(t *testing.T) {
 // FuzzLockTable checks the lock table against a model that keeps each owner's lock
 // type byte by byte (the last cell standing for every byte from size on): the same
 // answers (OK, Blocked, EINVAL), and after each request the same lock on every byte,
-// with no two ranges of one owner overlapping.
+// no two ranges of one owner overlapping or adjacent with one type, and each
+// connection's count equal to its locks. Owners 0 and 1 are one process through two
+// fids, 2 another process of that connection, 3 a process of another connection; an
+// op of type 4 is a clunk of the owner's fid.
 func FuzzLockTable(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 1, 1, 5, 3, 0, 2, 2, 0})
 	f.Add([]byte{0, 0, 0, 0, 1, 0, 3, 4, 0, 2, 1, 2, 1, 1, 0, 0})
+	f.Add([]byte{0, 1, 0, 1, 0, 1, 1, 1, 1, 2, 0, 0, 3, 1, 0, 0, 0, 4, 0, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const size = 24
 		ops = ops[:min(len(ops), 4*64)] // 64 requests: each checks every byte of the model
 		tab := &lockTable{files: map[lockKey][]heldLock{}, held: map[*attacher]int{}}
 		conns := []*attacher{{}, {}}
 		k := lockKey{ino: 1}
-		var model [3][size + 1]int // owner, byte: 0 none, 1 read, 2 write
-		owners := []lockOwner{{conn: conns[0], fid: &file{}, pid: 1}, {conn: conns[0], fid: &file{}, pid: 2}, {conn: conns[1], fid: &file{}, pid: 1}}
+		shared := &file{a: conns[0]}
+		owners := []lockOwner{{conn: conns[0], fid: shared, pid: 1}, {conn: conns[0], fid: &file{a: conns[0]}, pid: 1},
+			{conn: conns[0], fid: shared, pid: 2}, {conn: conns[1], fid: &file{a: conns[1]}, pid: 1}}
+		var model [4][size + 1]int // owner, byte: 0 none, 1 read, 2 write
 		kind := map[p9.LockType]int{p9.ReadLock: 1, p9.WriteLock: 2, p9.Unlock: 0}
 		for len(ops) >= 4 {
-			o, typ, start := int(ops[0])%3, p9.LockType(ops[1]%4), uint64(ops[2]%size)
+			o, op, start := int(ops[0])%len(owners), ops[1]%5, uint64(ops[2]%size)
 			length := uint64(ops[3]) % (size - start + 1) // 0: to the end, tail included
 			ops = ops[4:]
+			if op == 4 { // clunk: what came through the fid goes
+				tab.dropFid(k, owners[o].fid)
+				for w := range owners {
+					if owners[w].fid == owners[o].fid {
+						model[w] = [size + 1]int{}
+					}
+				}
+				continue
+			}
+			typ := p9.LockType(op)
 			end := uint64(size + 1)
 			if length != 0 {
 				end = start + length
@@ -188,7 +204,7 @@ func FuzzLockTable(f *testing.F) {
 			want := p9.LockStatusOK
 			for b := start; b < end && typ != p9.Unlock; b++ {
 				for other := range owners {
-					// Only another connection's locks conflict (owners 0 and 1 share one).
+					// Only another connection's locks conflict.
 					if owners[other].conn != owners[o].conn && model[other][b] != 0 && (typ == p9.WriteLock || model[other][b] == 2) {
 						want = p9.LockStatusBlocked
 					}
@@ -198,10 +214,20 @@ func FuzzLockTable(f *testing.F) {
 				t.Fatalf("owner %d %v [%d,+%d): %v %v, model %v", o, typ, start, length, st, err, want)
 			}
 			if want == p9.LockStatusOK {
+				// The request acts on the locks of its process (same connection and
+				// pid, any fid), and the new one is its fid's.
+				for w := range owners {
+					if owners[w].conn == owners[o].conn && owners[w].pid == owners[o].pid {
+						for b := start; b < end; b++ {
+							model[w][b] = 0
+						}
+					}
+				}
 				for b := start; b < end; b++ {
 					model[o][b] = kind[typ]
 				}
 			}
+			count := map[*attacher]int{}
 			for w := range owners {
 				var got [size + 1]int
 				for _, l := range tab.files[k] {
@@ -218,9 +244,22 @@ func FuzzLockTable(f *testing.F) {
 						}
 						got[b] = kind[l.typ]
 					}
+					for _, m := range tab.files[k] {
+						if m.owner == l.owner && m.typ == l.typ && l.end != 0 && m.start == l.end {
+							t.Fatalf("owner %d's adjacent ranges not merged: %+v", w, tab.files[k])
+						}
+					}
 				}
 				if got != model[w] {
 					t.Fatalf("owner %d: table %v, model %v", w, got, model[w])
+				}
+			}
+			for _, l := range tab.files[k] {
+				count[l.owner.conn]++
+			}
+			for _, c := range conns {
+				if tab.held[c] != count[c] {
+					t.Fatalf("held %d for a connection with %d locks", tab.held[c], count[c])
 				}
 			}
 		}
@@ -260,17 +299,26 @@ func TestLocksOwnership(t *testing.T) {
 	if err != nil || got.Type != p9.WriteLock || got.PID != 100 && got.PID != 101 {
 		t.Errorf("Tgetlock of type Unlock (as v9fs sends it) under a write lock: %+v, %v", got, err)
 	}
-	// flock -u from another process, through the same fid: released.
+	// Another process's unlock through the same fid (a forked child's exit) leaves
+	// pid 100's lock; pid 100's own releases it; a2's stays until its fid is clunked.
 	lock(a1, 200, p9.Unlock)
-	// a2's lock stays until its fid is clunked.
+	lock(a2, 101, p9.Unlock) // (a2's own, so that only a1's is left to test)
 	if lock(b, 7, p9.ReadLock) != p9.LockStatusBlocked {
-		t.Error("a2's lock went with a1's unlock")
+		t.Error("pid 100's lock went with another process's unlock through its fid")
+	}
+	lock(a1, 100, p9.Unlock)
+	if st := lock(b, 7, p9.ReadLock); st != p9.LockStatusOK {
+		t.Errorf("after pid 100's own unlock: %v", st)
+	}
+	lock(b, 7, p9.Unlock)
+	if lock(a2, 101, p9.WriteLock) != p9.LockStatusOK {
+		t.Fatal("a2 relock")
 	}
 	if err := a2.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if st := lock(b, 7, p9.WriteLock); st != p9.LockStatusOK {
-		t.Errorf("after a1's unlock by another pid and a2's clunk: %v", st)
+		t.Errorf("after a2's clunk: %v", st)
 	}
 	// v9fs's Unlock-typed question is a write lock's: another's read lock is in the way.
 	lock(b, 7, p9.ReadLock)
