@@ -2,6 +2,7 @@ package ninep
 
 import (
 	"sync"
+	"time"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
@@ -28,8 +29,16 @@ import (
 // process, the shell's close of fd 9). 9P cannot tell flock(1)'s own exit from an
 // unlock, so `flock 9` holds on a v9fs mount only while flock(1) runs.
 //
-// A conflicting request is answered LockStatusBlocked at once; the client retries a
-// blocking one itself (v9fs waits its lock timeout, 30 s, between tries).
+// A conflicting request is answered LockStatusBlocked; a blocking one
+// (LockFlagsBlock: fcntl F_SETLKW, flock without -n) first waits in the server until
+// the lock is free, the client flushes the request (its process interrupted), the
+// connection ends or maxLockWait passes. (Answered at once, v9fs would sleep its lock
+// timeout, 30 s, before it asked again.)
+
+// maxLockWait bounds one blocking request's wait in the server; then it is answered
+// Blocked and the client asks again. (A connection that ends ends the wait too, but a
+// connection's end is not known on every transport.)
+var maxLockWait = time.Minute
 
 // maxLocksPerConn bounds the locks one connection holds (ENOLCK beyond; adjacent
 // ranges of one owner and type are merged, as the kernel merges them).
@@ -71,9 +80,28 @@ type lockTable struct {
 	mu    sync.Mutex
 	files map[lockKey][]heldLock
 	held  map[*attacher]int
+	freed chan struct{} // closed (and made again) whenever locks are released
 }
 
 var locks = lockTable{files: map[lockKey][]heldLock{}, held: map[*attacher]int{}}
+
+// releasedLocked wakes the requests waiting for a lock: some may be free now.
+func (t *lockTable) releasedLocked() {
+	if t.freed != nil {
+		close(t.freed)
+		t.freed = nil
+	}
+}
+
+// waitFreed is a channel closed at the next release.
+func (t *lockTable) waitFreed() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.freed == nil {
+		t.freed = make(chan struct{})
+	}
+	return t.freed
+}
 
 // rangeOf turns a 9P start and length into [start, end); false when start+length
 // does not fit.
@@ -153,8 +181,9 @@ func (t *lockTable) lock(k lockKey, o lockOwner, typ p9.LockType, start, length 
 	return p9.LockStatusOK, nil
 }
 
-// set stores a file's locks and the connection's count.
+// set stores a file's locks and the connection's count, and wakes the waiters.
 func (t *lockTable) set(k lockKey, conn *attacher, ls []heldLock, n int) {
+	t.releasedLocked()
 	if n <= 0 {
 		delete(t.held, conn)
 	} else {
@@ -210,6 +239,7 @@ func (t *lockTable) dropFid(k lockKey, f *file) {
 	} else {
 		t.files[k] = out
 	}
+	t.releasedLocked()
 }
 
 // dropConn releases every lock of a connection that ended.
@@ -233,15 +263,43 @@ func (t *lockTable) dropConn(a *attacher) {
 		}
 	}
 	delete(t.held, a)
+	t.releasedLocked()
 }
 
 func (f *file) lockKey() lockKey { return lockKey{f.a.root, f.n.Ino()} }
 
-// Lock is Tlock (see above).
-func (f *file) Lock(pid int, typ p9.LockType, _ p9.LockFlags, start, length uint64, client string) (p9.LockStatus, error) {
-	f.locked.Store(true)
-	return locks.lock(f.lockKey(), lockOwner{f.a, f, int32(pid), client}, typ, start, length)
+// Lock is Tlock without a flush channel (see above).
+func (f *file) Lock(pid int, typ p9.LockType, flags p9.LockFlags, start, length uint64, client string) (p9.LockStatus, error) {
+	return f.LockFlush(pid, typ, flags, start, length, client, nil)
 }
+
+// LockFlush is Tlock: a blocking request waits for the lock (see above).
+func (f *file) LockFlush(pid int, typ p9.LockType, flags p9.LockFlags, start, length uint64, client string, flushed <-chan struct{}) (p9.LockStatus, error) {
+	f.locked.Store(true)
+	o, k := lockOwner{f.a, f, int32(pid), client}, f.lockKey()
+	var deadline <-chan time.Time
+	for {
+		freed := locks.waitFreed() // before the try: a release after it is not missed
+		st, err := locks.lock(k, o, typ, start, length)
+		if err != nil || st != p9.LockStatusBlocked || flags&p9.LockFlagsBlock == 0 {
+			return st, err
+		}
+		if deadline == nil {
+			deadline = time.After(maxLockWait)
+		}
+		select {
+		case <-freed:
+		case <-flushed:
+			return p9.LockStatusBlocked, nil
+		case <-f.a.gone:
+			return p9.LockStatusBlocked, nil
+		case <-deadline:
+			return p9.LockStatusBlocked, nil
+		}
+	}
+}
+
+var _ p9.FlushableLocker = (*file)(nil)
 
 // GetLock is Tgetlock (see above).
 func (f *file) GetLock(want p9.LockDesc) (p9.LockDesc, error) {

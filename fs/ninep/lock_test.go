@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
@@ -347,4 +348,56 @@ func mustIno(t *testing.T, v *env, p string) uint64 {
 		t.Fatal(err)
 	}
 	return n.Ino()
+}
+
+// A blocking request (fcntl F_SETLKW, flock without -n) waits in the server until the
+// lock is free, instead of being answered Blocked for v9fs to sleep its 30 s lock
+// timeout; a connection that ends ends its wait.
+func TestBlockingLockWaits(t *testing.T) {
+	saved := maxLockWait
+	maxLockWait = time.Hour // only a release or the connection's end may end a wait here
+	defer func() { maxLockWait = saved }()
+	v := newEnv(t)
+	a, _ := lockClient(t, v)
+	b, endB := lockClient(t, v)
+	if st, err := a.Lock(1, p9.WriteLock, 0, 0, 0, "host"); err != nil || st != p9.LockStatusOK {
+		t.Fatalf("a's lock: %v %v", st, err)
+	}
+	got := make(chan p9.LockStatus, 1)
+	go func() {
+		st, err := b.Lock(2, p9.WriteLock, p9.LockFlagsBlock, 0, 0, "host")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- st
+	}()
+	select {
+	case st := <-got:
+		t.Fatalf("a blocking request under another connection's lock was answered at once: %v", st)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := a.Lock(1, p9.Unlock, 0, 0, 0, "host"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case st := <-got:
+		if st != p9.LockStatusOK {
+			t.Errorf("the blocking request after the release: %v", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocking request was not answered after the release")
+	}
+	// b now holds it: a request on a third connection waits, and that connection's
+	// end ends the wait (the server's connection is done, not held for maxLockWait).
+	a2, end2 := lockClient(t, v)
+	go func() { _, _ = a2.Lock(3, p9.WriteLock, p9.LockFlagsBlock, 0, 0, "host") }()
+	time.Sleep(100 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { end2(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a connection with a waiting lock request did not end")
+	}
+	endB()
 }

@@ -316,3 +316,10 @@ type LockTester interface {
 type DirWriteRefuser interface {
 	RefuseDirWrite(mode OpenFlags) error
 }
+
+// FlushableLocker is a File whose Tlock may wait for the lock (LockFlagsBlock): LockFlush
+// is Lock that gives up once flushed is closed, which happens when the client sends
+// Tflush for the request (its process was interrupted). (ipoibfs patch)
+type FlushableLocker interface {
+	LockFlush(pid int, locktype LockType, flags LockFlags, start, length uint64, client string, flushed <-chan struct{}) (LockStatus, error)
+}

@@ -1176,7 +1176,13 @@ func (t *tlock) handle(cs *connState) message {
 	}
 	defer ref.DecRef()
 
-	status, err := ref.file.Lock(int(t.PID), t.Type, t.Flags, t.Start, t.Length, t.Client)
+	var status LockStatus
+	var err error
+	if fl, ok := ref.file.(FlushableLocker); ok && t.flushed != nil { // ipoibfs patch
+		status, err = fl.LockFlush(int(t.PID), t.Type, t.Flags, t.Start, t.Length, t.Client, t.flushed)
+	} else {
+		status, err = ref.file.Lock(int(t.PID), t.Type, t.Flags, t.Start, t.Length, t.Client)
+	}
 	if err != nil {
 		return newErr(err)
 	}

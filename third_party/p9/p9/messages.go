@@ -2126,6 +2126,9 @@ type tlock struct {
 	// by the Linux v9fs client."
 	// https://github.com/chaos/diod/blob/master/protocol.md#lock---acquire-or-release-a-posix-record-lock
 	Client string // Client id -- but technically can be anything.
+
+	// flushed is closed when a Tflush names this request (ipoibfs patch; not on the wire).
+	flushed <-chan struct{}
 }
 
 // decode implements encoder.decode.

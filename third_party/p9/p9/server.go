@@ -563,9 +563,16 @@ func (cs *connState) handleRequest() bool {
 	if isRead { // ipoibfs patch: a read can learn of its flush
 		rd.flushed = cs.flushChan(tag)
 	}
+	lk, isLock := m.(*tlock)
+	if isLock { // ipoibfs patch: and a lock that waits
+		lk.flushed = cs.flushChan(tag)
+	}
 	r := cs.handle(m)
 	if isRead {
 		rd.flushed = nil // before the message goes back to the pool
+	}
+	if isLock {
+		lk.flushed = nil
 	}
 
 	// Clear the tag before sending. That's because as soon as this
