@@ -36,9 +36,10 @@ import (
 // timeout, 30 s, before it asked again.)
 
 // maxLockWait bounds one blocking request's wait in the server; then it is answered
-// Blocked and the client asks again. (A connection that ends ends the wait too, but a
-// connection's end is not known on every transport.)
-var maxLockWait = time.Minute
+// Blocked and the client asks again after its lock timeout. The Linux client waits for
+// the reply uninterruptibly but for a fatal signal (p9_client_rpc), so a process that
+// times its wait with a signal (flock -w, alarm) overruns by up to this much: short.
+var maxLockWait = 10 * time.Second
 
 // maxLocksPerConn bounds the locks one connection holds (ENOLCK beyond; adjacent
 // ranges of one owner and type are merged, as the kernel merges them).
@@ -279,12 +280,27 @@ func (f *file) LockFlush(pid int, typ p9.LockType, flags p9.LockFlags, start, le
 	o, k := lockOwner{f.a, f, int32(pid), client}, f.lockKey()
 	var deadline <-chan time.Time
 	for {
+		select { // a request flushed or cut off is not granted, even with the lock free
+		case <-flushed:
+			return p9.LockStatusBlocked, nil
+		case <-f.a.gone:
+			return p9.LockStatusBlocked, nil
+		default:
+		}
 		freed := locks.waitFreed() // before the try: a release after it is not missed
 		st, err := locks.lock(k, o, typ, start, length)
 		if err != nil || st != p9.LockStatusBlocked || flags&p9.LockFlagsBlock == 0 {
 			return st, err
 		}
 		if deadline == nil {
+			// A connection's waiting requests hold its request slots: a few may
+			// wait, the rest are answered at once (the client's own retry), so that
+			// the connection's other requests, its unlocks among them, are read.
+			if f.a.lockWaits.Add(1) > int32(max(1, f.a.o.MaxOutstanding/4)) {
+				f.a.lockWaits.Add(-1)
+				return st, nil
+			}
+			defer f.a.lockWaits.Add(-1)
 			deadline = time.After(maxLockWait)
 		}
 		select {

@@ -1,6 +1,7 @@
 package ninep
 
 import (
+	"encoding/binary"
 	"errors"
 	"net"
 	"testing"
@@ -400,4 +401,86 @@ func TestBlockingLockWaits(t *testing.T) {
 		t.Fatal("a connection with a waiting lock request did not end")
 	}
 	endB()
+}
+
+func tlock(tag uint16, fid uint32, typ p9.LockType, flags p9.LockFlags, pid uint32) []byte {
+	b := append(u32(fid), byte(typ))
+	b = append(b, u32(uint32(flags))...)
+	b = binary.LittleEndian.AppendUint64(b, 0) // start
+	b = binary.LittleEndian.AppendUint64(b, 0) // length: to the end
+	b = append(append(b, u32(pid)...), str9("raw")...)
+	return frame(52, tag, b...)
+}
+
+func tflush(tag, oldtag uint16) []byte {
+	return frame(108, tag, binary.LittleEndian.AppendUint16(nil, oldtag)...)
+}
+
+// Raw Tlocks of a connection allowed 4 requests in flight, under another connection's
+// write lock: one blocking request waits, a second is answered Blocked at once (the
+// waiters may not take the slots the connection's other requests need), a walk is
+// still answered, and a Tflush of the waiting one is answered after it (Rlock, then
+// Rflush, as the Linux client needs them).
+func TestWaitingLocksLeaveTheConnection(t *testing.T) {
+	saved := maxLockWait
+	maxLockWait = time.Hour
+	defer func() { maxLockWait = saved }()
+	v := newEnv(t)
+	a, _ := lockClient(t, v)
+	if st, err := a.Lock(1, p9.WriteLock, 0, 0, 0, "host"); err != nil || st != p9.LockStatusOK {
+		t.Fatalf("a's lock: %v %v", st, err)
+	}
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	go ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal, MaxOutstanding: 4})
+	frames := make(chan []byte, 16)
+	go func() {
+		for {
+			f, err := readFrame(cc)
+			if err != nil {
+				close(frames)
+				return
+			}
+			frames <- f
+		}
+	}()
+	send := func(f []byte) {
+		t.Helper()
+		if _, err := cc.Write(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(what string) []byte {
+		t.Helper()
+		select {
+		case f := <-frames:
+			return f
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no reply: %s", what)
+			return nil
+		}
+	}
+	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, "class", "net", "ib0", "pkey"), tlopen(1, 0)} {
+		send(f)
+		if r := next("set-up"); rerrno(r) != 0 {
+			t.Fatalf("set-up: errno %d", rerrno(r))
+		}
+	}
+	send(tlock(5, 1, p9.WriteLock, p9.LockFlagsBlock, 9))
+	send(tlock(7, 1, p9.WriteLock, p9.LockFlagsBlock, 9))
+	if r := next("the second blocking Tlock"); r[4] != 53 || binary.LittleEndian.Uint16(r[5:]) != 7 || r[7] != byte(p9.LockStatusBlocked) {
+		t.Fatalf("first reply % x, want Rlock Blocked for tag 7", r)
+	}
+	send(twalk(0, 2, "class"))
+	if r := next("a walk while a Tlock waits"); r[4] != 111 {
+		t.Fatalf("walk while a Tlock waits: % x", r)
+	}
+	send(tflush(6, 5))
+	r1, r2 := next("the flushed Tlock"), next("Rflush")
+	if r1[4] != 53 || binary.LittleEndian.Uint16(r1[5:]) != 5 || r2[4] != 109 || binary.LittleEndian.Uint16(r2[5:]) != 6 {
+		t.Fatalf("after Tflush: % x then % x; want Rlock for tag 5, then Rflush for tag 6", r1, r2)
+	}
+	if r1[7] != byte(p9.LockStatusBlocked) {
+		t.Errorf("the flushed Tlock was answered %d, want Blocked", r1[7])
+	}
 }

@@ -109,6 +109,8 @@ type attacher struct {
 	attached chan struct{}
 	once     sync.Once
 	gone     <-chan struct{} // the client is gone (nil: never known)
+	// lockWaits counts the connection's Tlocks waiting for a lock (lock.go).
+	lockWaits atomic.Int32
 }
 
 var _ p9.UserAttacher = (*attacher)(nil)

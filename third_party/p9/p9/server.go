@@ -577,11 +577,13 @@ func (cs *connState) handleRequest() bool {
 
 	// Clear the tag before sending. That's because as soon as this
 	// hits the wire, the client can legally send another message
-	// with the same tag.
+	// with the same tag. ipoibfs patch: with the send lock held, so that a
+	// Tflush waiting for this tag cannot send its Rflush first (the Linux client
+	// takes a reply after the Rflush as a protocol error and ends the mount).
+	cs.sendMu.Lock()
 	cs.ClearTag(tag)
 
 	// Send back the result.
-	cs.sendMu.Lock()
 	err = send(cs.server.log, cs.r, tag, r)
 	cs.sendMu.Unlock()
 	if err != nil {
