@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
@@ -236,3 +237,90 @@ func TestReadPanicKeepsTheBatch(t *testing.T) {
 		t.Fatalf("the read after: %d packets, %v; want the panic's error", n, err)
 	}
 }
+
+// A TCP super-packet over IPv6 with a Routing header (here a segment routing header,
+// as SRv6 adds) is split with each segment's checksum over the final destination, the
+// routing header's last segment, as RFC 8200 8.1 and the sender's kernel compute it,
+// not over the header's destination, the next hop. It is injected through a packet
+// socket with a virtio-net header, as the kernel hands a TSO packet to the TUN.
+func TestSplitIPv6RoutingHeaderChecksum(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "r")
+	d := open(t, Config{Name: uniq("r"), MTU: 1500, NetNS: ns, Offloads: Offloads{TxChecksum: true, TSO: true}})
+	if err := d.SetUp(true); err != nil {
+		t.Fatal(err)
+	}
+	src, next, final := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2"), netip.MustParseAddr("fd00::9")
+	const mss, payload = 1000, 2500
+	srh := make([]byte, 8+2*16) // next header TCP, length, type 4, segments left 1, last entry 1
+	srh[0], srh[1], srh[2], srh[3], srh[4] = unix.IPPROTO_TCP, byte(len(srh)/8-1), 4, 1, 1
+	copy(srh[8:], final.AsSlice()) // segment list[0] is the last segment
+	copy(srh[24:], next.AsSlice())
+	tcp := make([]byte, 20+payload)
+	binary.BigEndian.PutUint16(tcp[0:], 40000)
+	binary.BigEndian.PutUint16(tcp[2:], 9)
+	binary.BigEndian.PutUint32(tcp[4:], 1000)
+	tcp[12], tcp[13] = 5<<4, 0x18 // data offset 5, PSH|ACK
+	binary.BigEndian.PutUint16(tcp[14:], 65535)
+	for k := range payload {
+		tcp[20+k] = byte(k * 7)
+	}
+	ip6 := make([]byte, 40)
+	ip6[0] = 6 << 4
+	binary.BigEndian.PutUint16(ip6[4:], uint16(len(srh)+len(tcp)))
+	ip6[6], ip6[7] = 43, 64 // routing header, hop limit
+	copy(ip6[8:], src.AsSlice())
+	copy(ip6[24:], next.AsSlice())
+	// The partial checksum the kernel leaves for the device: the pseudo-header's sum
+	// over the final destination, not complemented.
+	pseudo := append(append(src.AsSlice(), final.AsSlice()...), 0, 0, 0, 0, 0, 0, 0, unix.IPPROTO_TCP)
+	binary.BigEndian.PutUint16(pseudo[34:], uint16(len(tcp)))
+	binary.BigEndian.PutUint16(tcp[16:], ^inetChecksum(pseudo))
+	pkt := append(append(ip6, srh...), tcp...)
+	hdrLen := uint16(40 + len(srh) + 20)
+	vnet := make([]byte, 10) // virtio_net_hdr, little endian
+	vnet[0] = unix.VIRTIO_NET_HDR_F_NEEDS_CSUM
+	vnet[1] = unix.VIRTIO_NET_HDR_GSO_TCPV6
+	binary.LittleEndian.PutUint16(vnet[2:], hdrLen)
+	binary.LittleEndian.PutUint16(vnet[4:], mss)
+	binary.LittleEndian.PutUint16(vnet[6:], 40+uint16(len(srh)))
+	binary.LittleEndian.PutUint16(vnet[8:], 16)
+
+	fd := testenv.InNetns(t, ns, func() (int, error) {
+		return unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_IPV6)))
+	})
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendto(fd, append(vnet, pkt...), 0, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IPV6), Ifindex: d.Index()}); err != nil {
+		t.Fatal(err)
+	}
+	bufs, sizes := make([][]byte, 8), make([]int, 8)
+	for k := range bufs {
+		bufs[k] = make([]byte, 1600)
+	}
+	var got [][]byte
+	for len(got) < 3 {
+		n, err := d.Read(bufs, sizes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range n {
+			p := bufs[k][:sizes[k]]
+			if len(p) > 40 && p[0]>>4 == 6 && p[6] == 43 {
+				got = append(got, slices.Clone(p))
+			}
+		}
+	}
+	for k, p := range got {
+		seg := p[hdrLen-20:]
+		ps := append(append(src.AsSlice(), final.AsSlice()...), 0, 0, 0, 0, 0, 0, 0, unix.IPPROTO_TCP)
+		binary.BigEndian.PutUint16(ps[34:], uint16(len(seg)))
+		if c := inetChecksum(append(ps, seg...)); c != 0 {
+			t.Errorf("segment %d (%d bytes): the TCP checksum does not verify over the final destination", k, len(p))
+		}
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

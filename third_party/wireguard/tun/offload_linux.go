@@ -982,6 +982,14 @@ func gsoSplit(in []byte, hdr virtioNetHdr, outBuffs [][]byte, sizes []int, outOf
 	} else {
 		protocol = unix.IPPROTO_UDP
 	}
+	// ipoibfs patch: the pseudo-header's destination is the final one (RFC 8200 8.1):
+	// with a Routing header, not the header's, which is the next hop.
+	dstAddr := in[srcAddrOffset+addrLen : srcAddrOffset+addrLen*2]
+	if isV6 {
+		if f := ipv6FinalDst(in[:iphLen]); f != nil {
+			dstAddr = f
+		}
+	}
 	nextSegmentDataAt := int(hdr.hdrLen)
 	// ipoibfs patch: upstream indexes the buffers unchecked; a segment larger than
 	// them (the MTU raised since they were sized) is an error, and the packet is kept.
@@ -1048,7 +1056,7 @@ func gsoSplit(in []byte, hdr virtioNetHdr, outBuffs [][]byte, sizes []int, outOf
 		// transport checksum
 		transportHeaderLen := int(hdr.hdrLen - hdr.csumStart)
 		lenForPseudo := uint16(transportHeaderLen + segmentDataLen)
-		transportCSumNoFold := pseudoHeaderChecksumNoFold(protocol, in[srcAddrOffset:srcAddrOffset+addrLen], in[srcAddrOffset+addrLen:srcAddrOffset+addrLen*2], lenForPseudo)
+		transportCSumNoFold := pseudoHeaderChecksumNoFold(protocol, in[srcAddrOffset:srcAddrOffset+addrLen], dstAddr, lenForPseudo)
 		transportCSum := ^checksum(out[hdr.csumStart:totalLen], transportCSumNoFold)
 		if transportCSum == 0 && protocol == unix.IPPROTO_UDP {
 			transportCSum = 0xffff // ipoibfs patch: 0 is "no checksum" for UDP (RFC 768)
@@ -1058,6 +1066,46 @@ func gsoSplit(in []byte, hdr virtioNetHdr, outBuffs [][]byte, sizes []int, outOf
 		nextSegmentDataAt += int(hdr.gsoSize)
 	}
 	return i, nil
+}
+
+// ipv6FinalDst is the final destination a Routing header among h's extension headers
+// names while it has segments left (type 0: its last address; 2: the home address; 4,
+// segment routing: segment list[0]), nil without one. (ipoibfs patch)
+func ipv6FinalDst(h []byte) []byte {
+	if len(h) < ipv6HeaderLen {
+		return nil
+	}
+	next, off := h[6], ipv6HeaderLen
+	for off+8 <= len(h) {
+		var hl int
+		switch next {
+		case 0, 60: // hop-by-hop, destination options
+			hl = (int(h[off+1]) + 1) * 8
+		case 51: // authentication header
+			hl = (int(h[off+1]) + 2) * 4
+		case 43: // routing
+			hl = (int(h[off+1]) + 1) * 8
+			if off+hl > len(h) {
+				return nil
+			}
+			if h[off+3] > 0 { // segments left
+				switch h[off+2] {
+				case 0:
+					if n := int(h[off+1]) / 2; n > 0 {
+						return h[off+8+16*(n-1) : off+8+16*n]
+					}
+				case 2, 4:
+					if hl >= 24 {
+						return h[off+8 : off+24]
+					}
+				}
+			}
+		default:
+			return nil
+		}
+		next, off = h[off], off+hl
+	}
+	return nil
 }
 
 func gsoNoneChecksum(in []byte, cSumStart, cSumOffset uint16) error {
