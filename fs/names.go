@@ -137,9 +137,6 @@ func (n *Node) refused(c Caller, op NameOp, name string, err error) error {
 }
 
 func (n *Node) changeNames(c Caller, op NameOp, name string) error {
-	if op == OpRename && name == "" {
-		return NamespaceErrno(c) // the node's parent is a directory of the tree
-	}
 	if !n.dir {
 		return syscall.ENOTDIR
 	}

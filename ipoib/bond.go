@@ -529,10 +529,8 @@ func (b *Bond) SpeedMbps() int {
 // Alias is the bond's alias (ifalias; ip link set alias), "" without one.
 func (b *Bond) Alias() string {
 	if r := b.host.Load(); r != nil {
-		if ar, ok := r.h.(AliasReader); ok {
-			if s, err := ar.ReadAlias(); err == nil {
-				return s // the device's, as Interface.Alias
-			}
+		if s, ok := deviceAlias(r.h); ok {
+			return s // the device's, as Interface.Alias
 		}
 	}
 	b.mu.Lock()

@@ -74,6 +74,16 @@ type AliasReader interface {
 	ReadAlias() (string, error)
 }
 
+// deviceAlias is the alias h's device has now, if h can read it.
+func deviceAlias(h Host) (string, bool) {
+	ar, ok := h.(AliasReader)
+	if !ok {
+		return "", false
+	}
+	s, err := ar.ReadAlias()
+	return s, err == nil
+}
+
 // pushAlias tells a host that follows it the current alias.
 func (i *Interface) pushAlias() { i.hostPush(func() func(Host) { return aliasSender(i.alias) }) }
 

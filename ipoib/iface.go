@@ -588,10 +588,8 @@ func (i *Interface) IfLink() int {
 // set with ip link on a down device reaches the interface no other way), else the
 // interface's own.
 func (i *Interface) Alias() string {
-	if ar, ok := i.data().host.(AliasReader); ok {
-		if s, err := ar.ReadAlias(); err == nil {
-			return s
-		}
+	if s, ok := deviceAlias(i.data().host); ok {
+		return s
 	}
 	i.mu.Lock()
 	defer i.mu.Unlock()

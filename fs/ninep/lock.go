@@ -231,16 +231,11 @@ func (t *lockTable) dropFid(k lockKey, f *file) {
 	for _, l := range ls {
 		if l.owner.fid != f {
 			out = append(out, l)
-		} else if t.held[l.owner.conn]--; t.held[l.owner.conn] <= 0 {
-			delete(t.held, l.owner.conn)
 		}
 	}
-	if len(out) == 0 {
-		delete(t.files, k)
-	} else {
-		t.files[k] = out
+	if len(out) != len(ls) { // the fid's locks are its connection's
+		t.set(k, f.a, out, t.held[f.a]-len(ls)+len(out))
 	}
-	t.releasedLocked()
 }
 
 // dropConn releases every lock of a connection that ended.

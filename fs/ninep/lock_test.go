@@ -41,28 +41,8 @@ func openPkey(t *testing.T, root p9.File) lockFile {
 // lockClientRoot is lockClient that also returns the connection's root.
 func lockClientRoot(t *testing.T, v *env) (lockFile, p9.File, func()) {
 	t.Helper()
-	cc, sc := net.Pipe()
-	done := make(chan struct{})
-	go func() { ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal}); close(done) }()
-	pc, err := p9.NewClient(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := pc.Attach("/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lf := openPkey(t, root)
-	closed := false
-	end := func() {
-		if !closed {
-			closed = true
-			pc.Close()
-			<-done
-		}
-	}
-	t.Cleanup(end)
-	return lf, root, end
+	root, end := rawAttach(t, v.tree.Root(), Options{Unidentified: &fs.Internal})
+	return openPkey(t, root), root, end
 }
 
 // POSIX record locks over 9P hold between connections, as v9fs clients on two

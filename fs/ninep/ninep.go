@@ -599,8 +599,8 @@ func (f *file) Mknod(name string, mode p9.FileMode, _, _ uint32, _ p9.UID, _ p9.
 	return p9.QID{}, toErr(f.n.Mknod(f.who, name, uint32(mode)))
 }
 
-// Rename is not reached (the p9 server turns Trename into the parent's RenameAt).
-func (f *file) Rename(p9.File, string) error { return f.names(fs.OpRename, "") }
+// Rename is not reached: the p9 server turns Trename into the parent's RenameAt.
+func (f *file) Rename(p9.File, string) error { return linux.Errno(fs.NamespaceErrno(f.who)) }
 
 func (f *file) RenameAt(oldName string, newDir p9.File, newName string) error {
 	nd, ok := newDir.(*file)

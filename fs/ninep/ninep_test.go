@@ -479,16 +479,7 @@ func TestSetAttrAndTruncate(t *testing.T) {
 		{fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p"}, linux.EPERM, linux.EACCES, linux.EACCES, linux.EACCES, linux.EACCES},
 		{fs.Internal, linux.EPERM, nil, nil, linux.EPERM, linux.EISDIR},
 	} {
-		cc, sc := net.Pipe()
-		go ServeConn(sc, v.tree.Root(), Options{Unidentified: &c.who})
-		pc, err := p9.NewClient(cc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		root, err := pc.Attach("/")
-		if err != nil {
-			t.Fatal(err)
-		}
+		root, end := rawAttach(t, v.tree.Root(), Options{Unidentified: &c.who})
 		_, f, err := root.Walk([]string{"class", "net", "ib0", "mtu"})
 		if err != nil {
 			t.Fatal(err)
@@ -512,7 +503,7 @@ func TestSetAttrAndTruncate(t *testing.T) {
 		if err := d.UnlinkAt("ib0", 0); !errors.Is(err, c.unlinkDir) {
 			t.Errorf("uid %d unlink: %v, want %v", c.who.UID, err, c.unlinkDir)
 		}
-		pc.Close()
+		end()
 	}
 }
 
@@ -741,16 +732,7 @@ func TestRefusedChangesAnsweredAndLogged(t *testing.T) {
 		}, anyone(linux.EEXIST), "kernel/debug: mkdir refused (file exists)"},
 	}
 	for _, who := range []fs.Caller{fs.Internal, nobody} {
-		cc, sc := net.Pipe()
-		go ServeConn(sc, v.tree.Root(), Options{Unidentified: &who})
-		pc, err := p9.NewClient(cc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		root, err := pc.Attach("/")
-		if err != nil {
-			t.Fatal(err)
-		}
+		root, end := rawAttach(t, v.tree.Root(), Options{Unidentified: &who})
 		walk := func(names ...string) p9.File {
 			_, f, err := root.Walk(names)
 			if err != nil {
@@ -802,6 +784,28 @@ func TestRefusedChangesAnsweredAndLogged(t *testing.T) {
 				t.Errorf("nobody's truncate: %v, logged %q", err, lines)
 			}
 		}
-		pc.Close()
+		end()
 	}
+}
+
+// rawAttach serves root on a fresh pipe with o and returns the attached root of a p9
+// client, and a function that closes the client and waits for the server's end (also
+// run at cleanup; once is enough).
+func rawAttach(t *testing.T, root *fs.Node, o Options) (p9.File, func()) {
+	t.Helper()
+	cc, sc := net.Pipe()
+	done := make(chan struct{})
+	go func() { ServeConn(sc, root, o); close(done) }()
+	pc, err := p9.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	end := func() { once.Do(func() { pc.Close(); <-done }) }
+	t.Cleanup(end)
+	r, err := pc.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, end
 }
