@@ -130,6 +130,15 @@ func linkSpeed(i *ipoib.Interface) (int, error) {
 
 // ifAttrs is the table of class/net/<if>/ files, sorted by name. Formats follow
 // net-sysfs and ipoib_main.c / ipoib_cm.c (see reference/kernel-ipoib.md §1-§3).
+// ifAttrIndex is ifAttrs by name, for lookups.
+var ifAttrIndex = func() map[string]int {
+	m := make(map[string]int, len(ifAttrs))
+	for k := range ifAttrs {
+		m[ifAttrs[k].name] = k
+	}
+	return m
+}()
+
 var ifAttrs = []ifAttr{
 	// NET_ADDR_PERM: the address is the port's GID and the QP's number, not random or set.
 	{name: "addr_assign_type", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,6 +82,7 @@ func New(e *ipoib.Engine, o Options) *Tree {
 		}
 	}
 	t.root = t.dir("", "", t.listRoot)
+	t.root.lookup = t.lookupRoot
 	return t
 }
 
@@ -248,17 +250,42 @@ func (t *Tree) fileKeyed(o owner, keySuffix, dir, name string, perm uint32, read
 
 func constant(s string) func() (string, error) { return func() (string, error) { return s, nil } }
 
+// rootNames are the root's entries, sorted: listRoot makes them all, a lookup only
+// the one it names (building all eight was most of a 9P walk's cost after the
+// interface directories got their own lookup).
+var rootNames = []string{"class", "events", "fabric", "kernel", "link", "module", "reload", "sm"}
+
 func (t *Tree) listRoot(string) ([]*Node, error) {
-	out := []*Node{
-		t.dir("", "class", static(
+	out := make([]*Node, 0, len(rootNames))
+	for _, name := range rootNames {
+		if n := t.rootNode(name); n != nil {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+func (t *Tree) lookupRoot(_, name string) (*Node, error) {
+	if n := t.rootNode(name); n != nil {
+		return n, nil
+	}
+	return nil, syscall.ENOENT
+}
+
+// rootNode makes the root's entry name, or returns nil if this tree has none.
+func (t *Tree) rootNode(name string) *Node {
+	switch name {
+	case "class":
+		return t.dir("", "class", static(
 			func(d string) *Node { return t.dir(d, "infiniband", t.listHCAs) },
 			func(d string) *Node {
 				n := t.dir(d, "net", t.listNet)
 				n.lookup = t.lookupNet
 				return n
 			},
-		)),
-		t.dir("", "kernel", static(func(d string) *Node {
+		))
+	case "kernel":
+		return t.dir("", "kernel", static(func(d string) *Node {
 			debug := t.dir(d, "debug", static(func(d string) *Node {
 				n := t.dir(d, "ipoib", t.listDebug)
 				n.lookup = t.lookupDebug
@@ -266,29 +293,36 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 			}))
 			debug.perm = 0700 // the debugfs mount point is root's alone
 			return debug
-		})),
-		t.dir("", "module", static(func(d string) *Node {
+		}))
+	case "module":
+		return t.dir("", "module", static(func(d string) *Node {
 			return t.dir(d, "ib_ipoib", static(func(d string) *Node { return t.dir(d, "parameters", t.listParams) }))
-		})),
-	}
-	if t.sm != nil {
-		out = append(out, t.dir("", "sm", t.listSM))
-	}
-	// fabric: every node's view of the fabric, from SA queries (saquery's).
-	out = append(out, t.dir("", "fabric", static(
-		func(d string) *Node {
-			return t.file(d, "groups", 0444, func() (string, error) { return t.e.FabricGroupsText(context.Background()) }, nil)
-		},
-		func(d string) *Node {
-			return t.file(d, "nodes", 0444, func() (string, error) { return t.e.FabricNodesText(context.Background()) }, nil)
-		},
-	)))
-	// link: named children, as ip link add ... type ipoib makes them (the kernel
-	// refuses that for devices it does not drive); root's, with CAP_NET_ADMIN.
-	lk := t.file("", "link", 0600, t.linkText, t.linkWrite)
-	lk.netAdmin = true
-	out = append(out, lk)
-	if t.reload != nil {
+		}))
+	case "sm":
+		if t.sm == nil {
+			return nil
+		}
+		return t.dir("", "sm", t.listSM)
+	case "fabric":
+		// fabric: every node's view of the fabric, from SA queries (saquery's).
+		return t.dir("", "fabric", static(
+			func(d string) *Node {
+				return t.file(d, "groups", 0444, func() (string, error) { return t.e.FabricGroupsText(context.Background()) }, nil)
+			},
+			func(d string) *Node {
+				return t.file(d, "nodes", 0444, func() (string, error) { return t.e.FabricNodesText(context.Background()) }, nil)
+			},
+		))
+	case "link":
+		// link: named children, as ip link add ... type ipoib makes them (the kernel
+		// refuses that for devices it does not drive); root's, with CAP_NET_ADMIN.
+		lk := t.file("", "link", 0600, t.linkText, t.linkWrite)
+		lk.netAdmin = true
+		return lk
+	case "reload":
+		if t.reload == nil {
+			return nil
+		}
 		// reload: the daemon's SIGHUP as a write, which returns once done and says
 		// what failed (systemctl reload waits for it; a signal is not answered).
 		rl := t.file("", "reload", 0200, nil, func(b []byte) error {
@@ -301,16 +335,16 @@ func (t *Tree) listRoot(string) ([]*Node, error) {
 			return nil
 		})
 		rl.netAdmin = true
-		out = append(out, rl)
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
-	if t.events != nil {
+		return rl
+	case "events":
+		if t.events == nil {
+			return nil
+		}
 		ev := t.file("", "events", 0400, func() (string, error) { return "", nil }, nil)
 		ev.stream = t.events
-		out = append(out, ev)
-		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+		return ev
 	}
-	return out, nil
+	return nil
 }
 
 // ---- class/net ----
@@ -356,34 +390,80 @@ func live(i *ipoib.Interface) (*ipoib.Interface, error) {
 // ifDir is class/net/NAME for interface i.
 func (t *Tree) ifDir(dir string, i *ipoib.Interface) *Node {
 	child := i.Parent() != nil
-	return t.dirOf(i, dir, i.Name(), func(d string) ([]*Node, error) {
+	inScope := func(a *ifAttr) bool {
+		return !(a.scope == parentOnly && child) && !(a.scope == childOnly && !child)
+	}
+	n := t.dirOf(i, dir, i.Name(), func(d string) ([]*Node, error) {
 		var out []*Node
 		for k := range ifAttrs {
-			a := &ifAttrs[k]
-			if (a.scope == parentOnly && child) || (a.scope == childOnly && !child) {
-				continue
+			if a := &ifAttrs[k]; inScope(a) {
+				out = append(out, t.ifFile(d, i, a))
 			}
-			out = append(out, t.ifFile(d, i, a))
 		}
 		out = append(out,
 			t.attrDir(d, "dhcp", i, dhcpAttrs),
 			t.attrDir(d, "ethtool", i, ethtoolAttrs),
-			t.dirOf(i, d, "statistics", func(d string) ([]*Node, error) {
-				out := make([]*Node, 0, len(ipoib.StatNames)+len(zeroStats))
-				for k, st := range ipoib.StatNames {
-					out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: statReader(k)}))
-				}
-				for _, st := range zeroStats {
-					out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: zeroStat}))
-				}
-				sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
-				return out, nil
-			}),
+			t.statsDir(d, i),
 		)
 		out = append(out, t.bondingSlaveDir(d, i)...) // while a bond's slave (bonding.go)
 		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 		return out, nil
 	})
+	// A lookup of one attribute makes only its node (it made all 40-odd, a fifth of
+	// a 9P walk+open+read+clunk of pkey); anything else goes through the listing.
+	n.lookup = lookupFirst(i, n, func(d, name string) *Node {
+		if k, ok := ifAttrIndex[name]; ok && inScope(&ifAttrs[k]) {
+			return t.ifFile(d, i, &ifAttrs[k])
+		}
+		return nil
+	})
+	return n
+}
+
+// statsDir is class/net/NAME/statistics.
+func (t *Tree) statsDir(dir string, i *ipoib.Interface) *Node {
+	n := t.dirOf(i, dir, "statistics", func(d string) ([]*Node, error) {
+		out := make([]*Node, 0, len(ipoib.StatNames)+len(zeroStats))
+		for k, st := range ipoib.StatNames {
+			out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: statReader(k)}))
+		}
+		for _, st := range zeroStats {
+			out = append(out, t.ifFile(d, i, &ifAttr{name: st, perm: 0444, read: zeroStat}))
+		}
+		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
+		return out, nil
+	})
+	n.lookup = lookupFirst(i, n, func(d, name string) *Node {
+		if k := slices.Index(ipoib.StatNames, name); k >= 0 {
+			return t.ifFile(d, i, &ifAttr{name: name, perm: 0444, read: statReader(k)})
+		}
+		return nil
+	})
+	return n
+}
+
+// lookupFirst is a lookup for o's directory n (a dirOf) that asks fast for the named
+// node and, when it has none, searches n's listing. fast must answer only names n's
+// listing holds; it is not asked once o is gone (dirOf lists nothing then).
+func lookupFirst(o owner, n *Node, fast func(dir, name string) *Node) func(dir, name string) (*Node, error) {
+	return func(dir, name string) (*Node, error) {
+		if !o.Listed() {
+			return nil, syscall.ENOENT
+		}
+		if c := fast(dir, name); c != nil {
+			return c, nil
+		}
+		cs, err := n.list(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cs {
+			if c.name == name {
+				return c, nil
+			}
+		}
+		return nil, syscall.ENOENT
+	}
 }
 
 // attrDir is a directory of an interface's files from a table (ethtool/, dhcp/).

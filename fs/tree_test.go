@@ -833,3 +833,101 @@ func TestSMGroupsRootOnly(t *testing.T) {
 		t.Errorf("sm/groups as root: %q %v", got, errno)
 	}
 }
+
+// TestLookupAgreesWithListing: every directory answers a lookup of any name exactly
+// as its listing holds it (the same node, or ENOENT), whether the lookup builds one
+// node or searches the listing, in trees with and without the optional root entries
+// and with a child, a bond and its slave; and a directory held past its interface's
+// delete finds nothing.
+func TestLookupAgreesWithListing(t *testing.T) {
+	tr, e, h := newBondEnv(t)
+	if e := write(tr, "class/net/ib0/create_child", "0x8001"); e != 0 {
+		t.Fatalf("create_child: %v", e)
+	}
+	ib1, _ := e.Interface("ib1")
+	if err := ib1.SetUp(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range [][2]string{{"class/net/bonding_masters", "+bond0\n"}, {"class/net/bond0/bonding/slaves", "+ib1\n"}} {
+		if e := write(tr, w[0], w[1]); e != 0 {
+			t.Fatalf("write %s: %v", w[0], e)
+		}
+	}
+	full := New(e, Options{SM: h.SM(), Bonds: tr.bonds, Events: NewEventLog(), Reload: func() error { return nil }})
+	for _, x := range []*Tree{tr, full, New(e, Options{})} {
+		checkLookups(t, x)
+	}
+	if got := names(t, full, ""); !slices.Contains(got, "events") || !slices.Contains(got, "reload") {
+		t.Errorf("root with events and reload lists %v", got)
+	}
+
+	child, _ := tr.Lookup("class/net/ib0.8001")
+	stats, _ := tr.Lookup("class/net/ib0.8001/statistics")
+	if e := write(tr, "class/net/ib0/delete_child", "0x8001"); e != 0 {
+		t.Fatalf("delete_child: %v", e)
+	}
+	for _, c := range []struct {
+		d    *Node
+		name string
+	}{{child, "pkey"}, {child, "statistics"}, {stats, "rx_packets"}} {
+		if n, err := c.d.Lookup(c.name); !errors.Is(err, syscall.ENOENT) {
+			t.Errorf("lookup %s in %s after delete: found %v (err %v); want ENOENT", c.name, c.d.Path(), n != nil, err)
+		}
+	}
+}
+
+// checkLookups looks up every name found anywhere in tr in every directory of tr.
+func checkLookups(t *testing.T, tr *Tree) {
+	t.Helper()
+	var dirs []*Node
+	all := map[string]bool{"nope": true, ".hidden": true}
+	var walk func(n *Node)
+	walk = func(n *Node) {
+		dirs = append(dirs, n)
+		cs, err := n.Children()
+		if err != nil {
+			t.Fatalf("list %s: %v", n.Path(), err)
+		}
+		for _, c := range cs {
+			all[c.Name()] = true
+			if c.IsDir() {
+				walk(c)
+			}
+		}
+	}
+	walk(tr.Root())
+	type shape struct {
+		Path                      string
+		Ino                       uint64
+		Perm                      uint32
+		Dir, Admin, Parse, RD, WR bool
+		Stream                    bool
+	}
+	of := func(n *Node) shape {
+		return shape{n.Path(), n.Ino(), n.perm, n.dir, n.netAdmin, n.parseFirst != nil, n.read != nil, n.write != nil, n.stream != nil}
+	}
+	for _, d := range dirs {
+		cs, _ := d.Children()
+		listed := map[string]*Node{}
+		for _, c := range cs {
+			listed[c.Name()] = c
+		}
+		for name := range all {
+			got, err := d.Lookup(name)
+			want, ok := listed[name]
+			if !ok {
+				if !errors.Is(err, syscall.ENOENT) {
+					t.Errorf("lookup %s in %q: found %v (err %v); want ENOENT (not listed)", name, d.Path(), got != nil, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Errorf("lookup %s in %q: %v; it is listed", name, d.Path(), err)
+				continue
+			}
+			if diff := cmp.Diff(of(want), of(got)); diff != "" {
+				t.Errorf("lookup %s in %q differs from its listing (-listed +looked up):\n%s", name, d.Path(), diff)
+			}
+		}
+	}
+}
