@@ -318,3 +318,32 @@ func TestUDWaitForABufferChecksTheQKeyAgain(t *testing.T) {
 		t.Fatalf("bad Q_Key counted %d times, want 1", d)
 	}
 }
+
+// A batch's packets share one look-up of their QP (rxView), and a QP closed while the
+// batch is handled is looked up again (its number may have gone to another QP, as it
+// does here), never used.
+func TestBatchViewFindsAClosedQPAgain(t *testing.T) {
+	_, _, nodes := fabric(t, "", "a", "b")
+	h := nodes[1]
+	x, _ := handlerQP(t, h, func() bool { return false }, 1)
+	v := rxView{p: h.SoftPort(1)}
+	if q := v.qp(x.Num()); q != x {
+		t.Fatalf("view found %v for X's number, want X", q)
+	}
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if q := v.qp(x.Num()); q != nil {
+		t.Fatalf("view found %v after X closed, want none", q)
+	}
+	h.mu.Lock()
+	h.nextQPN = x.Num()
+	h.mu.Unlock()
+	x2, _ := handlerQP(t, h, func() bool { return false }, 1)
+	if x2.Num() != x.Num() {
+		t.Fatalf("X2 got number %#x, want X's %#x", x2.Num(), x.Num())
+	}
+	if q := v.qp(x.Num()); q != x2 {
+		t.Fatalf("view found %v for the number X2 took, want X2", q)
+	}
+}

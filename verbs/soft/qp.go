@@ -477,7 +477,7 @@ func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, 
 
 // deliver runs the receive checks of one packet for this QP and completes a receive,
 // in the received batch cb.
-func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch) {
+func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, pkeys []verbs.PKey, cb *cqBatch) {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -486,7 +486,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 		return
 	}
 	for {
-		if !q.pkeyAdmitsLocked(pkt.BTH.PKey) {
+		if !q.pkeyAdmitsLocked(pkeys, pkt.BTH.PKey) {
 			return
 		}
 		if pkt.DETH.QKey != q.qkey {
@@ -502,7 +502,8 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, cb *cqBatch
 		}
 		// The wait released q.mu: the consumer may have restarted the QP with another
 		// P_Key or Q_Key (its state the wait checked), and the new ring is not for a
-		// packet the old ones admitted.
+		// packet the old ones admitted; the table may have changed too.
+		pkeys = q.port.pkeyTable()
 	}
 	wr, _, last := q.takeRecvLocked() // there is one (UD QPs have no SRQ)
 	if last {
@@ -813,18 +814,16 @@ func (c *CQ) Close() error {
 	return nil
 }
 
-// pkeyAdmitsLocked checks a received packet's P_Key against the QP's table entry
-// (same partition, at least one full member) and counts a violation.
-func (q *QP) pkeyAdmitsLocked(pk uint16) bool {
-	p := q.port
-	p.mu.RLock()
+// pkeyAdmitsLocked checks a received packet's P_Key against the QP's entry of the
+// port's P_Key table pkeys (same partition, at least one full member) and counts a
+// violation.
+func (q *QP) pkeyAdmitsLocked(pkeys []verbs.PKey, pk uint16) bool {
 	var mine verbs.PKey
-	if q.pkeyIx < len(p.pkeys) {
-		mine = p.pkeys[q.pkeyIx]
+	if q.pkeyIx < len(pkeys) {
+		mine = pkeys[q.pkeyIx]
 	}
-	p.mu.RUnlock()
 	if !mine.CanTalk(verbs.PKey(pk)) {
-		p.cnt.badPKey.Add(1)
+		q.port.cnt.badPKey.Add(1)
 		return false
 	}
 	return true

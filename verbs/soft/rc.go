@@ -1261,32 +1261,30 @@ func (t *rcTouched) flush() {
 // in the port counters UD uses: NoQP for a QPN that is not an RC QP of this port, a QP
 // not ready (ACKs need RTS, requests RTR or RTS) or a packet from a port other than the
 // connected peer; Malformed for an unknown source endpoint; BadICRC; BadPKey.
-func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, touched *rcTouched, ic *wire.ICRCCache, cb *cqBatch) {
-	q := p.hca.qp(verbs.QPN(pkt.BTH.DestQP))
+func (p *Port) receiveRC(d Datagram, pkt *wire.Packet, v *rxView, touched *rcTouched, ic *wire.ICRCCache, cb *cqBatch) {
+	q := v.qp(verbs.QPN(pkt.BTH.DestQP))
 	if q == nil || q.port != p || q.typ != verbs.QPTypeRC {
 		p.cnt.noQP.Add(1)
 		return
 	}
-	src, ok := p.source(d.Addr)
+	src, ok := v.source(d.Addr)
 	if !ok {
 		p.cnt.malformed.Add(1)
 		return
 	}
-	p.mu.RLock()
-	dgid := p.gid0()
-	p.mu.RUnlock()
+	dgid, pkeys := v.port()
 	if !ic.CheckICRC(d.Data, src.GID, dgid) {
 		p.cnt.badICRC.Add(1)
 		return
 	}
-	if q.rcReceive(pkt, src, cb) {
+	if q.rcReceive(pkt, src, pkeys, cb) {
 		touched.add(q)
 	}
 }
 
 // rcReceive processes one checked packet of the received batch cb; it reports whether
 // the QP has something to do at the end of the batch.
-func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, cb *cqBatch) bool {
+func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, pkeys []verbs.PKey, cb *cqBatch) bool {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -1301,7 +1299,7 @@ func (q *QP) rcReceive(pkt *wire.Packet, src ctlRoute, cb *cqBatch) bool {
 		p.cnt.noQP.Add(1)
 		return false
 	}
-	if !q.pkeyAdmitsLocked(pkt.BTH.PKey) {
+	if !q.pkeyAdmitsLocked(pkeys, pkt.BTH.PKey) {
 		return false
 	}
 	if isAck {
