@@ -130,15 +130,6 @@ func linkSpeed(i *ipoib.Interface) (int, error) {
 
 // ifAttrs is the table of class/net/<if>/ files, sorted by name. Formats follow
 // net-sysfs and ipoib_main.c / ipoib_cm.c (see reference/kernel-ipoib.md §1-§3).
-// ifAttrIndex is ifAttrs by name, for lookups.
-var ifAttrIndex = func() map[string]int {
-	m := make(map[string]int, len(ifAttrs))
-	for k := range ifAttrs {
-		m[ifAttrs[k].name] = k
-	}
-	return m
-}()
-
 var ifAttrs = []ifAttr{
 	// NET_ADDR_PERM: the address is the port's GID and the QP's number, not random or set.
 	{name: "addr_assign_type", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},
@@ -263,6 +254,15 @@ var ifAttrs = []ifAttr{
 			return nil
 		}},
 }
+
+// ifAttrIndex is ifAttrs by name, for lookups.
+var ifAttrIndex = func() map[string]int {
+	m := make(map[string]int, len(ifAttrs))
+	for k := range ifAttrs {
+		m[ifAttrs[k].name] = k
+	}
+	return m
+}()
 
 // zeroStats are net-sysfs's other statistics files (of its 24): counters of hardware
 // error kinds a software link never has, always 0 here as on the kernel driver.

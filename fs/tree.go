@@ -409,11 +409,20 @@ func (t *Tree) ifDir(dir string, i *ipoib.Interface) *Node {
 		sort.Slice(out, func(a, b int) bool { return out[a].name < out[b].name })
 		return out, nil
 	})
-	// A lookup of one attribute makes only its node (it made all 40-odd, a fifth of
-	// a 9P walk+open+read+clunk of pkey); anything else goes through the listing.
+	// A lookup of one attribute or table directory makes only its node (it made all
+	// 40-odd, a fifth of a 9P walk+open+read+clunk of pkey); bonding_slave goes
+	// through the listing.
 	n.lookup = lookupFirst(i, n, func(d, name string) *Node {
 		if k, ok := ifAttrIndex[name]; ok && inScope(&ifAttrs[k]) {
 			return t.ifFile(d, i, &ifAttrs[k])
+		}
+		switch name {
+		case "dhcp":
+			return t.attrDir(d, "dhcp", i, dhcpAttrs)
+		case "ethtool":
+			return t.attrDir(d, "ethtool", i, ethtoolAttrs)
+		case "statistics":
+			return t.statsDir(d, i)
 		}
 		return nil
 	})
@@ -436,6 +445,9 @@ func (t *Tree) statsDir(dir string, i *ipoib.Interface) *Node {
 	n.lookup = lookupFirst(i, n, func(d, name string) *Node {
 		if k := slices.Index(ipoib.StatNames, name); k >= 0 {
 			return t.ifFile(d, i, &ifAttr{name: name, perm: 0444, read: statReader(k)})
+		}
+		if slices.Contains(zeroStats, name) {
+			return t.ifFile(d, i, &ifAttr{name: name, perm: 0444, read: zeroStat})
 		}
 		return nil
 	})
