@@ -4,6 +4,9 @@
 // the kernel's large-send offload on and off, and in connected mode at MTU 65520. It
 // prints the numbers and the ratios, and the CPU time the two daemons took per GB
 // iperf3 moved (on a shared machine a steadier measure of the engine than Gb/s).
+// RTT is measured twice: pings 10 ms apart, each of which finds the daemons (and on a
+// VM the virtual CPUs) idle and wakes them, and back to back (ping -f), which is the
+// data path's own time.
 //
 // Beside each datagram-mode configuration it measures the design's own throughput
 // reference (ceiling.go): iperf3 over two batched TUN<->UDP relays, wireguard-go's data
@@ -150,7 +153,7 @@ func main() {
 				if err != nil {
 					die("veth MTU %d: %v", mtu, err)
 				}
-				relay, err := measureRelay(mtu)
+				relay, relayFlood, err := measureRelay(mtu)
 				if err != nil {
 					die("relay MTU %d: %v", mtu, err)
 				}
@@ -162,6 +165,8 @@ func main() {
 				}
 				fmt.Printf("%-6d %-9s %12.2f %12.2f %7.2f %6s %9.3fms %9.3fms %7.2f %8.3fms %8.3fms %9.2f\n", mtu, mode,
 					ib.gbps, ve.gbps, ib.gbps/ve.gbps, aim, ib.rtt, ve.rtt, ib.rtt/ve.rtt, ve.rtt+0.05, relay, ib.cpu)
+				fmt.Printf("       back to back (ping -f: the next echo as the reply comes, no idle between): ipoib %.3fms, veth %.3fms (aim %.3fms), relay %.3fms\n",
+					ib.flood, ve.flood, ve.flood+0.05, relayFlood)
 				if mtu <= 4092 && !*noCeiling {
 					c, err := measureCeiling(mtu, off)
 					if err != nil {
@@ -183,7 +188,9 @@ func main() {
 
 type result struct {
 	gbps float64
-	rtt  float64 // ms
+	rtt  float64 // ms, pings 10 ms apart (each wakes the idle daemons)
+	// flood is the RTT in ms of pings sent back to back (floodRTT).
+	flood float64
 	// cpu is the CPU time (user and system, all threads) the two daemons took per
 	// gigabyte iperf3 moved: what the engine costs, less sensitive than Gb/s to
 	// whatever else the machine runs.
@@ -406,7 +413,11 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool, daemons []
 	if err != nil {
 		return result{}, err
 	}
-	r := result{gbps: j.End.SumReceived.BitsPerSecond / 1e9, rtt: rtt}
+	flood, err := floodRTT(nsA)
+	if err != nil {
+		return result{}, err
+	}
+	r := result{gbps: j.End.SumReceived.BitsPerSecond / 1e9, rtt: rtt, flood: flood}
 	if gb := j.End.SumReceived.Bytes / 1e9; gb > 0 {
 		r.cpu = cpu / gb
 	}
@@ -416,6 +427,22 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool, daemons []
 // pingRTT pings 10.99.0.2 from ns 50 times, 10 ms apart, and returns the mean RTT in ms.
 func pingRTT(ns string) (float64, error) {
 	out, err := sh("ip", "netns", "exec", ns, "ping", "-c", "50", "-i", "0.01", "-q", "10.99.0.2")
+	if err != nil {
+		return 0, err
+	}
+	m := regexp.MustCompile(`= [0-9.]+/([0-9.]+)/`).FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("ping output: %s", out)
+	}
+	return strconv.ParseFloat(m[1], 64)
+}
+
+// floodRTT pings 10.99.0.2 from ns back to back (ping -f: each echo sent as the
+// previous reply arrives, 10 ms at most apart) 5000 times and returns the mean RTT in
+// ms. No daemon goes idle between two echoes, so this is the data path's own time,
+// where pingRTT's is mostly waking idle threads (and, on a VM, idle virtual CPUs).
+func floodRTT(ns string) (float64, error) {
+	out, err := sh("ip", "netns", "exec", ns, "ping", "-f", "-c", "5000", "-q", "10.99.0.2")
 	if err != nil {
 		return 0, err
 	}

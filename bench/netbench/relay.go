@@ -78,8 +78,9 @@ func serveRelay(spec string) {
 	}
 }
 
-// measureRelay pings across two relays in two namespaces and returns the mean RTT in ms.
-func measureRelay(mtu int) (float64, error) {
+// measureRelay pings across two relays in two namespaces and returns the mean RTT in
+// ms, 10 ms apart and back to back (floodRTT).
+func measureRelay(mtu int) (rtt, flood float64, err error) {
 	nss, devs := [2]string{"nbrla", "nbrlb"}, [2]string{"nbrl0", "nbrl1"}
 	addrs := [2]string{"127.0.3.11:4792", "127.0.3.12:4792"}
 	_, stop, err := startRelays(nss, devs, func(k int) []string {
@@ -87,22 +88,26 @@ func measureRelay(mtu int) (float64, error) {
 	})
 	defer stop()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for k, ns := range nss {
 		addr := fmt.Sprintf("10.99.0.%d/24", k+1)
 		if _, err := sh("ip", "-n", ns, "addr", "add", addr, "dev", devs[k]); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if _, err := sh("ip", "-n", ns, "link", "set", devs[k], "mtu", strconv.Itoa(mtu), "up"); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
 	if _, err := sh("ip", "netns", "exec", nss[0], "ping", "-c", "1", "-w", "15", "10.99.0.2"); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return pingRTT(nss[0])
+	if rtt, err = pingRTT(nss[0]); err != nil {
+		return 0, 0, err
+	}
+	flood, err = floodRTT(nss[0])
+	return rtt, flood, err
 }
 
 // startRelays makes the two namespaces, runs this program with args(k) for each side
