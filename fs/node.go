@@ -351,6 +351,23 @@ const StreamIdle = 10 * time.Second
 // serve it without caching, sizes or offsets.
 func (n *Node) IsStream() bool { return n.stream != nil }
 
+// Quick reports whether a read of n is answered at once from the daemon's memory: the
+// sysfs-like attribute files of class/ and module/. Not fabric/ (it asks the subnet
+// administrator over the fabric), kernel/debug/ or sm/ (tables of any size), nor a
+// stream, which waits. A front end may answer a quick read in the goroutine that took
+// the request instead of handing it to another (9P).
+func (n *Node) Quick() bool {
+	if n.dir || n.stream != nil {
+		return false
+	}
+	top, _, _ := strings.Cut(n.Path(), "/")
+	return top == "class" || top == "module"
+}
+
+// Writable reports whether the handle was opened for writing: its release may apply
+// what was written (a commit file).
+func (h *Handle) Writable() bool { return h.wr }
+
 // ReadContext is ReadAt, except that a stream waits until ctx ends (an interrupted
 // FUSE read) rather than StreamIdle.
 func (h *Handle) ReadContext(ctx context.Context, p []byte, off int64) (int, error) {

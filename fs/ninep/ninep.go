@@ -430,6 +430,19 @@ func (f *file) Close() error {
 	return toErr(h.Release())
 }
 
+// Quick tells the p9 server that a read of this fid and its clunk are answered at
+// once (p9.QuickFile): a directory's clunk, or a quick file (fs.Node.Quick) not
+// opened for writing, whose clunk would apply what was written.
+func (f *file) Quick() bool {
+	f.mu.Lock()
+	h := f.h
+	f.mu.Unlock()
+	if h != nil && h.Writable() {
+		return false
+	}
+	return f.n.IsDir() || f.n.Quick()
+}
+
 func (f *file) Open(mode p9.OpenFlags) (p9.QID, uint32, error) {
 	var flags int
 	switch mode.Mode() {

@@ -323,3 +323,13 @@ type DirWriteRefuser interface {
 type FlushableLocker interface {
 	LockFlush(pid int, locktype LockType, flags LockFlags, start, length uint64, client string, flushed <-chan struct{}) (LockStatus, error)
 }
+
+// QuickFile is an optional interface of a File (ipoibfs patch): Quick reports whether
+// a Tread of the fid and its Tclunk are answered at once, never waiting for another
+// request, an event or a lock, nor doing lasting work. The server then handles them in
+// the goroutine that receives the connection's requests, as it does walks, opens and
+// attribute queries, saving a goroutine hand-off per message; the connection's next
+// request is not read until the reply is sent.
+type QuickFile interface {
+	Quick() bool
+}

@@ -510,22 +510,39 @@ func (cs *connState) handleRequest() bool {
 		return false
 	}
 
-	messageSize := atomic.LoadUint32(&cs.messageSize)
-	if messageSize == 0 {
-		// Default or not yet negotiated.
-		messageSize = maximumLength
-	}
-
-	// Receive a message.
-	tag, m, err := recv(cs.server.log, cs.t, messageSize, msgDotLRegistry.get)
-	if errSocket, ok := err.(ConnError); ok {
-		if errSocket.error != io.EOF {
-			// Connection problem; stop serving.
-			cs.server.log.Printf("p9.recv: %v", errSocket.error)
+	var (
+		tag tag
+		m   message
+		err error
+	)
+	for {
+		messageSize := atomic.LoadUint32(&cs.messageSize)
+		if messageSize == 0 {
+			// Default or not yet negotiated.
+			messageSize = maximumLength
 		}
-		cs.recvShutdown = true
-		cs.recvMu.Unlock()
-		return false
+
+		// Receive a message.
+		tag, m, err = recv(cs.server.log, cs.t, messageSize, msgDotLRegistry.get)
+		if errSocket, ok := err.(ConnError); ok {
+			if errSocket.error != io.EOF {
+				// Connection problem; stop serving.
+				cs.server.log.Printf("p9.recv: %v", errSocket.error)
+			}
+			cs.recvShutdown = true
+			cs.recvMu.Unlock()
+			return false
+		}
+		// ipoibfs patch: a request that is answered at once (quick) is handled by the
+		// goroutine that received it, which then receives the next, still holding the
+		// right to: upstream handed the right to receive to another goroutine for every
+		// message, a goroutine wake-up each (most of a walk+open+read+clunk's cost
+		// beside the system calls). A request that may wait or take long goes on as
+		// upstream, with another goroutine receiving meanwhile (a Tflush for it).
+		if err != nil || !cs.quick(m) {
+			break
+		}
+		cs.serve(tag, m)
 	}
 
 	// Ensure that another goroutine is available to receive from cs.t.
@@ -551,11 +568,18 @@ func (cs *connState) handleRequest() bool {
 		return true
 	}
 
+	cs.serve(tag, m)
+	return true
+}
+
+// serve handles request m of tag and sends its reply (the rest of handleRequest,
+// which quick requests run in the receiving goroutine: ipoibfs patch).
+func (cs *connState) serve(tag tag, m message) {
 	// Try to start the tag.
 	if !cs.StartTag(tag) {
 		cs.server.log.Printf("no valid tag [%05d]", tag)
 		// Nothing we can do at this point; client is bogus.
-		return true
+		return
 	}
 
 	// Handle the message.
@@ -584,15 +608,37 @@ func (cs *connState) handleRequest() bool {
 	cs.ClearTag(tag)
 
 	// Send back the result.
-	err = send(cs.server.log, cs.r, tag, r)
+	err := send(cs.server.log, cs.r, tag, r)
 	cs.sendMu.Unlock()
 	if err != nil {
 		cs.server.log.Printf("p9.send: %v", err)
 	}
 
 	msgDotLRegistry.put(m)
-	m = nil // 'm' should not be touched after this point.
-	return true
+}
+
+// quick reports whether request m is answered at once (ipoibfs patch): walks,
+// attribute queries and opens, and reads and clunks of a fid whose file says they
+// are (QuickFile).
+func (cs *connState) quick(m message) bool {
+	var f fid
+	switch m := m.(type) {
+	case *twalk, *tgetattr, *tlopen:
+		return true
+	case *tread:
+		f = m.fid
+	case *tclunk:
+		f = m.fid
+	default:
+		return false
+	}
+	ref, ok := cs.LookupFID(f)
+	if !ok {
+		return true // answered at once: unknown fid
+	}
+	defer ref.DecRef()
+	q, ok := ref.file.(QuickFile)
+	return ok && q.Quick()
 }
 
 func (cs *connState) handle(m message) (r message) {
