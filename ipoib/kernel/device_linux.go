@@ -732,7 +732,7 @@ func (d *Device) Close() error {
 // release (a thousand children 20 s), and the releases overlap. At most maxReleasing
 // are outstanding (each holds a thread in close(2)); WaitReleased waits for them. An
 // error of a release that ends after Delete returned is logged. A device someone moved
-// to another namespace is deleted there. (If a reader is blocked on the
+// to another namespace is deleted there, and Delete returns once it is released. (If a reader is blocked on the
 // device, the final close, and so the wait for the release, may fall to the reader's
 // thread instead, which then stays with the runtime.)
 func (d *Device) Delete() error {
@@ -742,6 +742,10 @@ func (d *Device) Delete() error {
 	// No watch event runs once Delete returns, as with Close (a running one ends at
 	// its next look at done).
 	d.watchers.Wait()
+	// A device someone moved to another namespace (and the watch has not put back)
+	// is not listed here at all: Delete then waits for the kernel's release, which
+	// removes it there.
+	moved := d.movedAway()
 	releasing <- struct{}{}
 	tunClosed := make(chan struct{})
 	polled := make(chan struct{}) // Delete no longer uses the netlink handle
@@ -753,6 +757,9 @@ func (d *Device) Delete() error {
 		// burst of deletes left dozens of them (48 KiB of stacks each).
 		runtime.LockOSThread()
 		defer func() { <-releasing }()
+		if beforeRelease != nil {
+			beforeRelease()
+		}
 		err := d.closeQueues()
 		close(tunClosed)
 		<-polled
@@ -763,12 +770,42 @@ func (d *Device) Delete() error {
 			log.Print(err)
 		}
 	}()
-	returned = d.waitUnlisted(tunClosed)
+	if !moved {
+		returned = d.waitUnlisted(tunClosed)
+	}
 	close(polled)
 	if returned {
 		return nil
 	}
 	return <-result
+}
+
+// beforeRelease, when set (tests), runs in Delete's goroutine before it closes the TUN.
+var beforeRelease func()
+
+// movedAway reports whether the device is in another network namespace than its own.
+func (d *Device) movedAway() bool {
+	var moved bool
+	err := d.ioctl(func(fd int) error {
+		n, err := unix.IoctlRetInt(fd, unix.TUNGETDEVNETNS)
+		if err != nil {
+			return err
+		}
+		there := netns.NsHandle(n)
+		defer there.Close()
+		home := d.ns
+		if !home.IsOpen() {
+			h, err := netns.Get() // not a namespace worker's thread: the process's
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			home = h
+		}
+		moved = !there.Equal(home)
+		return nil
+	})
+	return err == nil && moved
 }
 
 // waitUnlisted reports true once the kernel no longer finds the device by its index,

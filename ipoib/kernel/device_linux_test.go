@@ -1064,6 +1064,31 @@ func TestDeleteReturnsWhenTheDeviceIsGone(t *testing.T) {
 	WaitReleased()
 }
 
+// A device someone moved to another namespace (no watch puts it back here) is gone
+// from that namespace too when Delete returns: not being listed in its own namespace
+// does not mean deleted.
+func TestDeleteOfAMovedDevice(t *testing.T) {
+	prereqs(t)
+	ns, other := testNS(t, "v"), testNS(t, "w")
+	ipMust(t, "netns", "add", other)
+	h := nlHandle(t, other)
+	// The release starts late, as on a busy machine: the device is not in its own
+	// namespace from the start, so only waiting for the release finds it gone.
+	beforeRelease = func() { time.Sleep(20 * time.Millisecond) }
+	t.Cleanup(func() { beforeRelease = nil })
+	for range 3 {
+		d := open(t, Config{Name: uniq("v"), MTU: 2044, NetNS: ns})
+		ipMust(t, "-n", ns, "link", "set", d.Name(), "netns", other)
+		if err := d.Delete(); err != nil {
+			t.Fatalf("Delete %s: %v", d.Name(), err)
+		}
+		if _, err := h.LinkByName(d.Name()); !errors.As(err, new(netlink.LinkNotFoundError)) {
+			t.Fatalf("%s: still in the namespace it was moved to when Delete returned (%v)", d.Name(), err)
+		}
+	}
+	WaitReleased()
+}
+
 // threadsEnv, when set, makes TestDeleteLeavesNoThreads do its deletes (in a process
 // of its own: a process that ran other tests has idle threads a release would reuse).
 const threadsEnv = "IPOIB_KERNEL_TEST_THREADS"
