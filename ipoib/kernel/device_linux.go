@@ -70,6 +70,7 @@ type Device struct {
 	mu       sync.RWMutex // control ops hold it shared; Close exclusively
 	closed   bool
 	done     chan struct{}
+	unlisted chan struct{} // closed once the closer found the device gone (Delete waits)
 	watchers sync.WaitGroup
 	mon      *monitor
 
@@ -89,7 +90,7 @@ func Open(cfg Config) (_ *Device, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	d := &Device{name: cfg.Name, done: make(chan struct{}), ns: netns.None()}
+	d := &Device{name: cfg.Name, done: make(chan struct{}), unlisted: make(chan struct{}), ns: netns.None()}
 	if cfg.NetNS != "" {
 		d.nsTag = " (netns " + cfg.NetNS + ")"
 	}
@@ -724,6 +725,10 @@ func (d *Device) Close() error {
 	return d.finishClose()
 }
 
+// waitUnlistedByOther is Delete's wait when another Close, Delete or CloseAll closes
+// the device: until it no longer lists the device either.
+func (d *Device) waitUnlistedByOther() { <-d.unlisted }
+
 // Delete is Close for a caller that needs the device gone, not released: it returns
 // once the kernel no longer lists the device in its namespace (ip link and
 // /sys/class/net do not show it) and leaves the rest of the kernel's release, about
@@ -737,6 +742,7 @@ func (d *Device) Close() error {
 // thread instead, which then stays with the runtime.)
 func (d *Device) Delete() error {
 	if !d.beginClose() {
+		d.waitUnlistedByOther()
 		return nil
 	}
 	// No watch event runs once Delete returns, as with Close (a running one ends at
@@ -775,9 +781,12 @@ func (d *Device) Delete() error {
 	}
 	close(polled)
 	if returned {
+		close(d.unlisted)
 		return nil
 	}
-	return <-result
+	err := <-result
+	close(d.unlisted)
+	return err
 }
 
 // beforeRelease, when set (tests), runs in Delete's goroutine before it closes the TUN.
@@ -867,7 +876,10 @@ func (d *Device) beginClose() bool {
 
 // finishClose closes the TUN, which deletes the device unless CloseAll has, and
 // releases what the device holds.
-func (d *Device) finishClose() error { return d.finishRelease(d.closeQueues()) }
+func (d *Device) finishClose() error {
+	defer close(d.unlisted)
+	return d.finishRelease(d.closeQueues())
+}
 
 // finishRelease is finishClose once the TUN is closed (with err).
 func (d *Device) finishRelease(err error) error {

@@ -1089,6 +1089,30 @@ func TestDeleteOfAMovedDevice(t *testing.T) {
 	WaitReleased()
 }
 
+// A Delete while another Delete closes the device returns, as the first does, once
+// the kernel no longer lists it (it returned at once, before the other had started).
+func TestDeleteWhileAnotherDeletes(t *testing.T) {
+	prereqs(t)
+	ns := testNS(t, "x")
+	d := open(t, Config{Name: uniq("x"), MTU: 2044, NetNS: ns})
+	h := nlHandle(t, ns)
+	beforeRelease = func() { time.Sleep(50 * time.Millisecond) } // the first's close starts late
+	t.Cleanup(func() { beforeRelease = nil })
+	first := make(chan error, 1)
+	go func() { first <- d.Delete() }()
+	time.Sleep(10 * time.Millisecond)
+	if err := d.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.LinkByName(d.Name()); !errors.As(err, new(netlink.LinkNotFoundError)) {
+		t.Fatalf("%s: still listed when the second Delete returned (%v)", d.Name(), err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	WaitReleased()
+}
+
 // threadsEnv, when set, makes TestDeleteLeavesNoThreads do its deletes (in a process
 // of its own: a process that ran other tests has idle threads a release would reuse).
 const threadsEnv = "IPOIB_KERNEL_TEST_THREADS"
