@@ -347,3 +347,63 @@ func TestBatchViewFindsAClosedQPAgain(t *testing.T) {
 		t.Fatalf("view found %v for the number X2 took, want X2", q)
 	}
 }
+
+// A message of the SM in a batch starts the batch's view again: a P_Key it takes away
+// refuses the packets after it in the same batch.
+func TestBatchViewAfterTheSMsConfig(t *testing.T) {
+	_, smh, nodes := fabric(t, "", "a", "b")
+	h := nodes[1]
+	p := h.SoftPort(1)
+	x, xcq := handlerQP(t, h, func() bool { return false }, 4)
+	toX := udBatch(t, nodes[0], h, x.Num())
+	a := p.Attr()
+	p.mu.RLock()
+	c := ctlConfig{LID: a.LID, SMLID: a.SMLID, State: a.State, ActiveMTU: a.ActiveMTU, Rate: a.Rate,
+		SMEpoch: a.SMEpoch, SMGID: p.smGID, GIDPrefix: a.GIDPrefix, PKeys: []verbs.PKey{0x8001}}
+	p.mu.RUnlock()
+	mad := c.append(putCtlHeader(nil, ctlAttrConfig, 0))
+	smi := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: 0xffff, DestQP: uint32(verbs.SMIQPN)},
+		DETH: wire.DETH{SrcQP: uint32(verbs.SMIQPN)}, Payload: mad}
+	config := Datagram{Addr: smh.Endpoint(1), Data: smi.AppendTo(nil, verbs.GID{}, verbs.GID{})}
+	bad := p.Counters().BadPKey
+	p.receive(append(append(toX(1), config), toX(1)...), true)
+	if pk := p.PKeyTable(); len(pk) != 1 || pk[0] != 0x8001 {
+		t.Fatalf("the SM's config was not applied: P_Keys %v", pk)
+	}
+	if n := xcq.Poll(make([]verbs.WC, 8)); n != 1 {
+		t.Errorf("%d packets received, want the one before the config", n)
+	}
+	if d := p.Counters().BadPKey - bad; d != 1 {
+		t.Errorf("%d packets refused for their P_Key, want the one after the config", d)
+	}
+}
+
+// A wait for a receive buffer starts the batch's view again: the P_Key table changed
+// during the wait refuses the packets after it too, not only the one that waited.
+func TestBatchViewAfterAWait(t *testing.T) {
+	_, _, nodes := fabric(t, "", "a", "b")
+	h := nodes[1]
+	p := h.SoftPort(1)
+	x, xcq := handlerQP(t, h, func() bool { return false }, 0)
+	a := p.Attr()
+	p.mu.RLock()
+	c := ctlConfig{LID: a.LID, SMLID: a.SMLID, State: a.State, ActiveMTU: a.ActiveMTU, Rate: a.Rate,
+		SMEpoch: a.SMEpoch, SMGID: p.smGID, GIDPrefix: a.GIDPrefix, PKeys: []verbs.PKey{0x8001}}
+	p.mu.RUnlock()
+	bad := p.Counters().BadPKey
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.receive(udBatch(t, nodes[0], h, x.Num())(2), true)
+	}()
+	time.Sleep(10 * time.Millisecond) // the first packet waits for a buffer (up to rqWait)
+	p.applyConfig(&c)
+	postBufs(t, x, 2)
+	<-done
+	if n := xcq.Poll(make([]verbs.WC, 8)); n != 0 {
+		t.Errorf("%d packets received after their P_Key was taken away", n)
+	}
+	if d := p.Counters().BadPKey - bad; d != 2 {
+		t.Errorf("%d packets refused for their P_Key, want both", d)
+	}
+}

@@ -565,6 +565,7 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 				}
 			}
 			p.handleCtl(d.Addr, mad, signer)
+			v = rxView{p: p} // the SM may have changed the tables the view holds
 		case verbs.MulticastQPN:
 			p.receiveMulticast(d, &pkt, &v, &cb)
 		default:
@@ -579,8 +580,10 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 // HCA's locks, taken at most once per batch where each packet took them (five
 // read-locks a datagram, about 5% of a receiving daemon's CPU at full rate): the
 // port's GID and P_Key table, the last source endpoint's route and the last
-// destination QP. A table that changes while a batch is handled applies from the next
-// batch, as a packet that arrived a moment earlier would have seen the old one; a QP
+// destination QP. A table that another goroutine changes while a batch is handled
+// applies from the next batch, as a packet that arrived a moment earlier would have
+// seen the old one; the view starts again after a message of the SM in the batch and
+// after a wait for a receive buffer (up to rqWait, time for anything to change); a QP
 // closed meanwhile is looked up again.
 type rxView struct {
 	p *Port
@@ -681,7 +684,9 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, v *rx
 		p.cnt.noQP.Add(1)
 		return
 	}
-	q.deliver(pkt, src, dgid, pkeys, cb)
+	if q.deliver(pkt, src, dgid, pkeys, cb) {
+		*v = rxView{p: p}
+	}
 }
 
 func (p *Port) receiveMulticast(d Datagram, pkt *wire.Packet, v *rxView, cb *cqBatch) {

@@ -475,9 +475,10 @@ func appendUD(b []byte, op uint8, pkey uint16, dqp, psn, qkey, sqp, imm uint32, 
 	return b
 }
 
-// deliver runs the receive checks of one packet for this QP and completes a receive,
-// in the received batch cb.
-func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, pkeys []verbs.PKey, cb *cqBatch) {
+// deliver runs the receive checks of one packet for this QP against the port's P_Key
+// table pkeys and completes a receive, in the received batch cb. It reports whether
+// it waited for a receive buffer.
+func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, pkeys []verbs.PKey, cb *cqBatch) (waited bool) {
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -496,6 +497,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, pkeys []ver
 		if q.recvH < len(q.recvQ) {
 			break
 		}
+		waited = true
 		if !q.awaitRecvLocked(cb) {
 			p.cnt.rcvDrop.Add(1)
 			return
@@ -521,6 +523,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, pkeys []ver
 	copy(wr.Buf[grhLen:], pkt.Payload)
 	wc.ByteLen = need
 	q.recvCQ.pushIn(wc, cb)
+	return waited
 }
 
 // writeGRH fills a 40-byte GRH as a UD receive buffer carries it.
