@@ -31,6 +31,7 @@ type ifAttr struct {
 	// create_child/delete_child parse their argument first (EINVAL before EPERM).
 	netAdmin   bool
 	parseFirst func(b []byte) error
+	slow       bool // a read asks the kernel (Node.Quick)
 }
 
 // checkCreateArg and checkDeleteArg are create_child's and delete_child's parse and
@@ -199,7 +200,7 @@ var ifAttrs = []ifAttr{
 		}},
 	// ifalias follows the device's (ip link set alias) both ways; net-sysfs ignores one
 	// trailing newline of a write and shows nothing without an alias.
-	{name: "ifalias", netAdmin: true, perm: 0644, read: aliasRead[*ipoib.Interface], write: aliasWrite[*ipoib.Interface]},
+	{name: "ifalias", netAdmin: true, perm: 0644, read: aliasRead[*ipoib.Interface], write: aliasWrite[*ipoib.Interface], slow: true},
 	{name: "ifindex", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfIndex(), i) }},
 	{name: "iflink", perm: 0444, read: func(i *ipoib.Interface) (string, error) { return ifIndexText(i.IfLink(), i) }},
 	{name: "link_mode", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "0\n", nil }},

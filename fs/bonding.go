@@ -53,6 +53,7 @@ type bondAttr struct {
 	perm  uint32
 	read  func(b *ipoib.Bond) (string, error)
 	write func(b *ipoib.Bond, p []byte) error
+	slow  bool // a read asks the kernel (Node.Quick)
 }
 
 var bondAttrs = []bondAttr{
@@ -94,7 +95,7 @@ var bondAttrs = []bondAttr{
 			return nil
 		}},
 	// As an interface's: follows the device's alias both ways.
-	{name: "ifalias", perm: 0644, read: aliasRead[*ipoib.Bond], write: aliasWrite[*ipoib.Bond]},
+	{name: "ifalias", perm: 0644, read: aliasRead[*ipoib.Bond], write: aliasWrite[*ipoib.Bond], slow: true},
 	{name: "ifindex", perm: 0444, read: func(b *ipoib.Bond) (string, error) {
 		if b.IfIndex() == 0 {
 			return "", errorf(syscall.ENODEV, "%s has no kernel device", b.Name())
@@ -149,7 +150,9 @@ func (t *Tree) bondDir(dir string, b *ipoib.Bond) *Node {
 	return t.dirOf(b, dir, b.Name(), func(d string) ([]*Node, error) {
 		out := make([]*Node, 0, len(bondAttrs)+1)
 		for _, a := range bondAttrs {
-			out = append(out, t.bondFile(d, b, a.name, a.perm, a.read, a.write))
+			n := t.bondFile(d, b, a.name, a.perm, a.read, a.write)
+			n.slow = a.slow
+			out = append(out, n)
 		}
 		out = append(out, t.dirOf(b, d, "bonding", func(d string) ([]*Node, error) {
 			var out []*Node

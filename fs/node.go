@@ -113,6 +113,7 @@ type Node struct {
 
 	list   func(dir string) ([]*Node, error)     // directories: children in order
 	lookup func(dir, name string) (*Node, error) // directories: optional fast path
+	slow   bool                                  // a read asks the kernel or the HCA (Quick)
 	read   func() ([]byte, error)                // files
 	write  func([]byte) error                    // files: one write call
 	// netAdmin: writes need Caller.NetAdmin (EPERM otherwise); parseFirst, when set,
@@ -352,12 +353,13 @@ const StreamIdle = 10 * time.Second
 func (n *Node) IsStream() bool { return n.stream != nil }
 
 // Quick reports whether a read of n is answered at once from the daemon's memory: the
-// sysfs-like attribute files of class/ and module/. Not fabric/ (it asks the subnet
-// administrator over the fabric), kernel/debug/ or sm/ (tables of any size), nor a
-// stream, which waits. A front end may answer a quick read in the goroutine that took
-// the request instead of handing it to another (9P).
+// sysfs-like attribute files of class/ and module/, but for those that ask the kernel
+// or the HCA (ifalias, port counters). Not fabric/ (it asks the subnet administrator
+// over the fabric), kernel/debug/ or sm/ (tables of any size), nor a stream, which
+// waits. A front end may answer a quick read in the goroutine that took the request
+// instead of handing it to another (9P).
 func (n *Node) Quick() bool {
-	if n.dir || n.stream != nil {
+	if n.dir || n.stream != nil || n.slow {
 		return false
 	}
 	top, _, _ := strings.Cut(n.Path(), "/")

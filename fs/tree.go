@@ -511,7 +511,7 @@ func (t *Tree) ifFile(dir string, i *ipoib.Interface, a *ifAttr) *Node {
 		}
 	}
 	n := t.fileOf(i, dir, a.name, a.perm, read, write)
-	n.netAdmin, n.parseFirst = a.netAdmin, a.parseFirst
+	n.netAdmin, n.parseFirst, n.slow = a.netAdmin, a.parseFirst, a.slow
 	return n
 }
 
@@ -820,6 +820,7 @@ func (t *Tree) portCounters(dir string, p verbs.Port) []*Node {
 			}
 			return strconv.FormatUint(v, 10) + "\n", nil
 		}, nil)
+		out[k].slow = true // a real HCA's are firmware queries (verbs/rdma)
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package ninep
 
 import (
+	"encoding/binary"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -28,6 +29,8 @@ func TestQuickFiles(t *testing.T) {
 		{"class/net/ib0/pkey", -1, true},
 		{"module/ib_ipoib/parameters/send_queue_size", syscall.O_RDONLY, true},
 		{"class/net/ib0", syscall.O_RDONLY, true},
+		{"class/net/ib0/ifalias", syscall.O_RDONLY, false}, // asks the kernel
+		{"class/infiniband/n1/ports/1/counters/port_xmit_packets", syscall.O_RDONLY, false},
 		{"class/net/ib0/mode", syscall.O_WRONLY, false}, // its clunk applies a write
 		{"class/net/ib0/mode", syscall.O_RDWR, false},
 		{"events", syscall.O_RDONLY, false},       // a read waits for the next event
@@ -56,8 +59,8 @@ func TestQuickFiles(t *testing.T) {
 }
 
 // A stream read that waits is not quick: the connection's other requests, quick ones
-// included, are still read and answered meanwhile, and the read still ends at its
-// Tflush.
+// included, are still read and answered meanwhile, and the read ends with the next
+// event (TestWaitingReadHoldsNoPathLocks ends one with its Tflush).
 func TestQuickRequestsPassAWaitingRead(t *testing.T) {
 	v := newEnv(t)
 	l := fs.NewEventLog()
@@ -129,5 +132,87 @@ func TestQuickRequestsPassAWaitingRead(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiting stream read never ended")
+	}
+}
+
+// A stream read waiting for the next event holds none of the connection's path locks:
+// a setattr (which the p9 server does under the file's write lock) is answered while
+// it waits, and so is the getattr after it (which a queued writer would hold, and
+// with it, answered where it is received, every request behind it: the Tflush that
+// ends the read among them). Raw frames, each with its own tag.
+func TestWaitingReadHoldsNoPathLocks(t *testing.T) {
+	v := newEnv(t)
+	tree := fs.New(v.e, fs.Options{Events: fs.NewEventLog()})
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	go ServeConn(sc, tree.Root(), Options{Unidentified: &fs.Internal})
+	frames := make(chan []byte, 16)
+	go func() {
+		for {
+			f, err := readFrame(cc)
+			if err != nil {
+				close(frames)
+				return
+			}
+			frames <- f
+		}
+	}()
+	send := func(f []byte, tag uint16) {
+		t.Helper()
+		binary.LittleEndian.PutUint16(f[5:], tag)
+		if _, err := cc.Write(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(what string) []byte {
+		t.Helper()
+		select {
+		case f := <-frames:
+			return f
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no reply: %s", what)
+			return nil
+		}
+	}
+	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, "events"), tlopen(1, 0)} {
+		send(f, 1)
+		if r := next("set-up"); rerrno(r) != 0 {
+			t.Fatalf("set-up: errno %d", rerrno(r))
+		}
+	}
+	read := binary.LittleEndian.AppendUint64(u32(1), 0)
+	for {
+		// What the log holds already (the attach's lines) is read at once: until a
+		// read waits.
+		send(frame(116, 0, append(read, u32(4096)...)...), 10) // Tread of events
+		select {
+		case r := <-frames:
+			if r[4] != 117 {
+				t.Fatalf("read of events: % x", r)
+			}
+			continue
+		case <-time.After(100 * time.Millisecond):
+		}
+		break
+	}
+	// Tsetattr of the size (root's truncate: accepted, and logged nowhere, so no event
+	// ends the read), which the p9 server does under the file's write lock.
+	setattr := append(u32(1), u32(0x8)...) // valid: size
+	setattr = append(setattr, make([]byte, 4+4+4+8+4*8)...)
+	send(frame(26, 0, setattr...), 11)
+	getattr := binary.LittleEndian.AppendUint64(u32(1), 0x7ff)
+	send(frame(24, 0, getattr...), 12) // Tgetattr: quick
+	got := map[uint16]byte{}
+	for range 2 {
+		r := next("the setattr and the getattr while a stream read waits")
+		got[binary.LittleEndian.Uint16(r[5:])] = r[4]
+	}
+	if got[11] != 27 || got[12] != 25 {
+		t.Fatalf("replies while the read waits (tag: type): %v; want Rsetattr for 11, Rgetattr for 12", got)
+	}
+	send(tflush(0, 10), 13)
+	r1, r2 := next("the flushed read"), next("Rflush")
+	if binary.LittleEndian.Uint16(r1[5:]) != 10 || r2[4] != 109 || binary.LittleEndian.Uint16(r2[5:]) != 13 {
+		t.Fatalf("after Tflush: % x then % x; want the read's reply (tag 10), then Rflush (13)", r1, r2)
 	}
 }

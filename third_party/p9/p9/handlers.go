@@ -727,7 +727,12 @@ func (t *tread) handle(cs *connState) message {
 	data := cs.readBufPool.Get().(*[]byte)
 	// Retain a reference to the full length of the buffer.
 	dataBuf := (*data)
-	if err := ref.safelyRead(func() (err error) {
+	// ipoibfs patch: a read that may wait (FlushableReader) runs after the checks,
+	// without the path locks: held for the wait, they kept a rename or setattr (and
+	// behind its writer lock every other request that takes them, on every
+	// connection) waiting until the next event or the reader's Tflush.
+	var waiting FlushableReader
+	err := ref.safelyRead(func() (err error) {
 		switch ref.pendingXattr.op {
 		case xattrNone:
 			// Has it been opened already?
@@ -741,10 +746,10 @@ func (t *tread) handle(cs *connState) message {
 			}
 
 			if fr, ok := ref.file.(FlushableReader); ok && t.flushed != nil { // ipoibfs patch
-				n, err = fr.ReadAtFlush(dataBuf[:t.Count], int64(t.Offset), t.flushed)
-			} else {
-				n, err = ref.file.ReadAt(dataBuf[:t.Count], int64(t.Offset))
+				waiting = fr
+				return nil
 			}
+			n, err = ref.file.ReadAt(dataBuf[:t.Count], int64(t.Offset))
 			return err
 
 		case xattrWalk:
@@ -772,7 +777,11 @@ func (t *tread) handle(cs *connState) message {
 		default:
 			return linux.EINVAL
 		}
-	}); err != nil && !errors.Is(err, io.EOF) {
+	})
+	if err == nil && waiting != nil {
+		n, err = waiting.ReadAtFlush(dataBuf[:t.Count], int64(t.Offset), t.flushed)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
 		return newErr(err)
 	}
 

@@ -619,8 +619,16 @@ func (cs *connState) serve(tag tag, m message) {
 
 // quick reports whether request m is answered at once (ipoibfs patch): walks,
 // attribute queries and opens, and reads and clunks of a fid whose file says they
-// are (QuickFile).
+// are (QuickFile), while no other request of the connection is in hand (one that
+// waits or takes long may hold what a quick one needs, and the connection must go on
+// reading its requests, a Tflush for it among them).
 func (cs *connState) quick(m message) bool {
+	cs.tagMu.Lock()
+	busy := len(cs.tags) > 0
+	cs.tagMu.Unlock()
+	if busy {
+		return false
+	}
 	var f fid
 	switch m := m.(type) {
 	case *twalk, *tgetattr, *tlopen:
