@@ -1090,3 +1090,49 @@ func TestChildOfChildIsEINVAL(t *testing.T) {
 		t.Fatalf("a child's child: %v, want EINVAL", err)
 	}
 }
+
+// stubCQ is a CQ holding given completions.
+type stubCQ struct {
+	verbs.CQ
+	wcs []verbs.WC
+}
+
+func (c *stubCQ) Poll(wc []verbs.WC) int {
+	n := copy(wc, c.wcs)
+	c.wcs = c.wcs[n:]
+	return n
+}
+
+// A failed send completion counts as the driver counts it: in tx_packets (counted at
+// the post here) and not in tx_errors, which are for posts the HCA refused; a failed
+// connected-mode send tears its connection down.
+func TestFailedSendCompletionsCountAsTheDriver(t *testing.T) {
+	_, nodes := testFabric(t, "", "a", "b")
+	a, b := nodes[0], nodes[1]
+	connectedNodes(t, nodes)
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	before := a.ib0.Stats()
+	a.ib0.reapCQ(&stubCQ{wcs: []verbs.WC{{Status: verbs.WCSuccess}, {Status: verbs.WCWRFlushErr}, {Status: verbs.WCLocLenErr, WRID: 7}}})
+	a.ib0.dmu.Lock()
+	var qpn verbs.QPN
+	for _, tx := range a.ib0.tx {
+		if tx.qp != nil {
+			qpn = tx.qp.Num()
+		}
+	}
+	a.ib0.dmu.Unlock()
+	if qpn == 0 {
+		t.Fatal("no connection to b after a ping in connected mode")
+	}
+	a.ib0.cmTxCompleted(verbs.WC{Status: verbs.WCRetryExcErr, QPN: qpn})
+	if after := a.ib0.Stats(); after.TxErrors != before.TxErrors || after.TxDropped != before.TxDropped {
+		t.Errorf("failed completions counted as errors or drops: %+v, then %+v", before, after)
+	}
+	a.ib0.dmu.Lock()
+	defer a.ib0.dmu.Unlock()
+	for _, tx := range a.ib0.tx {
+		if tx.qp != nil && tx.qp.Num() == qpn {
+			t.Error("the connection whose send failed is still in use")
+		}
+	}
+}
