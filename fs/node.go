@@ -218,7 +218,12 @@ func (n *Node) Lookup(name string) (*Node, error) {
 	if n.lookup != nil {
 		return n.lookup(n.Path(), name)
 	}
-	cs, err := n.list(n.Path())
+	return n.listed(n.Path(), name)
+}
+
+// listed finds the child called name in the listing of directory n at path dir.
+func (n *Node) listed(dir, name string) (*Node, error) {
+	cs, err := n.list(dir)
 	if err != nil {
 		return nil, err
 	}

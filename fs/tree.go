@@ -465,16 +465,7 @@ func lookupFirst(o owner, n *Node, fast func(dir, name string) *Node) func(dir, 
 		if c := fast(dir, name); c != nil {
 			return c, nil
 		}
-		cs, err := n.list(dir)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range cs {
-			if c.name == name {
-				return c, nil
-			}
-		}
-		return nil, syscall.ENOENT
+		return n.listed(dir, name)
 	}
 }
 

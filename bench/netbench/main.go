@@ -425,24 +425,17 @@ func measurePair(nsA, nsB, devA, devB string, mtu int, offloads bool, daemons []
 }
 
 // pingRTT pings 10.99.0.2 from ns 50 times, 10 ms apart, and returns the mean RTT in ms.
-func pingRTT(ns string) (float64, error) {
-	out, err := sh("ip", "netns", "exec", ns, "ping", "-c", "50", "-i", "0.01", "-q", "10.99.0.2")
-	if err != nil {
-		return 0, err
-	}
-	m := regexp.MustCompile(`= [0-9.]+/([0-9.]+)/`).FindStringSubmatch(out)
-	if m == nil {
-		return 0, fmt.Errorf("ping output: %s", out)
-	}
-	return strconv.ParseFloat(m[1], 64)
-}
+func pingRTT(ns string) (float64, error) { return meanRTT(ns, "-c", "50", "-i", "0.01") }
 
 // floodRTT pings 10.99.0.2 from ns back to back (ping -f: each echo sent as the
 // previous reply arrives, 10 ms at most apart) 5000 times and returns the mean RTT in
 // ms. No daemon goes idle between two echoes, so this is the data path's own time,
 // where pingRTT's is mostly waking idle threads (and, on a VM, idle virtual CPUs).
-func floodRTT(ns string) (float64, error) {
-	out, err := sh("ip", "netns", "exec", ns, "ping", "-f", "-c", "5000", "-q", "10.99.0.2")
+func floodRTT(ns string) (float64, error) { return meanRTT(ns, "-f", "-c", "5000") }
+
+// meanRTT runs ping with args to 10.99.0.2 in ns and returns its mean RTT in ms.
+func meanRTT(ns string, args ...string) (float64, error) {
+	out, err := sh(append(append([]string{"ip", "netns", "exec", ns, "ping"}, args...), "-q", "10.99.0.2")...)
 	if err != nil {
 		return 0, err
 	}

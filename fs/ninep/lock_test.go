@@ -392,6 +392,70 @@ func tlock(tag uint16, fid uint32, typ p9.LockType, flags p9.LockFlags, pid uint
 	return frame(52, tag, b...)
 }
 
+// rawFrames is a 9P connection to a server that the test writes raw frames to.
+type rawFrames struct {
+	t      *testing.T
+	cc     net.Conn
+	frames chan []byte
+}
+
+// serveRaw serves root over a pipe and reads its replies in the background.
+func serveRaw(t *testing.T, root *fs.Node, o Options) *rawFrames {
+	cc, sc := net.Pipe()
+	t.Cleanup(func() { cc.Close() })
+	go ServeConn(sc, root, o)
+	r := &rawFrames{t: t, cc: cc, frames: make(chan []byte, 16)}
+	go func() {
+		for {
+			f, err := readFrame(cc)
+			if err != nil {
+				close(r.frames)
+				return
+			}
+			r.frames <- f
+		}
+	}()
+	return r
+}
+
+// send writes frame f as built.
+func (r *rawFrames) send(f []byte) {
+	r.t.Helper()
+	if _, err := r.cc.Write(f); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// sendTag writes frame f with its tag set to tag.
+func (r *rawFrames) sendTag(f []byte, tag uint16) {
+	r.t.Helper()
+	binary.LittleEndian.PutUint16(f[5:], tag)
+	r.send(f)
+}
+
+// next returns the next reply, failing the test after 10 s without one.
+func (r *rawFrames) next(what string) []byte {
+	r.t.Helper()
+	select {
+	case f := <-r.frames:
+		return f
+	case <-time.After(10 * time.Second):
+		r.t.Fatalf("no reply: %s", what)
+		return nil
+	}
+}
+
+// open negotiates the version, attaches fid 0 and opens the file at path as fid 1.
+func (r *rawFrames) open(path ...string) {
+	r.t.Helper()
+	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, path...), tlopen(1, 0)} {
+		r.send(f)
+		if rep := r.next("set-up"); rerrno(rep) != 0 {
+			r.t.Fatalf("set-up: errno %d", rerrno(rep))
+		}
+	}
+}
+
 func tflush(tag, oldtag uint16) []byte {
 	return frame(108, tag, binary.LittleEndian.AppendUint16(nil, oldtag)...)
 }
@@ -410,42 +474,9 @@ func TestWaitingLocksLeaveTheConnection(t *testing.T) {
 	if st, err := a.Lock(1, p9.WriteLock, 0, 0, 0, "host"); err != nil || st != p9.LockStatusOK {
 		t.Fatalf("a's lock: %v %v", st, err)
 	}
-	cc, sc := net.Pipe()
-	defer cc.Close()
-	go ServeConn(sc, v.tree.Root(), Options{Unidentified: &fs.Internal, MaxOutstanding: 4})
-	frames := make(chan []byte, 16)
-	go func() {
-		for {
-			f, err := readFrame(cc)
-			if err != nil {
-				close(frames)
-				return
-			}
-			frames <- f
-		}
-	}()
-	send := func(f []byte) {
-		t.Helper()
-		if _, err := cc.Write(f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	next := func(what string) []byte {
-		t.Helper()
-		select {
-		case f := <-frames:
-			return f
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no reply: %s", what)
-			return nil
-		}
-	}
-	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, "class", "net", "ib0", "pkey"), tlopen(1, 0)} {
-		send(f)
-		if r := next("set-up"); rerrno(r) != 0 {
-			t.Fatalf("set-up: errno %d", rerrno(r))
-		}
-	}
+	raw := serveRaw(t, v.tree.Root(), Options{Unidentified: &fs.Internal, MaxOutstanding: 4})
+	raw.open("class", "net", "ib0", "pkey")
+	send, next := raw.send, raw.next
 	send(tlock(5, 1, p9.WriteLock, p9.LockFlagsBlock, 9))
 	send(tlock(7, 1, p9.WriteLock, p9.LockFlagsBlock, 9))
 	if r := next("the second blocking Tlock"); r[4] != 53 || binary.LittleEndian.Uint16(r[5:]) != 7 || r[7] != byte(p9.LockStatusBlocked) {

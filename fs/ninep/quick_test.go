@@ -2,7 +2,6 @@ package ninep
 
 import (
 	"encoding/binary"
-	"net"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -62,16 +61,7 @@ func TestQuickFiles(t *testing.T) {
 // included, are still read and answered meanwhile, and the read ends with the next
 // event (TestWaitingReadHoldsNoPathLocks ends one with its Tflush).
 func TestQuickRequestsPassAWaitingRead(t *testing.T) {
-	v := newEnv(t)
-	l := fs.NewEventLog()
-	tree := fs.New(v.e, fs.Options{Events: l})
-	cc, sc := net.Pipe()
-	done := make(chan error, 1)
-	go func() { done <- ServeConn(sc, tree.Root(), Options{Unidentified: &fs.Internal}) }()
-	c, err := NewClient(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, c, done := eventsClient(t)
 	defer func() {
 		c.Close()
 		select {
@@ -143,50 +133,16 @@ func TestQuickRequestsPassAWaitingRead(t *testing.T) {
 func TestWaitingReadHoldsNoPathLocks(t *testing.T) {
 	v := newEnv(t)
 	tree := fs.New(v.e, fs.Options{Events: fs.NewEventLog()})
-	cc, sc := net.Pipe()
-	defer cc.Close()
-	go ServeConn(sc, tree.Root(), Options{Unidentified: &fs.Internal})
-	frames := make(chan []byte, 16)
-	go func() {
-		for {
-			f, err := readFrame(cc)
-			if err != nil {
-				close(frames)
-				return
-			}
-			frames <- f
-		}
-	}()
-	send := func(f []byte, tag uint16) {
-		t.Helper()
-		binary.LittleEndian.PutUint16(f[5:], tag)
-		if _, err := cc.Write(f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	next := func(what string) []byte {
-		t.Helper()
-		select {
-		case f := <-frames:
-			return f
-		case <-time.After(5 * time.Second):
-			t.Fatalf("no reply: %s", what)
-			return nil
-		}
-	}
-	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, "events"), tlopen(1, 0)} {
-		send(f, 1)
-		if r := next("set-up"); rerrno(r) != 0 {
-			t.Fatalf("set-up: errno %d", rerrno(r))
-		}
-	}
+	raw := serveRaw(t, tree.Root(), Options{Unidentified: &fs.Internal})
+	raw.open("events")
+	send, next := raw.sendTag, raw.next
 	read := binary.LittleEndian.AppendUint64(u32(1), 0)
 	for {
 		// What the log holds already (the attach's lines) is read at once: until a
 		// read waits.
 		send(frame(116, 0, append(read, u32(4096)...)...), 10) // Tread of events
 		select {
-		case r := <-frames:
+		case r := <-raw.frames:
 			if r[4] != 117 {
 				t.Fatalf("read of events: % x", r)
 			}

@@ -16,16 +16,7 @@ import (
 // A stream read over 9P waits for the next line, and one still waiting when the
 // client goes away ends with the connection instead of holding the server.
 func TestStreamOver9P(t *testing.T) {
-	v := newEnv(t)
-	l := fs.NewEventLog()
-	tree := fs.New(v.e, fs.Options{Events: l})
-	cc, sc := net.Pipe()
-	done := make(chan error, 1)
-	go func() { done <- ServeConn(sc, tree.Root(), Options{Unidentified: &fs.Internal}) }()
-	c, err := NewClient(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, c, done := eventsClient(t)
 	f, err := c.walk("events")
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +50,23 @@ func TestStreamOver9P(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server still waits in a stream read after its client went away")
 	}
+}
+
+// eventsClient serves a tree with an events log over a pipe; done says when the
+// server's connection ended.
+func eventsClient(t *testing.T) (*fs.EventLog, *Client, <-chan error) {
+	t.Helper()
+	v := newEnv(t)
+	l := fs.NewEventLog()
+	tree := fs.New(v.e, fs.Options{Events: l})
+	cc, sc := net.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- ServeConn(sc, tree.Root(), Options{Unidentified: &fs.Internal}) }()
+	c, err := NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, c, done
 }
 
 // Serve's connections end a waiting stream read too: stopping the server (the

@@ -356,11 +356,7 @@ func TestBatchViewAfterTheSMsConfig(t *testing.T) {
 	p := h.SoftPort(1)
 	x, xcq := handlerQP(t, h, func() bool { return false }, 4)
 	toX := udBatch(t, nodes[0], h, x.Num())
-	a := p.Attr()
-	p.mu.RLock()
-	c := ctlConfig{LID: a.LID, SMLID: a.SMLID, State: a.State, ActiveMTU: a.ActiveMTU, Rate: a.Rate,
-		SMEpoch: a.SMEpoch, SMGID: p.smGID, GIDPrefix: a.GIDPrefix, PKeys: []verbs.PKey{0x8001}}
-	p.mu.RUnlock()
+	c := configWithPKeys(p, 0x8001)
 	mad := c.append(putCtlHeader(nil, ctlAttrConfig, 0))
 	smi := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: 0xffff, DestQP: uint32(verbs.SMIQPN)},
 		DETH: wire.DETH{SrcQP: uint32(verbs.SMIQPN)}, Payload: mad}
@@ -385,11 +381,7 @@ func TestBatchViewAfterAWait(t *testing.T) {
 	h := nodes[1]
 	p := h.SoftPort(1)
 	x, xcq := handlerQP(t, h, func() bool { return false }, 0)
-	a := p.Attr()
-	p.mu.RLock()
-	c := ctlConfig{LID: a.LID, SMLID: a.SMLID, State: a.State, ActiveMTU: a.ActiveMTU, Rate: a.Rate,
-		SMEpoch: a.SMEpoch, SMGID: p.smGID, GIDPrefix: a.GIDPrefix, PKeys: []verbs.PKey{0x8001}}
-	p.mu.RUnlock()
+	c := configWithPKeys(p, 0x8001)
 	bad := p.Counters().BadPKey
 	done := make(chan struct{})
 	go func() {
@@ -406,4 +398,14 @@ func TestBatchViewAfterAWait(t *testing.T) {
 	if d := p.Counters().BadPKey - bad; d != 2 {
 		t.Errorf("%d packets refused for their P_Key, want both", d)
 	}
+}
+
+// configWithPKeys is the port's configuration as its SM sends it, with the P_Key
+// table replaced by pkeys.
+func configWithPKeys(p *Port, pkeys ...verbs.PKey) ctlConfig {
+	a := p.Attr()
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return ctlConfig{LID: a.LID, SMLID: a.SMLID, State: a.State, ActiveMTU: a.ActiveMTU, Rate: a.Rate,
+		SMEpoch: a.SMEpoch, SMGID: p.smGID, GIDPrefix: a.GIDPrefix, PKeys: pkeys}
 }
