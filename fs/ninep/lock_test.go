@@ -445,10 +445,11 @@ func (r *rawFrames) next(what string) []byte {
 	}
 }
 
-// open negotiates the version, attaches fid 0 and opens the file at path as fid 1.
-func (r *rawFrames) open(path ...string) {
+// open negotiates the version, attaches fid 0 and opens the file at path as fid 1
+// with the open(2) flags.
+func (r *rawFrames) open(flags uint32, path ...string) {
 	r.t.Helper()
-	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, path...), tlopen(1, 0)} {
+	for _, f := range [][]byte{tversion(), tattach(0), twalk(0, 1, path...), tlopen(1, flags)} {
 		r.send(f)
 		if rep := r.next("set-up"); rerrno(rep) != 0 {
 			r.t.Fatalf("set-up: errno %d", rerrno(rep))
@@ -475,7 +476,7 @@ func TestWaitingLocksLeaveTheConnection(t *testing.T) {
 		t.Fatalf("a's lock: %v %v", st, err)
 	}
 	raw := serveRaw(t, v.tree.Root(), Options{Unidentified: &fs.Internal, MaxOutstanding: 4})
-	raw.open("class", "net", "ib0", "pkey")
+	raw.open(0, "class", "net", "ib0", "pkey")
 	send, next := raw.send, raw.next
 	send(tlock(5, 1, p9.WriteLock, p9.LockFlagsBlock, 9))
 	send(tlock(7, 1, p9.WriteLock, p9.LockFlagsBlock, 9))

@@ -106,7 +106,8 @@ func (d *Device) RefreshGroups() { d.mark(dirtyGroups) }
 
 // Watch reports the device's changes to ev's functions, first its current state and
 // then each change, until Close. Calls of one Watch are sequential and only report
-// values that differ from the last ones reported. The functions must not call Close.
+// values that differ from the last ones reported. The functions must not call Close or
+// Delete.
 //
 // A watch that follows the link (ev.Link) reads addresses and groups only while the
 // device is up, and reads them when it comes up: both are read from lists of the
@@ -130,7 +131,7 @@ func (d *Device) Watch(ev Events) {
 
 // WatchAddrs calls fn with the full address list of the device, first with the current
 // list and then whenever it changes, until the device is closed. Calls of one watch are
-// sequential; no call happens after Close returns. fn must not call Close.
+// sequential; no call happens after Close returns. fn must not call Close or Delete.
 func (d *Device) WatchAddrs(fn func([]netip.Prefix)) { d.Watch(Events{Addrs: fn}) }
 
 func (d *Device) runWatch(w *watcher) {

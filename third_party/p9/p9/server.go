@@ -119,6 +119,11 @@ type connState struct {
 	// using atomic memory operations.
 	recvIdle int32
 
+	// inHand counts the requests being handled by goroutines other than the one
+	// receiving (ipoibfs patch: quick); counted before the right to receive passes
+	// on, so the next receiver sees them.
+	inHand atomic.Int32
+
 	// If recvShutdown is true, at least one goroutine has observed a
 	// connection error while receiving from t, and all goroutines in
 	// handleRequests() should exit immediately. recvShutdown is protected
@@ -544,6 +549,8 @@ func (cs *connState) handleRequest() bool {
 		}
 		cs.serve(tag, m)
 	}
+	cs.inHand.Add(1) // ipoibfs patch: before another goroutine may receive
+	defer cs.inHand.Add(-1)
 
 	// Ensure that another goroutine is available to receive from cs.t.
 	if atomic.LoadInt32(&cs.recvIdle) == 0 {
@@ -623,10 +630,7 @@ func (cs *connState) serve(tag tag, m message) {
 // waits or takes long may hold what a quick one needs, and the connection must go on
 // reading its requests, a Tflush for it among them).
 func (cs *connState) quick(m message) bool {
-	cs.tagMu.Lock()
-	busy := len(cs.tags) > 0
-	cs.tagMu.Unlock()
-	if busy {
+	if cs.inHand.Load() > 0 {
 		return false
 	}
 	var f fid
