@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/soft"
 	"ipoibfs/verbs/soft/partitions"
@@ -1136,3 +1138,36 @@ func TestFailedSendCompletionsCountAsTheDriver(t *testing.T) {
 		}
 	}
 }
+
+// Failed send completions are logged at most 100 in a burst, as ipoib_warn limits
+// them (a port MTU lowered under the interface fails every full-size send), and the
+// next line logged says how many were not.
+func TestFailedSendWarningsLimited(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	a := nodes[0]
+	var buf strings.Builder
+	var mu sync.Mutex
+	a.e.log.SetOutput(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }))
+	wcs := make([]verbs.WC, 10000)
+	for k := range wcs {
+		wcs[k] = verbs.WC{Status: verbs.WCLocLenErr, WRID: uint64(k)}
+	}
+	a.ib0.reapCQ(&stubCQ{wcs: wcs})
+	mu.Lock()
+	got := strings.Count(buf.String(), "failed send event")
+	mu.Unlock()
+	if got < 100 || got > 101 { // a token may come back while the 10000 are reaped
+		t.Fatalf("%d of 10000 failed completions logged, want the burst of 100", got)
+	}
+	a.e.sendWarn.SetLimit(rate.Inf) // the next one is let through
+	a.ib0.reapCQ(&stubCQ{wcs: wcs[:1]})
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(buf.String(), "more before it not logged)") {
+		t.Fatalf("no count of the lines not logged:\n%s", buf.String()[max(0, buf.Len()-300):])
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

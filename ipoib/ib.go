@@ -2,6 +2,7 @@ package ipoib
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"sync"
 
@@ -210,16 +211,26 @@ func (i *Interface) reapSendCQ() {
 }
 
 // reapCQ collects the completions of a UD send CQ. A failed one is logged, as
-// ipoib_ib_handle_tx_wc warns of it, and counted nowhere else: the driver counts every
-// send completion in tx_packets, failed or not (this engine counted the packet when
-// it posted it), and tx_errors only for posts the HCA refused.
+// ipoib_ib_handle_tx_wc warns of it (at most 100 in 10 s, as ipoib_warn), and counted
+// nowhere else: the driver counts every send completion in tx_packets, failed or not
+// (this engine counted the packet when it posted it), and tx_errors only for posts the
+// HCA refused.
 func (i *Interface) reapCQ(cq verbs.CQ) {
 	var wc [32]verbs.WC
 	for n := cq.Poll(wc[:]); n > 0; n = cq.Poll(wc[:]) {
 		for _, c := range wc[:n] {
-			if c.Status != verbs.WCSuccess && c.Status != verbs.WCWRFlushErr {
-				i.e.log.Printf("%s: failed send event (status=%v, wrid=%d)", i.Name(), c.Status, c.WRID)
+			if c.Status == verbs.WCSuccess || c.Status == verbs.WCWRFlushErr {
+				continue
 			}
+			if !i.e.sendWarn.Allow() {
+				i.e.sendWarnLost.Add(1)
+				continue
+			}
+			lost := ""
+			if k := i.e.sendWarnLost.Swap(0); k > 0 {
+				lost = fmt.Sprintf(" (%d more before it not logged)", k)
+			}
+			i.e.log.Printf("%s: failed send event (status=%v, wrid=%d)%s", i.Name(), c.Status, c.WRID, lost)
 		}
 	}
 }
