@@ -200,19 +200,32 @@ func TestRequestsPassOneInHand(t *testing.T) {
 	setattr := append(u32(1), u32(0x8)...) // valid: size
 	setattr = append(setattr, make([]byte, 4+4+4+8+4*8)...)
 	raw.sendTag(frame(26, 0, setattr...), 11) // waits for the write's read lock of the file
-	time.Sleep(50 * time.Millisecond)         // queued as the file's writer
 	getattr := binary.LittleEndian.AppendUint64(u32(1), 0x7ff)
-	raw.sendTag(frame(24, 0, getattr...), 12) // waits behind the setattr
-	walk := twalk(0, 2, "class")
-	binary.LittleEndian.PutUint16(walk[5:], 13)
-	go raw.cc.Write(walk) // a pipe: the write waits until the server reads it
-	select {
-	case r := <-raw.frames:
-		if tag := binary.LittleEndian.Uint16(r[5:]); tag != 13 || r[4] != 111 {
-			t.Fatalf("while the reload waits: reply % x, want Rwalk for tag 13", r)
+	// The getattr waits behind the setattr once that is queued as the file's writer;
+	// a getattr answered first came before (a slow machine): try again, later.
+	var gtag uint16
+	for try, wait := uint16(0), 50*time.Millisecond; ; try, wait = try+1, 2*wait {
+		time.Sleep(wait)
+		gtag = 12 + 2*try
+		wtag := gtag + 1
+		raw.sendTag(frame(24, 0, getattr...), gtag)
+		walk := twalk(0, 2+uint32(try), "class")
+		binary.LittleEndian.PutUint16(walk[5:], wtag)
+		go raw.cc.Write(walk) // a pipe: the write waits until the server reads it
+		var r []byte
+		select {
+		case r = <-raw.frames:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a walk was not answered while a write was in hand (the getattr before it held the connection)")
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a walk was not answered while a write was in hand (the getattr before it held the connection)")
+		tag := binary.LittleEndian.Uint16(r[5:])
+		if tag == wtag && r[4] == 111 {
+			break
+		}
+		if tag != gtag || r[4] != 25 || try == 4 {
+			t.Fatalf("while the reload waits: reply % x, want Rwalk for tag %d", r, wtag)
+		}
+		raw.next("the walk after a getattr answered at once")
 	}
 	releaseOnce()
 	got := map[uint16]byte{}
@@ -220,7 +233,7 @@ func TestRequestsPassOneInHand(t *testing.T) {
 		r := raw.next("the write, setattr and getattr after the reload")
 		got[binary.LittleEndian.Uint16(r[5:])] = r[4]
 	}
-	if got[10] != 119 || got[11] != 27 || got[12] != 25 {
-		t.Errorf("replies after the reload (tag: type): %v; want Rwrite 10, Rsetattr 11, Rgetattr 12", got)
+	if got[10] != 119 || got[11] != 27 || got[gtag] != 25 {
+		t.Errorf("replies after the reload (tag: type): %v; want Rwrite 10, Rsetattr 11, Rgetattr %d", got, gtag)
 	}
 }
