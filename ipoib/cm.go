@@ -533,9 +533,11 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 		// The connection is busy, not broken (the driver stops its queue until
 		// completions make room): what did not fit is dropped, TCP sends it again.
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
+		bytes = postedBytes(wrs, n)
 	case err != nil:
+		// As ipoib_cm_send's failed post: tx_errors, the packet freed.
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
-		i.stats.txDropped.Add(uint64(len(wrs) - n))
+		bytes = postedBytes(wrs, n)
 		i.cmTxFailed(t)
 	}
 	i.stats.txPackets.Add(uint64(n))

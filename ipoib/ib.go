@@ -179,13 +179,27 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	}
 	n, err := l.qp.PostSend(wrs)
 	if err != nil {
+		// As ipoib_send's failed post: tx_errors and the packet freed, neither sent
+		// (tx_packets, tx_bytes) nor dropped.
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
-		i.stats.txDropped.Add(uint64(len(wrs) - n))
+		bytes = postedBytes(wrs, n)
 	}
 	i.stats.txPackets.Add(uint64(n))
 	i.stats.txBytes.Add(bytes)
 	clear(wrs)
 	l.wrs = wrs[:0]
+}
+
+// postedBytes is the size of the first n work requests: what a post that took only
+// those sent.
+func postedBytes(wrs []verbs.SendWR, n int) uint64 {
+	var b uint64
+	for _, wr := range wrs[:n] {
+		for _, d := range wr.Data {
+			b += uint64(len(d))
+		}
+	}
+	return b
 }
 
 // sendFrames posts already-encapsulated frames (flushed queues, ARP and ND replies).

@@ -22,6 +22,9 @@ type laneDev struct {
 	src    map[verbs.QPN]verbs.QPN // open send-only QP -> the number it sends as
 	posts  map[verbs.QPN]int       // PostSend calls per QP
 	mods   map[verbs.QPN]int       // Modify calls per QP
+	// failAfter, when above 0, makes a PostSend take that many requests at most and
+	// fail the rest, as a provider refusing a post (0: no failures).
+	failAfter int
 }
 
 func (d *laneDev) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
@@ -49,7 +52,15 @@ type laneQP struct {
 func (q *laneQP) PostSend(wrs []verbs.SendWR) (int, error) {
 	q.d.mu.Lock()
 	q.d.posts[q.Num()]++
+	fail := q.d.failAfter
 	q.d.mu.Unlock()
+	if fail > 0 && len(wrs) > fail {
+		n, err := q.QP.PostSend(wrs[:fail])
+		if err == nil {
+			err = &verbs.Error{Op: "post_send", Obj: "test", Err: verbs.ErrInvalid}
+		}
+		return n, err
+	}
 	return q.QP.PostSend(wrs)
 }
 
@@ -297,5 +308,31 @@ func TestSendQueuesUnsupported(t *testing.T) {
 	pingQueue(t, a.ib0, 3, b.host, 7)
 	if ld.postsOn(own) == before {
 		t.Errorf("queue 3's echo was not posted on ib0's QP")
+	}
+}
+
+// A post the HCA refuses in part counts as ipoib_send's failed post: the refused
+// packets in tx_errors only (not tx_dropped), and tx_packets and tx_bytes for the
+// ones it took.
+func TestRefusedPostCountsAsTheDriver(t *testing.T) {
+	ld, _, nodes := laneNodes(t, false)
+	a, b := nodes[0], nodes[1]
+	pingQueue(t, a.ib0, 0, b.host, 1) // path and neighbour known
+	pkt := icmp4("10.0.0.1", "10.0.0.2", 8, 2, 56)
+	before := a.ib0.Stats()
+	a.ib0.Transmit([][]byte{pkt})
+	one := a.ib0.Stats()
+	frame := one.TxBytes - before.TxBytes
+	if one.TxPackets-before.TxPackets != 1 || frame == 0 {
+		t.Fatalf("one packet: %+v, then %+v", before, one)
+	}
+	ld.mu.Lock()
+	ld.failAfter = 1
+	ld.mu.Unlock()
+	a.ib0.Transmit([][]byte{pkt, pkt, pkt})
+	after := a.ib0.Stats()
+	got := [4]uint64{after.TxPackets - one.TxPackets, after.TxBytes - one.TxBytes, after.TxErrors - one.TxErrors, after.TxDropped - one.TxDropped}
+	if want := [4]uint64{1, frame, 2, 0}; got != want {
+		t.Errorf("three packets, the post taking one: tx_packets, tx_bytes, tx_errors, tx_dropped +%v, want +%v", got, want)
 	}
 }
