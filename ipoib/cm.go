@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +39,7 @@ const (
 type cmTx struct {
 	hw       HWAddr
 	qp       verbs.QP
+	unsig    atomic.Int32 // sends posted since the last signalled one (signalEvery)
 	conn     *cm.Conn
 	up       bool
 	mtu      int // the peer's receive size (IPoIB header included)
@@ -526,6 +528,14 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 	}
 	if dataDebug {
 		i.e.cmdtracef("%s: cm tx %d messages, %d bytes to %s", i.Name(), len(wrs), bytes, t.hw)
+	}
+	// One send in signalEvery is signalled, so the provider gets its slots back
+	// (cmSendLoop reaps the completion); posts to one connection from two send
+	// queues may both signal, which costs a completion, not a slot.
+	sig := int(t.unsig.Add(int32(len(wrs)))) >= signalEvery(i.e.params.SendQueueSize)
+	if sig {
+		t.unsig.Store(0)
+		wrs[len(wrs)-1].Signaled = true
 	}
 	n, err := qp.PostSend(wrs)
 	switch {

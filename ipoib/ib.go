@@ -177,7 +177,15 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	if dataDebug {
 		i.e.dtracef("%s: tx %d frames, %d bytes", i.Name(), len(wrs), bytes)
 	}
+	i.reapCQ(l.scq) // the slots of sends before the last signalled one come back
+	sig := l.unsig+len(wrs) >= signalEvery(i.e.params.SendQueueSize)
+	wrs[len(wrs)-1].Signaled = sig
 	n, err := l.qp.PostSend(wrs)
+	if sig && n == len(wrs) {
+		l.unsig = 0
+	} else {
+		l.unsig += n
+	}
 	if err != nil {
 		// As ipoib_send's failed post: tx_errors and the packet freed, neither sent
 		// (tx_packets, tx_bytes) nor dropped.

@@ -32,7 +32,17 @@ type txLane struct {
 	wrs   []verbs.SendWR
 	hdr   [][encapLen]byte
 	out   []outFrame
+	// unsig counts the sends posted since the last signalled one (signalEvery).
+	unsig int
 }
+
+// signalEvery returns after how many unsignalled sends one is signalled, for a send
+// queue of size entries. A provider takes back the slot of an unsignalled send only
+// with a later completion (verbs/rdma, as a real send queue), so without one every
+// post after the queue's size failed with a full queue; the driver signals every
+// send, which on the soft HCA would cost a completion a packet. Half the queue
+// leaves room for the batch in flight until the completion is reaped (at each post).
+func signalEvery(entries int) int { return max(1, entries/2) }
 
 // SetSendQueues gives the interface n send queues for TransmitQueue. It only adds: a
 // count at or below the current one changes nothing. A device that cannot send under
