@@ -2,6 +2,7 @@ package ipoib
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -186,7 +187,14 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	} else {
 		l.unsig += n
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, verbs.ErrQueueFull):
+		// The queue is busy, not broken (the driver stops its queue before the ring
+		// fills, which the TUN cannot): what did not fit is dropped, as a
+		// connection's full queue drops (cmPostWRs).
+		i.stats.txDropped.Add(uint64(len(wrs) - n))
+		bytes = postedBytes(wrs, n)
+	case err != nil:
 		// As ipoib_send's failed post: tx_errors and the packet freed, neither sent
 		// (tx_packets, tx_bytes) nor dropped.
 		i.stats.txErrors.Add(uint64(len(wrs) - n))

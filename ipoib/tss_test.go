@@ -23,8 +23,10 @@ type laneDev struct {
 	posts  map[verbs.QPN]int       // PostSend calls per QP
 	mods   map[verbs.QPN]int       // Modify calls per QP
 	// failAfter, when above 0, makes a PostSend take that many requests at most and
-	// fail the rest, as a provider refusing a post (0: no failures).
+	// fail the rest with failErr (default: verbs.ErrInvalid), as a provider refusing
+	// a post (0: no failures).
 	failAfter int
+	failErr   error
 }
 
 func (d *laneDev) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
@@ -52,12 +54,15 @@ type laneQP struct {
 func (q *laneQP) PostSend(wrs []verbs.SendWR) (int, error) {
 	q.d.mu.Lock()
 	q.d.posts[q.Num()]++
-	fail := q.d.failAfter
+	fail, ferr := q.d.failAfter, q.d.failErr
 	q.d.mu.Unlock()
 	if fail > 0 && len(wrs) > fail {
 		n, err := q.QP.PostSend(wrs[:fail])
+		if ferr == nil {
+			ferr = verbs.ErrInvalid
+		}
 		if err == nil {
-			err = &verbs.Error{Op: "post_send", Obj: "test", Err: verbs.ErrInvalid}
+			err = &verbs.Error{Op: "post_send", Obj: "test", Err: ferr}
 		}
 		return n, err
 	}
@@ -313,7 +318,7 @@ func TestSendQueuesUnsupported(t *testing.T) {
 
 // A post the HCA refuses in part counts as ipoib_send's failed post: the refused
 // packets in tx_errors only (not tx_dropped), and tx_packets and tx_bytes for the
-// ones it took.
+// ones it took; a full queue drops what did not fit (tx_dropped).
 func TestRefusedPostCountsAsTheDriver(t *testing.T) {
 	ld, _, nodes := laneNodes(t, false)
 	a, b := nodes[0], nodes[1]
@@ -334,5 +339,15 @@ func TestRefusedPostCountsAsTheDriver(t *testing.T) {
 	got := [4]uint64{after.TxPackets - one.TxPackets, after.TxBytes - one.TxBytes, after.TxErrors - one.TxErrors, after.TxDropped - one.TxDropped}
 	if want := [4]uint64{1, frame, 2, 0}; got != want {
 		t.Errorf("three packets, the post taking one: tx_packets, tx_bytes, tx_errors, tx_dropped +%v, want +%v", got, want)
+	}
+	// A full queue is not an error: what did not fit is dropped, as on a connection.
+	ld.mu.Lock()
+	ld.failErr = verbs.ErrQueueFull
+	ld.mu.Unlock()
+	a.ib0.Transmit([][]byte{pkt, pkt, pkt})
+	full := a.ib0.Stats()
+	got = [4]uint64{full.TxPackets - after.TxPackets, full.TxBytes - after.TxBytes, full.TxErrors - after.TxErrors, full.TxDropped - after.TxDropped}
+	if want := [4]uint64{1, frame, 0, 2}; got != want {
+		t.Errorf("three packets, a full queue taking one: tx_packets, tx_bytes, tx_errors, tx_dropped +%v, want +%v", got, want)
 	}
 }
