@@ -545,7 +545,9 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 	case err != nil:
-		// As ipoib_cm_send's failed post: tx_errors, the packet freed.
+		// As ipoib_cm_send's failed post: a warning, tx_errors, the packet freed (and
+		// here the connection torn down, to be made again by the next packet).
+		i.sendWarnf("connected-mode post_send to %s failed: %v", t.hw, err)
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 		i.cmTxFailed(t)

@@ -195,8 +195,9 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 	case err != nil:
-		// As ipoib_send's failed post: tx_errors and the packet freed, neither sent
-		// (tx_packets, tx_bytes) nor dropped.
+		// As ipoib_send's failed post: a warning, tx_errors and the packet freed,
+		// neither sent (tx_packets, tx_bytes) nor dropped.
+		i.sendWarnf("post_send failed: %v", err)
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 	}
@@ -204,6 +205,20 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	i.stats.txBytes.Add(bytes)
 	clear(wrs)
 	l.wrs = wrs[:0]
+}
+
+// sendWarnf logs a failed send as ipoib_warn does, at most 100 in a burst (the
+// engine's sendWarn); the next line logged says how many were not.
+func (i *Interface) sendWarnf(format string, a ...any) {
+	if !i.e.sendWarn.Allow() {
+		i.e.sendWarnLost.Add(1)
+		return
+	}
+	lost := ""
+	if k := i.e.sendWarnLost.Swap(0); k > 0 {
+		lost = fmt.Sprintf(" (%d more before it not logged)", k)
+	}
+	i.e.log.Printf("%s: "+format+"%s", append(append([]any{i.Name()}, a...), lost)...)
 }
 
 // postedBytes is the size of the first n work requests: what a post that took only
@@ -252,15 +267,7 @@ func (i *Interface) reapCQ(cq verbs.CQ) {
 			if c.Status == verbs.WCSuccess || c.Status == verbs.WCWRFlushErr {
 				continue
 			}
-			if !i.e.sendWarn.Allow() {
-				i.e.sendWarnLost.Add(1)
-				continue
-			}
-			lost := ""
-			if k := i.e.sendWarnLost.Swap(0); k > 0 {
-				lost = fmt.Sprintf(" (%d more before it not logged)", k)
-			}
-			i.e.log.Printf("%s: failed send event (status=%v, wrid=%d)%s", i.Name(), c.Status, c.WRID, lost)
+			i.sendWarnf("failed send event (status=%v, wrid=%d)", c.Status, c.WRID)
 		}
 	}
 }

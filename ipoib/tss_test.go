@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -320,8 +321,11 @@ func TestSendQueuesUnsupported(t *testing.T) {
 // packets in tx_errors only (not tx_dropped), and tx_packets and tx_bytes for the
 // ones it took; a full queue drops what did not fit (tx_dropped).
 func TestRefusedPostCountsAsTheDriver(t *testing.T) {
-	ld, _, nodes := laneNodes(t, false)
+	ld, ea, nodes := laneNodes(t, false)
 	a, b := nodes[0], nodes[1]
+	var logged strings.Builder
+	var logMu sync.Mutex
+	ea.log.SetOutput(writerFunc(func(p []byte) (int, error) { logMu.Lock(); defer logMu.Unlock(); return logged.Write(p) }))
 	pingQueue(t, a.ib0, 0, b.host, 1) // path and neighbour known
 	pkt := icmp4("10.0.0.1", "10.0.0.2", 8, 2, 56)
 	before := a.ib0.Stats()
@@ -340,6 +344,11 @@ func TestRefusedPostCountsAsTheDriver(t *testing.T) {
 	if want := [4]uint64{1, frame, 2, 0}; got != want {
 		t.Errorf("three packets, the post taking one: tx_packets, tx_bytes, tx_errors, tx_dropped +%v, want +%v", got, want)
 	}
+	logMu.Lock()
+	if !strings.Contains(logged.String(), "ib0: post_send failed") {
+		t.Errorf("the refused post was not logged:\n%s", logged.String())
+	}
+	logMu.Unlock()
 	// A full queue is not an error: what did not fit is dropped, as on a connection.
 	ld.mu.Lock()
 	ld.failErr = verbs.ErrQueueFull
