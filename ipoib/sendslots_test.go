@@ -100,35 +100,18 @@ func (c *slotCQ) Poll(wc []verbs.WC) int {
 func TestSendQueueSlotsComeBack(t *testing.T) {
 	for _, mode := range []Mode{Datagram, Connected} {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
-			r := newRig(t)
-			var nodes [2]*node
 			var sd *slotDev
-			for k, name := range []string{"a", "b"} {
-				h, err := soft.New(soft.Config{Name: name, Network: r.net, SM: r.smh.Endpoint(1), Heartbeat: hb})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { h.Close() })
-				waitFor(t, name+" port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
-				var dev verbs.Device = h
-				if k == 0 {
-					sd = &slotDev{Device: h, qps: map[verbs.QPN]*slotQP{}}
-					dev = sd
-				}
-				e, err := New(dev, Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(e.Close)
-				ib0, _ := e.Interface("ib0")
-				host := bringUp(t, ib0, fmt.Sprintf("10.0.0.%d/24", k+1))
-				if mode == Connected {
-					if err := ib0.SetMode(Connected); err != nil {
+			nodes := wrappedPair(t, func(h *soft.HCA) verbs.Device {
+				sd = &slotDev{Device: h, qps: map[verbs.QPN]*slotQP{}}
+				return sd
+			})
+			if mode == Connected {
+				for _, n := range nodes {
+					if err := n.ib0.SetMode(Connected); err != nil {
 						t.Fatal(err)
 					}
-					waitFor(t, name+" carrier", ib0.Carrier)
+					waitFor(t, "carrier", n.ib0.Carrier)
 				}
-				nodes[k] = &node{h, e, ib0, host}
 			}
 			a, b := nodes[0], nodes[1]
 			ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)

@@ -109,10 +109,19 @@ func (d *laneDev) open() map[verbs.QPN]verbs.QPN {
 // laneNodes brings up ib0 on two engines, a's HCA seen through a laneDev, addressed
 // 10.0.0.1 and .2.
 func laneNodes(t *testing.T, refuse bool) (*laneDev, *Engine, [2]*node) {
+	var ld *laneDev
+	nodes := wrappedPair(t, func(h *soft.HCA) verbs.Device {
+		ld = &laneDev{Device: h, refuse: refuse, src: map[verbs.QPN]verbs.QPN{}, posts: map[verbs.QPN]int{}, mods: map[verbs.QPN]int{}}
+		return ld
+	})
+	return ld, nodes[0].e, nodes
+}
+
+// wrappedPair brings up ib0 on two engines, a's HCA seen through wrap(HCA), addressed
+// 10.0.0.1 and .2.
+func wrappedPair(t *testing.T, wrap func(*soft.HCA) verbs.Device) [2]*node {
 	r := newRig(t)
 	var nodes [2]*node
-	var ld *laneDev
-	var ea *Engine
 	for k, name := range []string{"a", "b"} {
 		h, err := soft.New(soft.Config{Name: name, Network: r.net, SM: r.smh.Endpoint(1), Heartbeat: hb})
 		if err != nil {
@@ -122,22 +131,18 @@ func laneNodes(t *testing.T, refuse bool) (*laneDev, *Engine, [2]*node) {
 		waitFor(t, name+" port active", func() bool { return h.SoftPort(1).Attr().State == verbs.PortActive })
 		var dev verbs.Device = h
 		if k == 0 {
-			ld = &laneDev{Device: h, refuse: refuse, src: map[verbs.QPN]verbs.QPN{}, posts: map[verbs.QPN]int{}, mods: map[verbs.QPN]int{}}
-			dev = ld
+			dev = wrap(h)
 		}
 		e, err := New(dev, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(e.Close)
-		if k == 0 {
-			ea = e
-		}
 		ib0, _ := e.Interface("ib0")
 		host := bringUp(t, ib0, fmt.Sprintf("10.0.0.%d/24", k+1))
 		nodes[k] = &node{h, e, ib0, host}
 	}
-	return ld, ea, nodes
+	return nodes
 }
 
 // pingQueue is ping from host queue q.
