@@ -513,7 +513,7 @@ func (q *QP) stateLocked() verbs.QPState {
 }
 
 var qpStates = map[verbs.QPState]C.int{verbs.QPReset: C.IBV_QPS_RESET, verbs.QPInit: C.IBV_QPS_INIT,
-	verbs.QPRTR: C.IBV_QPS_RTR, verbs.QPRTS: C.IBV_QPS_RTS, verbs.QPSQD: C.IBV_QPS_SQD, verbs.QPErr: C.IBV_QPS_ERR}
+	verbs.QPRTR: C.IBV_QPS_RTR, verbs.QPRTS: C.IBV_QPS_RTS, verbs.QPSQD: C.IBV_QPS_SQD, verbs.QPSQE: C.IBV_QPS_SQE, verbs.QPErr: C.IBV_QPS_ERR}
 
 // Modify moves the UD queue pair through its states: INIT takes the P_Key index and
 // Q_Key (and the port it was created on), RTS starts the send PSN at 0. Without
@@ -553,7 +553,9 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	case keep:
 	case m.State == verbs.QPInit:
 		mask |= C.IBV_QP_PORT | C.IBV_QP_PKEY_INDEX | C.IBV_QP_QKEY
-	case m.State == verbs.QPRTS:
+	case m.State == verbs.QPRTS && q.stateLocked() == verbs.QPRTR:
+		// Only RTR to RTS takes the send PSN: SQE to RTS (after a failed send)
+		// and RTS to RTS refuse it (EINVAL).
 		mask |= C.IBV_QP_SQ_PSN
 	}
 	if r := C.ipoibfs_modify_qp(q.qp, st, C.int(m.PKeyIndex), C.int(q.port), C.uint32_t(m.QKey), mask); r != 0 {

@@ -134,6 +134,12 @@ func (q *QP) Type() verbs.QPType   { return q.typ }
 func (q *QP) String() string       { return fmt.Sprintf("%s qp %#x", q.port, uint32(q.num)) }
 func (q *QP) State() verbs.QPState { q.mu.Lock(); defer q.mu.Unlock(); return q.state }
 
+// receives reports whether a UD QP in state s takes datagrams: a send queue error
+// (SQE) or drain (SQD) stops its sends, not its receives.
+func receives(s verbs.QPState) bool {
+	return s == verbs.QPRTR || s == verbs.QPRTS || s == verbs.QPSQD || s == verbs.QPSQE
+}
+
 // Modify applies a state transition with the UD rules: RESET->INIT needs P_Key index
 // and Q_Key; INIT->RTR; RTR->RTS; any->ERR or RESET. RC QPs follow rcModify.
 func (q *QP) Modify(m verbs.QPModify) error {
@@ -167,7 +173,9 @@ func (q *QP) Modify(m verbs.QPModify) error {
 		ok = true
 	case q.state == verbs.QPRTR && next == verbs.QPRTS:
 		ok = true
-	case q.state == verbs.QPRTS && next == verbs.QPRTS:
+	case (q.state == verbs.QPRTS || q.state == verbs.QPSQE) && next == verbs.QPRTS:
+		// SQE to RTS is how a consumer takes a UD QP out of the send queue error
+		// state its failed send put it in (ipoib_qp_state_validate_work).
 		ok = true
 	}
 	if !ok {
@@ -190,7 +198,7 @@ func (q *QP) Modify(m verbs.QPModify) error {
 	case verbs.QPReset:
 		q.recvQ, q.recvH = nil, 0
 	}
-	if next != verbs.QPRTR && next != verbs.QPRTS {
+	if !receives(next) {
 		q.wakeReceiveLocked() // a receive waiting for buffers gives up now
 	}
 	_ = prev
@@ -237,7 +245,7 @@ func (q *QP) awaitRecvLocked(cb *cqBatch) bool {
 			timedOut = true
 		}
 		q.mu.Lock()
-		if q.state != verbs.QPRTR && q.state != verbs.QPRTS {
+		if !receives(q.state) {
 			return false
 		}
 		if timedOut && q.recvH == len(q.recvQ) {
@@ -317,9 +325,13 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	q.mu.Lock()
 	st, pkeyIx, qkey := q.state, q.pkeyIx, q.qkey
 	q.mu.Unlock()
-	if st != verbs.QPRTS {
+	if st != verbs.QPRTS && st != verbs.QPSQE {
 		return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: verbs.ErrInvalidState}
 	}
+	// As on a real HCA, a UD send that fails moves the QP to the send queue error
+	// state (IBTA 10.3.1): the sends after it, in this batch and later ones, are
+	// flushed until the consumer moves the QP back to RTS. Receives go on.
+	sqe := st == verbs.QPSQE
 	p := q.port
 	p.mu.RLock()
 	var pkey verbs.PKey
@@ -358,6 +370,8 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 		status := verbs.WCSuccess
 		ah, _ := wr.AH.(*AH)
 		switch {
+		case sqe:
+			status = verbs.WCWRFlushErr
 		case ah == nil || ah.attr.Port != p.num:
 			status = verbs.WCLocQPOpErr
 		case n > mtu:
@@ -403,6 +417,14 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 					wr.Data, n, sgid, dgid, &ic)
 				spans = append(spans, udSpan{from, len(q.dgrams), off, len(q.scratch)})
 			}
+		}
+		if status != verbs.WCSuccess && !sqe {
+			sqe = true
+			q.mu.Lock()
+			if q.state == verbs.QPRTS {
+				q.state = verbs.QPSQE
+			}
+			q.mu.Unlock()
 		}
 		if status != verbs.WCSuccess || wr.Signaled || q.sigAll {
 			comps = append(comps, verbs.WC{WRID: wr.ID, Status: status, Opcode: verbs.WCSend, QPN: q.num, ByteLen: n})
@@ -482,7 +504,7 @@ func (q *QP) deliver(pkt *wire.Packet, src ctlRoute, dgid verbs.GID, pkeys []ver
 	p := q.port
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.state != verbs.QPRTR && q.state != verbs.QPRTS || q.rc != nil || q.src != 0 {
+	if !receives(q.state) || q.rc != nil || q.src != 0 {
 		p.cnt.noQP.Add(1) // RC QPs take no datagrams, send-only ones nothing
 		return
 	}

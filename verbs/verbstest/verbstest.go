@@ -624,7 +624,8 @@ func (s *suite) recvTooSmall(t *testing.T) {
 }
 
 // oversize: a datagram above the active MTU is not delivered; its send completes with
-// the declared status, and the QP still sends afterwards.
+// the declared status, and the QP sends afterwards (after a move from SQE to RTS when
+// the send failed).
 func (s *suite) oversize(t *testing.T) {
 	p := s.pair(t)
 	a, b := p[0], p[1]
@@ -644,6 +645,21 @@ func (s *suite) oversize(t *testing.T) {
 	}
 	if wcs := WaitWC(b.rcq, 1, s.f.Quiet); len(wcs) != 0 {
 		t.Errorf("the datagram above the MTU was received: %+v", wcs)
+	}
+	if s.f.OversizeSendStatus != verbs.WCSuccess {
+		// A UD send that fails leaves the QP in SQE (IBTA 10.3.1): the next send is
+		// flushed, and a move back to RTS lets the QP send again.
+		if st := a.qp.State(); st != verbs.QPSQE {
+			t.Errorf("after a failed send the QP is in %v, want SQE", st)
+		}
+		if n, err := a.qp.PostSend([]verbs.SendWR{{ID: 3, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{{3}}, Signaled: true}}); n != 1 || err != nil {
+			t.Errorf("PostSend on the QP in SQE: %d %v", n, err)
+		} else if wcs := WaitWC(a.scq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].WRID != 3 || wcs[0].Status != verbs.WCWRFlushErr {
+			t.Errorf("a send on the QP in SQE: %+v, want it flushed", wcs)
+		}
+		if err := a.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPRTS}); err != nil {
+			t.Fatalf("SQE to RTS: %v", err)
+		}
 	}
 	s.send(t, a, verbs.SendWR{ID: 2, AH: ah, RemoteQPN: b.qp.Num(), RemoteQKey: s.f.QKey, Data: [][]byte{bytes.Repeat([]byte{6}, mtu)}})
 	if wcs := WaitWC(b.rcq, 1, s.f.Wait); len(wcs) != 1 || wcs[0].Status != verbs.WCSuccess || wcs[0].ByteLen != grh+mtu {
