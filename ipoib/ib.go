@@ -178,7 +178,7 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	if dataDebug {
 		i.e.dtracef("%s: tx %d frames, %d bytes", i.Name(), len(wrs), bytes)
 	}
-	i.reapCQ(l.scq) // the slots of sends before the last signalled one come back
+	i.reapLane(l) // the slots of sends before the last signalled one come back
 	sig := l.unsig+len(wrs) >= signalEvery(i.e.params.SendQueueSize)
 	wrs[len(wrs)-1].Signaled = sig
 	n, err := l.qp.PostSend(wrs)
@@ -251,7 +251,51 @@ func (i *Interface) sendFrames(frames [][]byte, ah verbs.AH, qpn verbs.QPN) {
 // errors and signalled sends produce them).
 func (i *Interface) reapSendCQ() {
 	for _, l := range *i.lanes.Load() {
-		i.reapCQ(l.scq)
+		i.reapLane(l)
+	}
+}
+
+// reapLane reaps a send queue's CQ; a failed send asks the interface task to check
+// the queue's QP, as ipoib_ib_handle_tx_wc queues ipoib_qp_state_validate_work.
+func (i *Interface) reapLane(l *txLane) {
+	if i.reapCQ(l.scq) && !l.sqCheck.Swap(true) {
+		i.wake()
+	}
+}
+
+// checkSendQueues is the driver's ipoib_qp_state_validate_work for each send queue a
+// failed send marked: a UD send error moves a QP to SQE, where the HCA flushes every
+// later send until the QP is moved back to RTS. A QP in another state is left as it
+// is (a restart moves it), and said so unless it is sending (RTS). Each marked queue
+// is checked once a round, however many of its sends failed (the driver queues a
+// check per failed send).
+func (i *Interface) checkSendQueues() {
+	lanes := *i.lanes.Load()
+	for k, l := range lanes {
+		if !l.sqCheck.Swap(false) {
+			continue
+		}
+		i.mu.Lock()
+		if !i.closed && i.data().qpReady && (k == 0 || l.ready.Load()) {
+			i.validateQPLocked(l.qp)
+		}
+		i.mu.Unlock()
+	}
+}
+
+// validateQPLocked moves qp from SQE back to RTS. Called with mu held, so that no
+// restart moves the QP at the same time.
+func (i *Interface) validateQPLocked(qp verbs.QP) {
+	switch st := qp.State(); st {
+	case verbs.QPRTS:
+	case verbs.QPSQE:
+		if err := qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPRTS}); err != nil {
+			i.sendWarnf("failed to move QP %#x from SQE to RTS: %v", uint32(qp.Num()), err)
+			return
+		}
+		i.e.log.Printf("%s: QP %#x moved from SQE to RTS", i.Name(), uint32(qp.Num()))
+	default:
+		i.sendWarnf("QP %#x will stay in state %v", uint32(qp.Num()), st)
 	}
 }
 
@@ -260,16 +304,19 @@ func (i *Interface) reapSendCQ() {
 // nowhere else: the driver counts every send completion in tx_packets, failed or not
 // (this engine counted the packet when it posted it), and tx_errors only for posts the
 // HCA refused.
-func (i *Interface) reapCQ(cq verbs.CQ) {
+// It reports whether a send failed.
+func (i *Interface) reapCQ(cq verbs.CQ) (failed bool) {
 	var wc [32]verbs.WC
 	for n := cq.Poll(wc[:]); n > 0; n = cq.Poll(wc[:]) {
 		for _, c := range wc[:n] {
 			if c.Status == verbs.WCSuccess || c.Status == verbs.WCWRFlushErr {
 				continue
 			}
+			failed = true
 			i.sendWarnf("failed send event (status=%v, wrid=%d)", c.Status, c.WRID)
 		}
 	}
+	return failed
 }
 
 // classify returns the EtherType and destination of an IP packet.

@@ -1119,5 +1119,6 @@ func (i *Interface) runTask() time.Duration {
 		next = d
 	}
 	i.reapSendCQ()
+	i.checkSendQueues()
 	return max(next, 10*time.Millisecond)
 }

@@ -1,0 +1,92 @@
+package ipoib
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"ipoibfs/verbs"
+	"ipoibfs/verbs/soft"
+)
+
+// sqeDev is a soft HCA whose UD QPs can be made to fail their next send, which moves
+// the QP to SQE as a real HCA's failed send does.
+type sqeDev struct {
+	verbs.Device
+	mu  sync.Mutex
+	qps []*sqeQP
+}
+
+type sqeQP struct {
+	verbs.QP
+	fail  atomic.Bool
+	after atomic.Value // verbs.QPState after the failed post
+}
+
+func (d *sqeDev) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
+	q, err := d.Device.CreateQP(attr)
+	if err != nil || attr.Type != verbs.QPTypeUD {
+		return q, err
+	}
+	w := &sqeQP{QP: q}
+	d.mu.Lock()
+	d.qps = append(d.qps, w)
+	d.mu.Unlock()
+	return w, nil
+}
+
+func (q *sqeQP) PostSend(wrs []verbs.SendWR) (int, error) {
+	if len(wrs) == 0 || !q.fail.Swap(false) {
+		return q.QP.PostSend(wrs)
+	}
+	bad := append([]verbs.SendWR(nil), wrs...)
+	bad[0].AH = nil // the HCA fails it: local QP operation error
+	n, err := q.QP.PostSend(bad)
+	q.after.Store(q.QP.State())
+	return n, err
+}
+
+// A send that fails moves a UD QP to SQE, where every later send is flushed; the
+// interface moves it back to RTS, as ipoib_qp_state_validate_work does, so that
+// pings go through again, on the interface's QP and on a second send queue's.
+func TestSendQueueErrorRecovers(t *testing.T) {
+	var sd *sqeDev
+	nodes := wrappedPair(t, func(h *soft.HCA) verbs.Device {
+		sd = &sqeDev{Device: h}
+		return sd
+	})
+	a, b := nodes[0], nodes[1]
+	var logged strings.Builder
+	var lmu sync.Mutex
+	a.e.log.SetOutput(writerFunc(func(p []byte) (int, error) { lmu.Lock(); defer lmu.Unlock(); return logged.Write(p) }))
+	if err := a.ib0.SetSendQueues(2); err != nil {
+		t.Fatal(err)
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	pingQueue(t, a.ib0, 1, b.host, 2)
+	sd.mu.Lock()
+	qps := append([]*sqeQP(nil), sd.qps...)
+	sd.mu.Unlock()
+	if len(qps) != 2 {
+		t.Fatalf("%d UD QPs made, want ib0's and a second send queue's", len(qps))
+	}
+	for _, q := range qps {
+		q.fail.Store(true)
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 3)
+	pingQueue(t, a.ib0, 1, b.host, 4)
+	for k, q := range qps {
+		if st, _ := q.after.Load().(verbs.QPState); st != verbs.QPSQE {
+			t.Errorf("QP %d after its failed send: %v, want SQE", k, st)
+		}
+		if st := q.State(); st != verbs.QPRTS {
+			t.Errorf("QP %d now %v, want RTS", k, st)
+		}
+	}
+	lmu.Lock()
+	defer lmu.Unlock()
+	if n := strings.Count(logged.String(), "moved from SQE to RTS"); n != 2 {
+		t.Errorf("%d moves from SQE logged, want 2:\n%s", n, logged.String())
+	}
+}
