@@ -545,12 +545,17 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 		i.stats.txDropped.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 	case err != nil:
-		// As ipoib_cm_send's failed post: a warning, tx_errors, the packet freed (and
-		// here the connection torn down, to be made again by the next packet).
-		i.sendWarnf("connected-mode post_send to %s failed: %v", t.hw, err)
+		// As ipoib_cm_send's failed post: a warning, tx_errors, the packet freed; the
+		// connection stays. Only a QP that is not sending at all (no longer in RTS)
+		// is torn down, to be made again by the next packet: on the driver's HCA
+		// such a post is taken and flushed, and a connection left here would refuse
+		// every packet to that peer for good.
+		i.sendWarnf("IPoIB/CM:post_send to %s failed: %v", t.hw, err)
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
-		i.cmTxFailed(t)
+		if errors.Is(err, verbs.ErrInvalidState) {
+			i.cmTxFailed(t)
+		}
 	}
 	i.stats.txPackets.Add(uint64(n))
 	i.stats.txBytes.Add(bytes)

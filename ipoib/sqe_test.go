@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"ipoibfs/verbs"
@@ -22,21 +23,28 @@ type sqeQP struct {
 	verbs.QP
 	fail  atomic.Bool
 	after atomic.Value // verbs.QPState after the failed post
+	// refuse is an error the next post returns without posting (RC QPs).
+	refuse atomic.Pointer[error]
 }
 
 func (d *sqeDev) CreateQP(attr verbs.QPAttr) (verbs.QP, error) {
 	q, err := d.Device.CreateQP(attr)
-	if err != nil || attr.Type != verbs.QPTypeUD {
+	if err != nil {
 		return q, err
 	}
 	w := &sqeQP{QP: q}
 	d.mu.Lock()
-	d.qps = append(d.qps, w)
+	if attr.Type == verbs.QPTypeUD {
+		d.qps = append(d.qps, w)
+	}
 	d.mu.Unlock()
 	return w, nil
 }
 
 func (q *sqeQP) PostSend(wrs []verbs.SendWR) (int, error) {
+	if e := q.refuse.Swap(nil); e != nil {
+		return 0, *e
+	}
 	if len(wrs) == 0 || !q.fail.Swap(false) {
 		return q.QP.PostSend(wrs)
 	}
@@ -89,4 +97,54 @@ func TestSendQueueErrorRecovers(t *testing.T) {
 	if n := strings.Count(logged.String(), "moved from SQE to RTS"); n != 2 {
 		t.Errorf("%d moves from SQE logged, want 2:\n%s", n, logged.String())
 	}
+}
+
+// A connected-mode post the HCA refuses counts in tx_errors and keeps the connection,
+// as ipoib_cm_send (the next packet goes on the same QP); only a QP that is no longer
+// sending (not in RTS) is torn down, to be made again.
+func TestConnectedPostFailureKeepsTheConnection(t *testing.T) {
+	nodes := wrappedPair(t, func(h *soft.HCA) verbs.Device { return &sqeDev{Device: h} })
+	a, b := nodes[0], nodes[1]
+	for _, n := range nodes {
+		if err := n.ib0.SetMode(Connected); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "carrier", n.ib0.Carrier)
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 1)
+	conn := func() *sqeQP {
+		a.ib0.dmu.Lock()
+		defer a.ib0.dmu.Unlock()
+		for _, tx := range a.ib0.tx {
+			if q, ok := tx.qp.(*sqeQP); ok {
+				return q
+			}
+		}
+		return nil
+	}
+	q := conn()
+	if q == nil {
+		t.Fatal("no connection to b after a ping in connected mode")
+	}
+	before := a.ib0.Stats()
+	var busy error = &verbs.Error{Op: "post_send", Obj: "test", Err: syscall.ENOMEM}
+	q.refuse.Store(&busy)
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 2, 56)})
+	if d := a.ib0.Stats().TxErrors - before.TxErrors; d != 1 {
+		t.Errorf("tx_errors +%d after a refused post, want +1", d)
+	}
+	if conn() != q {
+		t.Fatal("the connection whose post was refused is gone")
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 3)
+	if conn() != q {
+		t.Fatal("the next ping made a new connection")
+	}
+	var down error = &verbs.Error{Op: "post_send", Obj: "test", Err: verbs.ErrInvalidState}
+	q.refuse.Store(&down)
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 4, 56)})
+	if conn() == q {
+		t.Fatal("a connection whose QP is not sending is kept")
+	}
+	ping(t, a.ib0, b.ib0, b.host, "10.0.0.1", "10.0.0.2", 5)
 }
