@@ -17,7 +17,6 @@ require (
 	go.uber.org/goleak v1.3.0
 	golang.org/x/net v0.39.0
 	golang.org/x/sys v0.49.0
-	golang.org/x/time v0.16.0
 	golang.zx2c4.com/wireguard v0.0.0-20260522210424-ecfc5a8d5446
 )
 

@@ -550,7 +550,7 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 		// is torn down, to be made again by the next packet: on the driver's HCA
 		// such a post is taken and flushed, and a connection left here would refuse
 		// every packet to that peer for good.
-		i.sendWarnf("IPoIB/CM:post_send to %s failed: %v", t.hw, err)
+		i.sendWarnf(warnCMPost, "IPoIB/CM:post_send to %s failed: %v", t.hw, err)
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 		if errors.Is(err, verbs.ErrInvalidState) {

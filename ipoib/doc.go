@@ -69,6 +69,8 @@
 //  14. Interface.loopMu: whether the interface's goroutines have started (they start at
 //     its first open or connection) and whether close has begun, so none starts after
 //     close waits for them.
+//  15. ratelimit.mu: a warning's window and counts (ratelimit.go), taken to log a
+//     send path warning under any of the above and holding nothing else.
 //
 // Functions named ...Locked say what they need: setCarrierLocked, setMTULocked,
 // wantedGroupsLocked and the bond's need mu; the table functions (sendUnicastLocked,

@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"ipoibfs/internal/clock"
 	"ipoibfs/verbs"
 	"ipoibfs/verbs/cm"
@@ -161,10 +159,9 @@ type Engine struct {
 
 	serials atomic.Uint64 // the last Serial given to an interface or bond
 
-	// sendWarn limits the warnings of failed send completions as ipoib_warn does
-	// (100 in 10 s); sendWarnLost counts those it kept back.
-	sendWarn     *rate.Limiter
-	sendWarnLost atomic.Uint64
+	// warn limits the send path's warnings as ipoib_warn does: 100 in 10 s for
+	// each warning (sendWarnf).
+	warn [numSendWarns]*ratelimit
 
 	mu      sync.Mutex
 	ifs     map[string]*Interface
@@ -199,8 +196,10 @@ func New(dev verbs.Device, o Options) (*Engine, error) {
 		o.Clock = clock.Real{}
 	}
 	e := &Engine{dev: dev, params: o.Params, log: o.Logger, trace: o.Trace, emit: o.Event, clk: o.Clock, start: o.Clock.Now(),
-		sendWarn: rate.NewLimiter(rate.Every(100*time.Millisecond), 100),
-		ifs:      map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA, gidMode: o.GIDMode}
+		ifs: map[string]*Interface{}, subs: map[chan string]struct{}{}, done: make(chan struct{}), wrapSA: o.wrapSA, gidMode: o.GIDMode}
+	for k := range e.warn {
+		e.warn[k] = newWarnLimit(sendWarnNames[k])
+	}
 	tm := defaultTimers
 	e.tm.Store(&tm)
 	events, stop := dev.Subscribe(64)

@@ -3,7 +3,6 @@ package ipoib
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 	"sync"
 
@@ -197,7 +196,7 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	case err != nil:
 		// As ipoib_send's failed post: a warning, tx_errors and the packet freed,
 		// neither sent (tx_packets, tx_bytes) nor dropped.
-		i.sendWarnf("post_send failed: %v", err)
+		i.sendWarnf(warnPost, "post_send failed: %v", err)
 		i.stats.txErrors.Add(uint64(len(wrs) - n))
 		bytes = postedBytes(wrs, n)
 	}
@@ -207,18 +206,30 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	l.wrs = wrs[:0]
 }
 
-// sendWarnf logs a failed send as ipoib_warn does, at most 100 in a burst (the
-// engine's sendWarn); the next line logged says how many were not.
-func (i *Interface) sendWarnf(format string, a ...any) {
-	if !i.e.sendWarn.Allow() {
-		i.e.sendWarnLost.Add(1)
-		return
+// The send path's warnings, each limited on its own as each ipoib_warn call site is.
+type sendWarn int
+
+const (
+	warnPost    sendWarn = iota // a UD post the HCA refused
+	warnTxEvent                 // a failed UD send completion
+	warnQPState                 // a send queue's QP not brought back to RTS
+	warnCMPost                  // a connected-mode post the HCA refused
+	numSendWarns
+)
+
+var sendWarnNames = [numSendWarns]string{"post_send failed", "failed send event", "QP state", "IPoIB/CM:post_send failed"}
+
+// sendWarnf logs a send path warning as ipoib_warn does: at most 100 of each kind in
+// 10 s, the count of those held back logged when the next window opens.
+func (i *Interface) sendWarnf(w sendWarn, format string, a ...any) {
+	r := i.e.warn[w]
+	ok, held := r.allow(i.e.clk.Now())
+	if held > 0 {
+		i.e.log.Printf("ipoib: %d %q warnings suppressed", held, r.what)
 	}
-	lost := ""
-	if k := i.e.sendWarnLost.Swap(0); k > 0 {
-		lost = fmt.Sprintf(" (%d more before it not logged)", k)
+	if ok {
+		i.e.log.Printf("%s: "+format, append([]any{i.Name()}, a...)...)
 	}
-	i.e.log.Printf("%s: "+format+"%s", append(append([]any{i.Name()}, a...), lost)...)
 }
 
 // postedBytes is the size of the first n work requests: what a post that took only
@@ -290,12 +301,12 @@ func (i *Interface) validateQPLocked(qp verbs.QP) {
 	case verbs.QPRTS:
 	case verbs.QPSQE:
 		if err := qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPRTS}); err != nil {
-			i.sendWarnf("failed to move QP %#x from SQE to RTS: %v", uint32(qp.Num()), err)
+			i.sendWarnf(warnQPState, "failed to move QP %#x from SQE to RTS: %v", uint32(qp.Num()), err)
 			return
 		}
 		i.e.log.Printf("%s: QP %#x moved from SQE to RTS", i.Name(), uint32(qp.Num()))
 	default:
-		i.sendWarnf("QP %#x will stay in state %v", uint32(qp.Num()), st)
+		i.sendWarnf(warnQPState, "QP %#x will stay in state %v", uint32(qp.Num()), st)
 	}
 }
 
@@ -313,7 +324,7 @@ func (i *Interface) reapCQ(cq verbs.CQ) (failed bool) {
 				continue
 			}
 			failed = true
-			i.sendWarnf("failed send event (status=%v, wrid=%d)", c.Status, c.WRID)
+			i.sendWarnf(warnTxEvent, "failed send event (status=%v, wrid=%d)", c.Status, c.WRID)
 		}
 	}
 	return failed

@@ -74,6 +74,7 @@ var lockOrder = []string{
 	"Interface.dmu",
 	"Interface.leaveMu",
 	"Interface.loopMu",
+	"ratelimit.mu",
 }
 
 // calloutAllowed lists, per kind of callout, the locks it may be made under.
