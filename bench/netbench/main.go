@@ -52,6 +52,7 @@ var (
 	queues    = flag.Int("queues", 0, "the daemons' -queues (TUN queues of ib0); 0: their default, one per CPU up to 8")
 	noCeiling = flag.Bool("no-ceiling", false, "skip the batched TUN<->UDP relay (ceiling.go) measured beside each datagram-mode configuration")
 	prebuilt  = flag.String("bin", "", "run this ipoibfs binary instead of building one (with -profile: built with -tags pprof)")
+	logDir    = flag.String("logs", "", "write the daemons' logs to DIR/a.log and DIR/b.log (appended; a hung daemon's goroutines: kill -QUIT it)")
 	binPath   string
 )
 
@@ -241,6 +242,14 @@ func measureIPoIB(dir string, mtu int, offloads bool, prof *profiling) (result, 
 			prof.cmds[k] = c
 			c.Env = append(os.Environ(), "IPOIBFS_CPUPROFILE="+prof.prefix+"-"+side+".pprof",
 				"IPOIBFS_PPROF_ADDR="+prof.pprofAdr[k])
+		}
+		if *logDir != "" {
+			lf, err := os.OpenFile(filepath.Join(*logDir, fmt.Sprintf("%c.log", 'a'+k)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return result{}, err
+			}
+			defer lf.Close()
+			c.Stdout, c.Stderr = lf, lf
 		}
 		if err := c.Start(); err != nil {
 			return result{}, err
