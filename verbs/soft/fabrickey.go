@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,19 +22,29 @@ import (
 //	sequence (8) | HMAC-SHA256 truncated to 16 bytes
 //
 // The MAC covers a domain string, the QP (0 or 1), both GUIDs, the sequence and the
-// MAD. The sequence starts at the sender's boot time in nanoseconds and increases by
-// one per message, so a restarted sender continues above what receivers saw. A
-// receiver keeps, per sender, the highest sequence and a 64-message window below it
-// (as IPsec's anti-replay window): a replayed, altered, truncated, stripped or
-// misdirected message is dropped and counted, never acted on. A sender a receiver has
-// no state for is accepted only if its sequence is within authMaxSkew of the
-// receiver's clock. The key is shared by the whole fabric, like a pre-shared key: it
-// proves a message comes from a key holder, not which one.
+// MAD. The sequence is the sender's clock in nanoseconds when it sealed the message
+// (one more than the last when the clock has not moved past it), so it says when a
+// message was made: a receiver that has no state for a sender (it started, or forgot
+// the sender) believes only a message sealed within authMaxSkew of its own clock and
+// after it started (authBootSlack before, for clocks a little apart), so a message
+// captured before a receiver restarted is not believed by it afterwards. For each
+// sender a receiver keeps the sequences it accepted in the last authReorder of the
+// sender's time, at most authWindow of them: a message is accepted once, in any order
+// within that, and nothing older (as IPsec's anti-replay window, in time). A replayed,
+// altered, truncated, stripped or misdirected message is dropped and counted, never
+// acted on. The key is shared by the whole fabric, like a pre-shared key: it proves a
+// message comes from a key holder, not which one.
+//
+// (The sequence was a counter from the sender's boot time: a receiver that started
+// after a sender had run for authMaxSkew refused every message of that sender, and
+// one that restarted believed a captured message up to authMaxSkew old.)
 const (
 	authTrailerLen = 8 + 8 + 8 + authMACLen
 	authMACLen     = 16
 	authWindow     = 64
+	authReorder    = time.Second
 	authMaxSkew    = 5 * time.Minute
+	authBootSlack  = 2 * time.Second
 	authMaxPeers   = 1 << 14 // senders remembered; more evict an arbitrary one
 	authDomain     = "ipoibfs fabric key v1"
 	// MinFabricKeyLen is the shortest key accepted.
@@ -52,16 +63,20 @@ var (
 type fabricAuth struct {
 	key  []byte
 	self verbs.GUID
-	seq  atomic.Uint64
+	seq  atomic.Uint64 // the last sequence sealed
 	now  func() time.Time
 
 	mu    sync.Mutex
 	peers map[verbs.GUID]*replayWindow
+	// floor: a sender without state is believed only above it (this receiver's
+	// start less authBootSlack, raised to the last sequence of a sender forgotten).
+	floor uint64
 }
 
 type replayWindow struct {
-	top  uint64 // highest sequence accepted
-	seen uint64 // bit k: top-k was accepted
+	top    uint64   // highest sequence accepted
+	floor  uint64   // at or below: refused (the oldest of recent dropped when full)
+	recent []uint64 // sequences accepted above top-authReorder, at most authWindow
 }
 
 func newFabricAuth(key []byte, self verbs.GUID, now func() time.Time) *fabricAuth {
@@ -69,8 +84,22 @@ func newFabricAuth(key []byte, self verbs.GUID, now func() time.Time) *fabricAut
 		now = time.Now
 	}
 	a := &fabricAuth{key: append([]byte(nil), key...), self: self, now: now, peers: map[verbs.GUID]*replayWindow{}}
-	a.seq.Store(uint64(now().UnixNano()))
+	start := uint64(now().UnixNano())
+	a.seq.Store(start)
+	a.floor = start - uint64(authBootSlack)
 	return a
+}
+
+// next returns the sequence of the next message sealed: the clock, or one more than
+// the last when the clock has not passed it.
+func (a *fabricAuth) next() uint64 {
+	for {
+		last := a.seq.Load()
+		n := max(last+1, uint64(a.now().UnixNano()))
+		if a.seq.CompareAndSwap(last, n) {
+			return n
+		}
+	}
 }
 
 func (a *fabricAuth) mac(qp uint8, src, dst verbs.GUID, seq uint64, mad []byte) []byte {
@@ -88,7 +117,7 @@ func (a *fabricAuth) mac(qp uint8, src, dst verbs.GUID, seq uint64, mad []byte) 
 
 // seal returns mad followed by its trailer, for the port dst on QP qp.
 func (a *fabricAuth) seal(mad []byte, qp uint8, dst verbs.GUID) []byte {
-	seq := a.seq.Add(1)
+	seq := a.next()
 	out := make([]byte, len(mad), len(mad)+authTrailerLen)
 	copy(out, mad)
 	out = binary.BigEndian.AppendUint64(out, uint64(a.self))
@@ -127,38 +156,57 @@ func (a *fabricAuth) fresh(src verbs.GUID, seq uint64) error {
 	w := a.peers[src]
 	if w == nil {
 		now := a.now().UnixNano()
-		if d := int64(seq) - now; d > int64(authMaxSkew) || d < -int64(authMaxSkew) {
+		if d := int64(seq) - now; d > int64(authMaxSkew) || d < -int64(authMaxSkew) || seq <= a.floor {
 			return errAuthStale
 		}
 		if len(a.peers) >= authMaxPeers {
-			for g := range a.peers {
+			for g, old := range a.peers {
+				// What the forgotten sender sent is not believed again as a first
+				// message: nothing at or below its top is.
+				a.floor = max(a.floor, old.top)
 				delete(a.peers, g)
 				break
 			}
 		}
-		a.peers[src] = &replayWindow{top: seq, seen: 1}
+		a.peers[src] = &replayWindow{top: seq, floor: a.floor, recent: []uint64{seq}}
 		return nil
 	}
-	switch {
-	case seq > w.top:
-		shift := seq - w.top
-		if shift >= authWindow {
-			w.seen = 0
-		} else {
-			w.seen <<= shift
-		}
-		w.top, w.seen = seq, w.seen|1
-		return nil
-	case w.top-seq >= authWindow:
+	return w.accept(seq)
+}
+
+// accept records seq if the window has not seen it and it is not older than what the
+// window keeps.
+func (w *replayWindow) accept(seq uint64) error {
+	if seq <= w.floor || w.top > uint64(authReorder) && seq <= w.top-uint64(authReorder) {
 		return errAuthReplay
-	default:
-		bit := uint64(1) << (w.top - seq)
-		if w.seen&bit != 0 {
+	}
+	if slices.Contains(w.recent, seq) {
+		return errAuthReplay
+	}
+	if seq > w.top {
+		w.top = seq
+		if w.top > uint64(authReorder) {
+			// Out of the time window: refused by the test above from now on.
+			cut := w.top - uint64(authReorder)
+			w.recent = slices.DeleteFunc(w.recent, func(s uint64) bool { return s <= cut })
+		}
+	}
+	if len(w.recent) == authWindow {
+		// Full: the oldest goes, and with it everything at or below it.
+		k := 0
+		for j, s := range w.recent {
+			if s < w.recent[k] {
+				k = j
+			}
+		}
+		w.floor = max(w.floor, w.recent[k])
+		w.recent = slices.Delete(w.recent, k, k+1)
+		if seq <= w.floor {
 			return errAuthReplay
 		}
-		w.seen |= bit
-		return nil
 	}
+	w.recent = append(w.recent, seq)
+	return nil
 }
 
 // guidOf is the port GUID in a port's GID (its interface ID).

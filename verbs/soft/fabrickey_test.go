@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,20 +69,33 @@ func TestFabricAuthSealOpen(t *testing.T) {
 	}
 }
 
-// The replay window accepts reordering within 64 messages, each message once, and
-// nothing older.
+// stepClock is a clock that moves on by step at each reading.
+func stepClock(t0 time.Time, step time.Duration) func() time.Time {
+	var mu sync.Mutex
+	now := t0
+	return func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		now = now.Add(step)
+		return now
+	}
+}
+
+// The replay window accepts each message once, in any order within a second of the
+// sender's time and the last 64 accepted, and nothing older.
 func TestFabricAuthReplayWindow(t *testing.T) {
-	sender := newFabricAuth(testKey, 0xa, nil)
-	recv := newFabricAuth(testKey, 0xb, nil)
+	t0 := time.Unix(1_800_000_000, 0)
+	sender := newFabricAuth(testKey, 0xa, stepClock(t0, time.Millisecond)) // a message a millisecond
+	recv := newFabricAuth(testKey, 0xb, func() time.Time { return t0 })
 	var msgs [][]byte
-	for k := range 100 {
+	for k := range 2000 {
 		msgs = append(msgs, sender.seal([]byte{byte(k)}, 0, 0xb))
 	}
 	open := func(k int) error { _, _, err := recv.open(msgs[k], 0, anyDest); return err }
 	if err := open(80); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []int{79, 50, 17} { // within 64 below the top, out of order
+	for _, k := range []int{79, 50, 17, 16} { // older, out of order
 		if err := open(k); err != nil {
 			t.Errorf("message %d within the window: %v", k, err)
 		}
@@ -89,33 +103,74 @@ func TestFabricAuthReplayWindow(t *testing.T) {
 			t.Errorf("message %d again: %v", k, err)
 		}
 	}
-	if err := open(16); !errors.Is(err, errAuthReplay) {
-		t.Errorf("message 16, 64 below the top: %v", err)
-	}
-	if err := open(99); err != nil {
+	if err := open(1100); err != nil {
 		t.Errorf("newest message: %v", err)
 	}
-	if err := open(30); !errors.Is(err, errAuthReplay) {
-		t.Errorf("message 30 after the window moved past it: %v", err)
+	if err := open(99); !errors.Is(err, errAuthReplay) { // 1001 ms before the top
+		t.Errorf("message 99, sealed more than a second before the newest: %v", err)
 	}
-	if err := open(40); err != nil { // 59 below the top: still inside, never seen
-		t.Errorf("message 40, inside the moved window: %v", err)
+	if err := open(101); err != nil { // 999 ms before: inside, never seen
+		t.Errorf("message 101, inside the moved window: %v", err)
+	}
+	// 64 remembered: with 64 newer ones accepted, an older one never seen is refused.
+	for k := 1101; k < 1101+authWindow; k++ {
+		if err := open(k); err != nil {
+			t.Fatalf("message %d: %v", k, err)
+		}
+	}
+	if err := open(1090); !errors.Is(err, errAuthReplay) {
+		t.Errorf("message 1090, older than the 64 remembered: %v", err)
+	}
+	if err := open(1100 + authWindow + 1); err != nil {
+		t.Errorf("the next message: %v", err)
 	}
 }
 
-// A sender a receiver has never heard of is believed only within the clock window: an
-// old captured message replayed to a restarted receiver is refused.
+// A sender a receiver has no state for is believed only within the clock window and
+// for what it sealed after the receiver started: a sender up for an hour is believed by
+// a receiver that starts now (it was refused for good), an old captured message
+// replayed to a restarted receiver is not, nor what a forgotten sender sent before.
 func TestFabricAuthFirstContactFreshness(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	clock := func() time.Time { return now }
-	old := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Hour) })
+	booted := time.Now() // the sender's boot, an hour before now on its clock
+	up := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Hour).Add(time.Since(booted)) })
+	captured := up.seal([]byte("x"), 0, 0xb) // sealed an hour ago
+	booted = booted.Add(-time.Hour)          // its clock now reads now
 	recv := newFabricAuth(testKey, 0xb, clock)
-	if _, _, err := recv.open(old.seal([]byte("x"), 0, 0xb), 0, anyDest); !errors.Is(err, errAuthStale) {
+	if _, _, err := recv.open(captured, 0, anyDest); !errors.Is(err, errAuthStale) {
 		t.Errorf("an hour-old first message: %v, want %v", err, errAuthStale)
 	}
-	fresh := newFabricAuth(testKey, 0xa, func() time.Time { return now.Add(-time.Minute) })
-	if _, _, err := recv.open(fresh.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil {
-		t.Errorf("a minute-old first message: %v", err)
+	if _, _, err := recv.open(up.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil {
+		t.Errorf("a message sealed now by a sender up for an hour: %v", err)
+	}
+	for _, c := range []struct {
+		ago  time.Duration
+		want error
+	}{{3 * time.Second, errAuthStale}, {time.Second, nil}} {
+		s := newFabricAuth(testKey, 0xc, func() time.Time { return now.Add(-c.ago) })
+		r := newFabricAuth(testKey, 0xb, clock)
+		if _, _, err := r.open(s.seal([]byte("x"), 0, 0xb), 0, anyDest); !errors.Is(err, c.want) {
+			t.Errorf("a first message sealed %v before the receiver started: %v, want %v", c.ago, err, c.want)
+		}
+	}
+	// A forgotten sender's messages are not believed again as a first message.
+	r := newFabricAuth(testKey, 0xb, clock)
+	msg := newFabricAuth(testKey, 0x10, clock).seal([]byte("x"), 0, 0xb)
+	if _, _, err := r.open(msg, 0, anyDest); err != nil {
+		t.Fatal(err)
+	}
+	top := r.peers[0x10].top
+	for g := verbs.GUID(0x1000); len(r.peers) < authMaxPeers; g++ {
+		r.peers[g] = &replayWindow{top: top} // whichever goes, the floor is the same
+	}
+	later := newFabricAuth(testKey, 0x20, func() time.Time { return now.Add(time.Millisecond) })
+	if _, _, err := r.open(later.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil || len(r.peers) != authMaxPeers {
+		t.Fatalf("a new sender with the table full: %v, %d senders kept", err, len(r.peers))
+	}
+	delete(r.peers, 0x10) // as if it was the one forgotten
+	if _, _, err := r.open(msg, 0, anyDest); !errors.Is(err, errAuthStale) {
+		t.Errorf("a forgotten sender's message replayed: %v, want %v", err, errAuthStale)
 	}
 }
 
