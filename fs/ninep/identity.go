@@ -38,12 +38,25 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 	nobody := fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "9p", Peer: peer}
 	switch a := c.RemoteAddr().(type) {
 	case *net.UnixAddr:
-		cred, err := peerCred(c)
+		cred, pidfd, pidErr, err := peerCred(c)
 		if err != nil {
 			return connIdentity{who: nobody}
 		}
+		netAdmin := fs.ProcNetAdmin(uint32(cred.Pid))
+		if pidErr != nil && !errors.Is(pidErr, unix.ENOPROTOOPT) {
+			netAdmin = false // the peer is gone: its PID may be another's
+		}
+		if pidfd >= 0 {
+			// The peer's pidfd (SO_PEERPIDFD) holds on to the process itself: if it
+			// is still alive after its capabilities were read, they were its own,
+			// not those of a process that took its PID after it exited.
+			if netAdmin && unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
+				netAdmin = false
+			}
+			unix.Close(pidfd)
+		}
 		return connIdentity{who: fs.Caller{UID: cred.Uid, GIDs: []uint32{cred.Gid}, Via: "9p",
-			Peer: "unix pid " + strconv.Itoa(int(cred.Pid)), NetAdmin: fs.ProcNetAdmin(uint32(cred.Pid))}, fromKernel: true}
+			Peer: "unix pid " + strconv.Itoa(int(cred.Pid)), NetAdmin: netAdmin}, fromKernel: true}
 	case *net.TCPAddr:
 		// From this host (through any of its addresses, not only loopback) when the
 		// client's end of the connection is a socket here.
@@ -70,24 +83,34 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 	return connIdentity{who: nobody}
 }
 
-// peerCred returns the credentials the kernel recorded for a unix socket's peer.
-func peerCred(c net.Conn) (*unix.Ucred, error) {
+// peerCred returns the credentials the kernel recorded for a unix socket's peer, and a
+// pidfd of the peer process (SO_PEERPIDFD), which the caller closes, or why there is
+// none (ENOPROTOOPT: a kernel before 6.5; otherwise the peer has exited).
+func peerCred(c net.Conn) (cred *unix.Ucred, pidfd int, pidErr, err error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return nil, errors.New("not a unix socket")
+		return nil, -1, nil, errors.New("not a unix socket")
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return nil, err
+		return nil, -1, nil, err
 	}
-	var cred *unix.Ucred
 	var cerr error
+	pidfd = -1
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		pidfd, pidErr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
 	}); err != nil {
-		return nil, err
+		return nil, -1, nil, err
 	}
-	return cred, cerr
+	if pidErr != nil {
+		pidfd = -1
+	}
+	if cerr != nil && pidfd >= 0 {
+		unix.Close(pidfd)
+		pidfd = -1
+	}
+	return cred, pidfd, pidErr, cerr
 }
 
 // sockDiag asks the kernel (NETLINK_INET_DIAG, what ss -e uses) who owns a TCP socket
@@ -159,15 +182,20 @@ func (d *sockDiag) ownerInode(client, server *net.TCPAddr) (uid, inode uint32, h
 
 const tcpEstablished = 1 // TCP_ESTABLISHED
 
-// socketNetAdmin reports whether a process holding the socket with this inode has
-// CAP_NET_ADMIN, as ss -p finds a socket's processes: through /proc/<pid>/fd. A socket
-// whose process is not found (another PID namespace) has none: fail closed.
+// socketNetAdmin reports whether the processes holding the socket with this inode hold
+// CAP_NET_ADMIN, found as ss -p finds a socket's processes: through /proc/<pid>/fd.
+// Every holder must (any of them can write through it: a client that forked, or handed
+// the socket on); a socket whose process is not found (another PID namespace) has
+// none. A holder's fd is looked at again after its capabilities are read: a process
+// that exited meanwhile may have left its PID to another, whose capabilities are not
+// the socket's. Fail closed in each case.
 func socketNetAdmin(inode uint32) bool {
 	want := "socket:[" + strconv.FormatUint(uint64(inode), 10) + "]"
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return false
 	}
+	holders := 0
 	for _, p := range procs {
 		pid, err := strconv.ParseUint(p.Name(), 10, 32)
 		if err != nil {
@@ -179,12 +207,20 @@ func socketNetAdmin(inode uint32) bool {
 			continue
 		}
 		for _, fd := range fds {
-			if l, err := os.Readlink(dir + fd.Name()); err == nil && l == want {
-				return fs.ProcNetAdmin(uint32(pid))
+			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
+				continue
 			}
+			if !fs.ProcNetAdmin(uint32(pid)) {
+				return false
+			}
+			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
+				return false // gone, or its PID reused
+			}
+			holders++
+			break
 		}
 	}
-	return false
+	return holders > 0
 }
 
 func (d *sockDiag) close() {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/hugelgupf/p9/p9"
 
 	"ipoibfs/fs"
+	"ipoibfs/internal/testenv"
 )
 
 // Who an attach acts as, for each kind of connection and claim.
@@ -322,5 +324,56 @@ func TestTCPIdentityIsTheExactSocket(t *testing.T) {
 	id := identify(s, diag, false, nil)
 	if id.who.UID != 0 || !id.fromKernel || !id.who.NetAdmin {
 		t.Fatalf("root's connection from port %d beside 6 closed ones: uid %d, from the kernel %v, CAP_NET_ADMIN %v", port, id.who.UID, id.fromKernel, id.who.NetAdmin)
+	}
+}
+
+// Every process holding a loopback TCP client socket must hold CAP_NET_ADMIN for the
+// connection to have it: a child without the capability that inherited the socket
+// (a client that forked, or handed it on) could write through it too.
+func TestTCPNetAdminNeedsEveryHolder(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
+		}
+		t.Skip("needs root")
+	}
+	setpriv := testenv.Tool(t, "setpriv")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	diag := newSockDiag()
+	defer diag.close()
+	if id := identify(s, diag, false, nil); !id.who.NetAdmin {
+		t.Fatalf("root's own connection: CAP_NET_ADMIN %v", id.who.NetAdmin)
+	}
+	f, err := c.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(setpriv, "--bounding-set=-net_admin", "--", "sleep", "60")
+	child.ExtraFiles = []*os.File{f}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if id := identify(s, diag, false, nil); id.who.NetAdmin {
+		t.Error("a holder without CAP_NET_ADMIN: the connection has it")
+	}
+	_ = child.Process.Kill()
+	_ = child.Wait()
+	if id := identify(s, diag, false, nil); !id.who.NetAdmin {
+		t.Error("the holder without it gone: the connection does not have it")
 	}
 }
