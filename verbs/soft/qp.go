@@ -322,6 +322,10 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	if q.rc != nil {
 		return q.rcPostSend(wrs)
 	}
+	// The state is read under sendMu: a post that waited behind a batch that moved
+	// the QP to SQE is flushed, not sent.
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
 	q.mu.Lock()
 	st, pkeyIx, qkey := q.state, q.pkeyIx, q.qkey
 	q.mu.Unlock()
@@ -332,6 +336,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	// state (IBTA 10.3.1): the sends after it, in this batch and later ones, are
 	// flushed until the consumer moves the QP back to RTS. Receives go on.
 	sqe := st == verbs.QPSQE
+	failed := false // this batch moves the QP to SQE, once it is posted
 	p := q.port
 	p.mu.RLock()
 	var pkey verbs.PKey
@@ -342,8 +347,6 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	mtu := p.attr.ActiveMTU.Bytes()
 	p.mu.RUnlock()
 
-	q.sendMu.Lock()
-	defer q.sendMu.Unlock()
 	// The send buffer takes the whole batch without moving while it is filled.
 	need := 0
 	for i := range wrs {
@@ -419,12 +422,7 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 			}
 		}
 		if status != verbs.WCSuccess && !sqe {
-			sqe = true
-			q.mu.Lock()
-			if q.state == verbs.QPRTS {
-				q.state = verbs.QPSQE
-			}
-			q.mu.Unlock()
+			sqe, failed = true, true
 		}
 		if status != verbs.WCSuccess || wr.Signaled || q.sigAll {
 			comps = append(comps, verbs.WC{WRID: wr.ID, Status: status, Opcode: verbs.WCSend, QPN: q.num, ByteLen: n})
@@ -445,8 +443,16 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 	q.comps = comps[:0]
 	if len(q.dgrams) > 0 {
 		if err := p.ep.Send(q.dgrams); err != nil {
+			// Nothing posted: neither the completions nor the move to SQE.
 			return 0, &verbs.Error{Op: "post_send", Obj: q.String(), Err: err}
 		}
+	}
+	if failed {
+		q.mu.Lock()
+		if q.state == verbs.QPRTS { // not one a Modify moved meanwhile (to ERR, RESET)
+			q.state = verbs.QPSQE
+		}
+		q.mu.Unlock()
 	}
 	for _, c := range comps {
 		q.sendCQ.push(c)
