@@ -177,7 +177,10 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	if dataDebug {
 		i.e.dtracef("%s: tx %d frames, %d bytes", i.Name(), len(wrs), bytes)
 	}
-	i.reapLane(l) // the slots of sends before the last signalled one come back
+	// The slots of sends before the last signalled one come back; a send that failed
+	// since is seen to (its QP moved out of SQE) before this batch goes where it would
+	// be flushed.
+	i.reapLane(l)
 	sig := l.unsig+len(wrs) >= signalEvery(i.e.params.SendQueueSize)
 	wrs[len(wrs)-1].Signaled = sig
 	n, err := l.qp.PostSend(wrs)
@@ -186,6 +189,9 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	} else {
 		l.unsig += n
 	}
+	// A send of this batch that failed at once (the soft HCA completes in the post)
+	// is seen to now, not at the next batch, which would be flushed.
+	i.reapLane(l)
 	switch {
 	case errors.Is(err, verbs.ErrQueueFull):
 		// The queue is busy, not broken (the driver stops its queue before the ring
@@ -206,7 +212,9 @@ func (i *Interface) post(l *txLane, out []outFrame) {
 	l.wrs = wrs[:0]
 }
 
-// The send path's warnings, each limited on its own as each ipoib_warn call site is.
+// The send path's warnings, each limited on its own as each ipoib_warn call site is
+// (the QP state's are the driver's pr_warn and pr_info, limited here all the same: a
+// send that fails every time would log a line a batch).
 type sendWarn int
 
 const (
@@ -259,44 +267,32 @@ func (i *Interface) sendFrames(frames [][]byte, ah verbs.AH, qpn verbs.QPN) {
 }
 
 // reapSendCQ collects the send completions of the interface's send queues (only
-// errors and signalled sends produce them).
+// errors and signalled sends produce them), for the interface task: a failed one has
+// its queue's QP checked (reapLane).
 func (i *Interface) reapSendCQ() {
 	for _, l := range *i.lanes.Load() {
+		l.mu.Lock()
 		i.reapLane(l)
+		l.mu.Unlock()
 	}
 }
 
-// reapLane reaps a send queue's CQ; a failed send asks the interface task to check
-// the queue's QP, as ipoib_ib_handle_tx_wc queues ipoib_qp_state_validate_work.
+// reapLane reaps a send queue's CQ; a failed send has the queue's QP checked at once,
+// as ipoib_ib_handle_tx_wc queues ipoib_qp_state_validate_work. Called with l.mu held.
 func (i *Interface) reapLane(l *txLane) {
-	if i.reapCQ(l.scq) && !l.sqCheck.Swap(true) {
-		i.wake()
+	if i.reapCQ(l.scq) && i.data().qpReady && (l == (*i.lanes.Load())[0] || l.ready.Load()) {
+		i.validateQP(l.qp)
 	}
 }
 
-// checkSendQueues is the driver's ipoib_qp_state_validate_work for each send queue a
-// failed send marked: a UD send error moves a QP to SQE, where the HCA flushes every
-// later send until the QP is moved back to RTS. A QP in another state is left as it
-// is (a restart moves it), and said so unless it is sending (RTS). Each marked queue
-// is checked once a round, however many of its sends failed (the driver queues a
-// check per failed send).
-func (i *Interface) checkSendQueues() {
-	lanes := *i.lanes.Load()
-	for k, l := range lanes {
-		if !l.sqCheck.Swap(false) {
-			continue
-		}
-		i.mu.Lock()
-		if !i.closed && i.data().qpReady && (k == 0 || l.ready.Load()) {
-			i.validateQPLocked(l.qp)
-		}
-		i.mu.Unlock()
-	}
-}
-
-// validateQPLocked moves qp from SQE back to RTS. Called with mu held, so that no
-// restart moves the QP at the same time.
-func (i *Interface) validateQPLocked(qp verbs.QP) {
+// validateQP is the driver's ipoib_qp_state_validate_work: a UD send error moves a QP
+// to SQE, where the HCA flushes every later send until the QP is moved back to RTS.
+// A QP in another state is left as it is (a restart moves it), and said so unless it
+// is sending (RTS). Called with the queue's mu held, on the post's path (a failed send
+// is seen to before the next batch, which SQE would flush) or by the interface task
+// (reapSendCQ). A restart (under the interface's mu) may move the QP meanwhile: the
+// move back from SQE then fails, and says so.
+func (i *Interface) validateQP(qp verbs.QP) {
 	switch st := qp.State(); st {
 	case verbs.QPRTS:
 	case verbs.QPSQE:
@@ -304,7 +300,8 @@ func (i *Interface) validateQPLocked(qp verbs.QP) {
 			i.sendWarnf(warnQPState, "failed to move QP %#x from SQE to RTS: %v", uint32(qp.Num()), err)
 			return
 		}
-		i.e.log.Printf("%s: QP %#x moved from SQE to RTS", i.Name(), uint32(qp.Num()))
+		// Through the limit too: a send that fails every time moves it back each batch.
+		i.sendWarnf(warnQPState, "QP %#x moved from SQE to RTS", uint32(qp.Num()))
 	default:
 		i.sendWarnf(warnQPState, "QP %#x will stay in state %v", uint32(qp.Num()), st)
 	}

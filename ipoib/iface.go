@@ -878,7 +878,9 @@ func (i *Interface) resetQPLocked() {
 		if i.rxOut > 0 {
 			i.e.log.Printf("%s: %d receive buffers not flushed by the QP", i.Name(), i.rxOut)
 		}
-		i.reapSendCQ() // the sends it flushed give the provider's send slots back
+		for _, l := range *i.lanes.Load() { // the sends it flushed give the provider's send slots back
+			i.reapCQ(l.scq)
+		}
 	}
 	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
 	i.lanesDownLocked()
@@ -1119,6 +1121,5 @@ func (i *Interface) runTask() time.Duration {
 		next = d
 	}
 	i.reapSendCQ()
-	i.checkSendQueues()
 	return max(next, 10*time.Millisecond)
 }

@@ -93,10 +93,19 @@ func TestSendQueueErrorRecovers(t *testing.T) {
 		}
 	}
 	lmu.Lock()
-	defer lmu.Unlock()
 	if n := strings.Count(logged.String(), "moved from SQE to RTS"); n != 2 {
 		t.Errorf("%d moves from SQE logged, want 2:\n%s", n, logged.String())
 	}
+	lmu.Unlock()
+	// Seen to at once, not at the next batch (which SQE would flush) or the task's
+	// next round: the packet after a failed one goes out, sent once.
+	qps[0].fail.Store(true)
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 5, 56)})
+	if st := qps[0].State(); st != verbs.QPRTS {
+		t.Errorf("after the Transmit whose send failed the QP is in %v, want RTS", st)
+	}
+	a.ib0.Transmit([][]byte{icmp4("10.0.0.1", "10.0.0.2", 8, 6, 56)})
+	waitFor(t, "the packet after the failed one, sent once", func() bool { return len(b.host.take(isICMP4(6))) > 0 })
 }
 
 // A connected-mode post the HCA refuses counts in tx_errors and keeps the connection,

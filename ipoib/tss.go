@@ -34,9 +34,6 @@ type txLane struct {
 	out   []outFrame
 	// unsig counts the sends posted since the last signalled one (signalEvery).
 	unsig int
-	// sqCheck asks the interface task to check the QP's state after a failed send
-	// (checkSendQueues).
-	sqCheck atomic.Bool
 }
 
 // signalEvery returns after how many unsignalled sends one is signalled, for a send
