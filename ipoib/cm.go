@@ -532,12 +532,16 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 	// One send in signalEvery is signalled, so the provider gets its slots back
 	// (cmSendLoop reaps the completion); posts to one connection from two send
 	// queues may both signal, which costs a completion, not a slot.
-	sig := int(t.unsig.Add(int32(len(wrs)))) >= signalEvery(i.e.params.SendQueueSize)
-	if sig {
-		t.unsig.Store(0)
-		wrs[len(wrs)-1].Signaled = true
-	}
+	sig := int(t.unsig.Load())+len(wrs) >= signalEvery(i.e.params.SendQueueSize)
+	wrs[len(wrs)-1].Signaled = sig
 	n, err := qp.PostSend(wrs)
+	// Counted as posted: a signalled send the QP did not take (a full queue, a
+	// refused post) returns no slot, so the next post signals again.
+	if sig && n == len(wrs) {
+		t.unsig.Store(0)
+	} else {
+		t.unsig.Add(int32(n))
+	}
 	switch {
 	case errors.Is(err, verbs.ErrQueueFull):
 		// The connection is busy, not broken (the driver stops its queue until
