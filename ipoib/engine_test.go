@@ -1175,7 +1175,8 @@ func TestRatelimitWindows(t *testing.T) {
 	}{
 		{0, true, 0}, {time.Second, true, 0}, {2 * time.Second, true, 0},
 		{3 * time.Second, false, 0}, {9 * time.Second, false, 0},
-		{10 * time.Second, true, 2}, // a new window from here
+		{10 * time.Second, false, 0},  // the window's last instant
+		{10*time.Second + 1, true, 3}, // a new window from here
 		{11 * time.Second, true, 0}, {12 * time.Second, true, 0}, {19 * time.Second, false, 0},
 		{40 * time.Second, true, 1}, {40 * time.Second, true, 0},
 	}

@@ -39,7 +39,7 @@ func (r *ratelimit) allow(now time.Time) (ok bool, suppressed int) {
 	if r.begin.IsZero() {
 		r.begin = now
 	}
-	if now.Sub(r.begin) >= r.interval {
+	if now.Sub(r.begin) > r.interval { // strictly after, as time_is_before_jiffies
 		suppressed, r.missed = r.missed, 0
 		r.begin, r.printed = now, 0
 	}
