@@ -172,17 +172,20 @@ func (b *bridge) onLink(l kernel.Link) {
 			b.i.PushMTU() // the effective MTU (datagram: at most the group's), in turn with the engine's pushes
 		}
 	}
-	if l.TxQLenChanged && l.TxQLen >= 0 {
+	// A value the engine changed on the device after the watch read this Link is
+	// newer than the Link's: not taken back (it would be pushed to the device again).
+	staleAlias, staleTxq, staleMcast, staleUser := b.dev.Superseded(l)
+	if l.TxQLenChanged && l.TxQLen >= 0 && !staleTxq {
 		// ip link set txqueuelen: adopted as is. Only a change someone else made: a
 		// read of the device that crossed a write of tx_queue_len (the engine already
 		// at the new value, the device not yet) would put the old value back.
 		b.adopt(attrTxq, l.TxQLen, func() { b.i.SetTxQueueLen(uint32(l.TxQLen)) })
 	}
-	if l.MulticastChanged {
+	if l.MulticastChanged && !staleMcast {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
 		b.adopt(attrMulticast, l.Multicast, func() { b.i.SetMulticast(l.Multicast) })
 	}
-	if l.AliasChanged {
+	if l.AliasChanged && !staleAlias {
 		// ip link set alias: the interface's ifalias shows it.
 		b.adopt(attrAlias, l.Alias, func() {
 			if err := b.i.SetAlias(l.Alias); err != nil {
@@ -190,7 +193,7 @@ func (b *bridge) onLink(l kernel.Link) {
 			}
 		})
 	}
-	if l.UserFlagsChanged {
+	if l.UserFlagsChanged && !staleUser {
 		// ip link set promisc/allmulticast: the interface's flags show them.
 		b.adopt(attrUserFlags, l.UserFlags, func() { b.i.SetUserFlags(l.UserFlags) })
 	}

@@ -129,9 +129,23 @@ func TestWatchLink(t *testing.T) {
 		t.Errorf("SetAlias(ours) reported as someone else's change: %+v", l)
 	}
 	ipMust(t, "-n", ns, "link", "set", d.Name(), "alias", "theirs")
-	if l := await(t, e.links, "alias theirs", func(l Link) bool { return l.Alias == "theirs" }); !l.AliasChanged {
-		t.Errorf("ip link set alias theirs not reported as an outside change: %+v", l)
+	theirs := await(t, e.links, "alias theirs", func(l Link) bool { return l.Alias == "theirs" })
+	if !theirs.AliasChanged {
+		t.Errorf("ip link set alias theirs not reported as an outside change: %+v", theirs)
 	}
+	// A report our own change has overtaken is superseded, in what it overtook only
+	// (an ifalias write between the watch's read and the report's delivery).
+	if a, q, m, u := d.Superseded(theirs); a || q || m || u {
+		t.Errorf("the latest report superseded: alias %v txqueuelen %v multicast %v flags %v", a, q, m, u)
+	}
+	if err := d.SetAlias("newer"); err != nil {
+		t.Fatal(err)
+	}
+	if a, q, m, u := d.Superseded(theirs); !a || q || m || u {
+		t.Errorf("a report older than SetAlias(newer): superseded alias %v txqueuelen %v multicast %v flags %v; want the alias only", a, q, m, u)
+	}
+	ipMust(t, "-n", ns, "link", "set", d.Name(), "alias", "theirs")
+	await(t, e.links, "alias theirs again", func(l Link) bool { return l.Alias == "theirs" })
 	// Down, an alias change is not announced: Alias reads it, and the watch then
 	// reports it as the announcement would have.
 	if err := d.SetUp(false); err != nil {
