@@ -56,6 +56,7 @@ var (
 	errAuthShort  = errors.New("no fabric-key trailer (stripped or truncated)")
 	errAuthMAC    = errors.New("bad MAC (altered, or a different fabric key)")
 	errAuthDest   = errors.New("addressed to another port")
+	errAuthSigner = errors.New("signed by another port than the sender's")
 	errAuthReplay = errors.New("replayed or too old")
 	errAuthStale  = errors.New("first message of a sender outside the clock window")
 )
@@ -128,8 +129,10 @@ func (a *fabricAuth) seal(mad []byte, qp uint8, dst verbs.GUID) []byte {
 
 // open checks a received message for QP qp and returns the MAD without its trailer
 // and the port that signed it. forUs says whether a destination GUID names this
-// receiver.
-func (a *fabricAuth) open(b []byte, qp uint8, forUs func(verbs.GUID) bool) ([]byte, verbs.GUID, error) {
+// receiver; signer, when not nil, whether the signer may have sent it (the port its
+// source address belongs to), checked before the sequence is recorded, so that a
+// key holder signing as another port cannot move that port's replay window.
+func (a *fabricAuth) open(b []byte, qp uint8, forUs, signer func(verbs.GUID) bool) ([]byte, verbs.GUID, error) {
 	if len(b) < authTrailerLen {
 		return nil, 0, errAuthShort
 	}
@@ -143,6 +146,9 @@ func (a *fabricAuth) open(b []byte, qp uint8, forUs func(verbs.GUID) bool) ([]by
 	if !forUs(dst) {
 		return nil, 0, errAuthDest
 	}
+	if signer != nil && !signer(src) {
+		return nil, 0, errAuthSigner
+	}
 	if err := a.fresh(src, seq); err != nil {
 		return nil, 0, err
 	}
@@ -153,10 +159,15 @@ func (a *fabricAuth) open(b []byte, qp uint8, forUs func(verbs.GUID) bool) ([]by
 func (a *fabricAuth) fresh(src verbs.GUID, seq uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := a.now().UnixNano()
+	if d := int64(seq) - now; d > int64(authMaxSkew) {
+		// Not yet signed, as far as this receiver's clock goes: taken, it would hold
+		// the sender's window above every message it really sends.
+		return errAuthStale
+	}
 	w := a.peers[src]
 	if w == nil {
-		now := a.now().UnixNano()
-		if d := int64(seq) - now; d > int64(authMaxSkew) || d < -int64(authMaxSkew) || seq <= a.floor {
+		if d := int64(seq) - now; d < -int64(authMaxSkew) || seq <= a.floor {
 			return errAuthStale
 		}
 		if len(a.peers) >= authMaxPeers {
@@ -166,6 +177,9 @@ func (a *fabricAuth) fresh(src verbs.GUID, seq uint64) error {
 				a.floor = max(a.floor, old.top)
 				delete(a.peers, g)
 				break
+			}
+			if seq <= a.floor {
+				return errAuthStale
 			}
 		}
 		a.peers[src] = &replayWindow{top: seq, floor: a.floor, recent: []uint64{seq}}
@@ -182,6 +196,9 @@ func (w *replayWindow) accept(seq uint64) error {
 	}
 	if slices.Contains(w.recent, seq) {
 		return errAuthReplay
+	}
+	if len(w.recent) == authWindow && seq < slices.Min(w.recent) {
+		return errAuthReplay // older than all it keeps: refused, the window unchanged
 	}
 	if seq > w.top {
 		w.top = seq
@@ -201,9 +218,6 @@ func (w *replayWindow) accept(seq uint64) error {
 		}
 		w.floor = max(w.floor, w.recent[k])
 		w.recent = slices.Delete(w.recent, k, k+1)
-		if seq <= w.floor {
-			return errAuthReplay
-		}
 	}
 	w.recent = append(w.recent, seq)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -50,21 +51,25 @@ func TestFabricAuthSealOpen(t *testing.T) {
 		{"shorter than a trailer", msg[:authTrailerLen-1], 1, errAuthShort},
 		{"sent on QP1, replayed on QP0", msg, 0, errAuthMAC},
 	} {
-		if _, _, err := recv.open(c.b, c.qp, forB); !errors.Is(err, c.want) {
+		if _, _, err := recv.open(c.b, c.qp, forB, nil); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.what, err, c.want)
 		}
 	}
-	if _, _, err := newFabricAuth(otherKey, 0xb, nil).open(msg, 1, forB); !errors.Is(err, errAuthMAC) {
+	if _, _, err := newFabricAuth(otherKey, 0xb, nil).open(msg, 1, forB, nil); !errors.Is(err, errAuthMAC) {
 		t.Errorf("other key: %v", err)
 	}
-	if _, _, err := recv.open(msg, 1, func(g verbs.GUID) bool { return g == 0xc }); !errors.Is(err, errAuthDest) {
+	if _, _, err := recv.open(msg, 1, func(g verbs.GUID) bool { return g == 0xc }, nil); !errors.Is(err, errAuthDest) {
 		t.Errorf("addressed to another port: %v", err)
 	}
-	got, signer, err := recv.open(msg, 1, forB)
+	// Signed as a port the sender is not: refused before its window moves.
+	if _, _, err := recv.open(msg, 1, forB, func(g verbs.GUID) bool { return g == 0xe }); !errors.Is(err, errAuthSigner) {
+		t.Errorf("signed as another port than the sender's: %v, want %v", err, errAuthSigner)
+	}
+	got, signer, err := recv.open(msg, 1, forB, func(g verbs.GUID) bool { return g == 0xa })
 	if err != nil || !bytes.Equal(got, mad) || signer != 0xa {
 		t.Fatalf("good message: %v, signed by %#x", err, uint64(signer))
 	}
-	if _, _, err := recv.open(msg, 1, forB); !errors.Is(err, errAuthReplay) {
+	if _, _, err := recv.open(msg, 1, forB, nil); !errors.Is(err, errAuthReplay) {
 		t.Errorf("replay: %v, want %v", err, errAuthReplay)
 	}
 }
@@ -91,7 +96,7 @@ func TestFabricAuthReplayWindow(t *testing.T) {
 	for k := range 2000 {
 		msgs = append(msgs, sender.seal([]byte{byte(k)}, 0, 0xb))
 	}
-	open := func(k int) error { _, _, err := recv.open(msgs[k], 0, anyDest); return err }
+	open := func(k int) error { _, _, err := recv.open(msgs[k], 0, anyDest, nil); return err }
 	if err := open(80); err != nil {
 		t.Fatal(err)
 	}
@@ -112,17 +117,38 @@ func TestFabricAuthReplayWindow(t *testing.T) {
 	if err := open(101); err != nil { // 999 ms before: inside, never seen
 		t.Errorf("message 101, inside the moved window: %v", err)
 	}
-	// 64 remembered: with 64 newer ones accepted, an older one never seen is refused.
-	for k := 1101; k < 1101+authWindow; k++ {
+	// 64 remembered: with 64 newer ones accepted (every other one), an older one never
+	// seen is refused, and the window stays as it was.
+	last := 0
+	for k := 1102; k < 1102+2*authWindow; k += 2 {
 		if err := open(k); err != nil {
 			t.Fatalf("message %d: %v", k, err)
 		}
+		last = k
 	}
-	if err := open(1090); !errors.Is(err, errAuthReplay) {
-		t.Errorf("message 1090, older than the 64 remembered: %v", err)
+	w := recv.peers[0xa]
+	oldest := last - 2*(authWindow-1)
+	kept, floor := slices.Clone(w.recent), w.floor
+	if err := open(oldest - 1); !errors.Is(err, errAuthReplay) {
+		t.Errorf("message %d, older than the 64 remembered: %v", oldest-1, err)
 	}
-	if err := open(1100 + authWindow + 1); err != nil {
+	if !slices.Equal(w.recent, kept) || w.floor != floor {
+		t.Errorf("a refused message changed the window: %d kept (was %d), floor %d (was %d)", len(w.recent), len(kept), w.floor, floor)
+	}
+	if err := open(oldest + 1); err != nil { // inside what it keeps, never seen
+		t.Errorf("message %d: %v", oldest+1, err)
+	}
+	if err := open(last + 1); err != nil {
 		t.Errorf("the next message: %v", err)
+	}
+	// A message signed ahead of the receiver's clock by more than the skew is refused,
+	// and does not hold the window above the sender's real messages.
+	ahead := newFabricAuth(testKey, 0xa, func() time.Time { return t0.Add(time.Hour) })
+	if _, _, err := recv.open(ahead.seal([]byte("x"), 0, 0xb), 0, anyDest, nil); !errors.Is(err, errAuthStale) {
+		t.Errorf("a message signed an hour ahead: %v, want %v", err, errAuthStale)
+	}
+	if err := open(last + 2); err != nil {
+		t.Errorf("the next message after one signed ahead: %v", err)
 	}
 }
 
@@ -138,10 +164,10 @@ func TestFabricAuthFirstContactFreshness(t *testing.T) {
 	captured := up.seal([]byte("x"), 0, 0xb) // sealed an hour ago
 	booted = booted.Add(-time.Hour)          // its clock now reads now
 	recv := newFabricAuth(testKey, 0xb, clock)
-	if _, _, err := recv.open(captured, 0, anyDest); !errors.Is(err, errAuthStale) {
+	if _, _, err := recv.open(captured, 0, anyDest, nil); !errors.Is(err, errAuthStale) {
 		t.Errorf("an hour-old first message: %v, want %v", err, errAuthStale)
 	}
-	if _, _, err := recv.open(up.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil {
+	if _, _, err := recv.open(up.seal([]byte("x"), 0, 0xb), 0, anyDest, nil); err != nil {
 		t.Errorf("a message sealed now by a sender up for an hour: %v", err)
 	}
 	for _, c := range []struct {
@@ -150,14 +176,14 @@ func TestFabricAuthFirstContactFreshness(t *testing.T) {
 	}{{3 * time.Second, errAuthStale}, {time.Second, nil}} {
 		s := newFabricAuth(testKey, 0xc, func() time.Time { return now.Add(-c.ago) })
 		r := newFabricAuth(testKey, 0xb, clock)
-		if _, _, err := r.open(s.seal([]byte("x"), 0, 0xb), 0, anyDest); !errors.Is(err, c.want) {
+		if _, _, err := r.open(s.seal([]byte("x"), 0, 0xb), 0, anyDest, nil); !errors.Is(err, c.want) {
 			t.Errorf("a first message sealed %v before the receiver started: %v, want %v", c.ago, err, c.want)
 		}
 	}
 	// A forgotten sender's messages are not believed again as a first message.
 	r := newFabricAuth(testKey, 0xb, clock)
 	msg := newFabricAuth(testKey, 0x10, clock).seal([]byte("x"), 0, 0xb)
-	if _, _, err := r.open(msg, 0, anyDest); err != nil {
+	if _, _, err := r.open(msg, 0, anyDest, nil); err != nil {
 		t.Fatal(err)
 	}
 	top := r.peers[0x10].top
@@ -165,11 +191,20 @@ func TestFabricAuthFirstContactFreshness(t *testing.T) {
 		r.peers[g] = &replayWindow{top: top} // whichever goes, the floor is the same
 	}
 	later := newFabricAuth(testKey, 0x20, func() time.Time { return now.Add(time.Millisecond) })
-	if _, _, err := r.open(later.seal([]byte("x"), 0, 0xb), 0, anyDest); err != nil || len(r.peers) != authMaxPeers {
+	if _, _, err := r.open(later.seal([]byte("x"), 0, 0xb), 0, anyDest, nil); err != nil || len(r.peers) != authMaxPeers {
 		t.Fatalf("a new sender with the table full: %v, %d senders kept", err, len(r.peers))
 	}
+	// A new sender's first message at or below the top of the one forgotten for it is
+	// refused, not taken with a window that refuses its next.
+	for _, w := range r.peers { // whichever goes, its top is above the new one's
+		w.top = top + uint64(time.Second)
+	}
+	early := newFabricAuth(testKey, 0x30, func() time.Time { return now.Add(time.Millisecond) })
+	if _, _, err := r.open(early.seal([]byte("x"), 0, 0xb), 0, anyDest, nil); !errors.Is(err, errAuthStale) {
+		t.Errorf("a first message below the forgotten sender's top: %v, want %v", err, errAuthStale)
+	}
 	delete(r.peers, 0x10) // as if it was the one forgotten
-	if _, _, err := r.open(msg, 0, anyDest); !errors.Is(err, errAuthStale) {
+	if _, _, err := r.open(msg, 0, anyDest, nil); !errors.Is(err, errAuthStale) {
 		t.Errorf("a forgotten sender's message replayed: %v, want %v", err, errAuthStale)
 	}
 }
@@ -181,7 +216,7 @@ func FuzzFabricAuthOpen(f *testing.F) {
 	f.Add(bytes.Repeat([]byte{0}, authTrailerLen))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := newFabricAuth(testKey, 0xb, nil)
-		mad, signer, err := r.open(b, 1, anyDest)
+		mad, signer, err := r.open(b, 1, anyDest, nil)
 		if err == nil && (len(mad) != len(b)-authTrailerLen || !bytes.Equal(mad, b[:len(mad)]) ||
 			signer != verbs.GUID(binary.BigEndian.Uint64(b[len(mad):]))) {
 			t.Fatalf("accepted %x as %x", b, mad)

@@ -559,7 +559,7 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 			mad, signer := pkt.Payload, verbs.GUID(0)
 			if p.auth != nil {
 				var err error
-				if mad, signer, err = p.auth.open(mad, 0, p.ctlForUs); err != nil {
+				if mad, signer, err = p.auth.open(mad, 0, p.ctlForUs, nil); err != nil {
 					p.cnt.authFail.Add(1)
 					continue
 				}
@@ -671,7 +671,9 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, v *rx
 			// not act as another port (an SA delete of its memberships).
 			var signer verbs.GUID
 			var err error
-			if mad, signer, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid }); err != nil || signer != guidOf(src.GID) {
+			srcGUID := guidOf(src.GID)
+			if mad, signer, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid },
+				func(g verbs.GUID) bool { return g == srcGUID }); err != nil || signer != srcGUID {
 				p.cnt.authFail.Add(1)
 				return
 			}
