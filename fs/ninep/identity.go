@@ -50,7 +50,8 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 			// The peer's pidfd (SO_PEERPIDFD) holds on to the process itself: if it
 			// is still alive after its capabilities were read, they were its own,
 			// not those of a process that took its PID after it exited.
-			if netAdmin && unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
+			// ESRCH: gone. EPERM (a daemon that may not signal it) says it lives.
+			if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); netAdmin && err != nil && !errors.Is(err, unix.EPERM) {
 				netAdmin = false
 			}
 			unix.Close(pidfd)
@@ -203,8 +204,11 @@ func socketNetAdmin(inode uint32) bool {
 		}
 		dir := "/proc/" + p.Name() + "/fd/"
 		fds, err := os.ReadDir(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // exited
+		}
 		if err != nil {
-			continue
+			return false // a process whose descriptors cannot be seen may hold it
 		}
 		for _, fd := range fds {
 			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
