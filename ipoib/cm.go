@@ -532,13 +532,15 @@ func (i *Interface) cmPostWRs(t *cmTx, wrs []verbs.SendWR, bytes uint64) {
 	// One send in signalEvery is signalled, so the provider gets its slots back
 	// (cmSendLoop reaps the completion); posts to one connection from two send
 	// queues may both signal, which costs a completion, not a slot.
-	sig := int(t.unsig.Load())+len(wrs) >= signalEvery(i.e.params.SendQueueSize)
+	u := t.unsig.Load()
+	sig := int(u)+len(wrs) >= signalEvery(i.e.params.SendQueueSize)
 	wrs[len(wrs)-1].Signaled = sig
 	n, err := qp.PostSend(wrs)
 	// Counted as posted: a signalled send the QP did not take (a full queue, a
-	// refused post) returns no slot, so the next post signals again.
+	// refused post) returns no slot, so the next post signals again. A signalled
+	// one takes off what it covered (u), not what another queue added meanwhile.
 	if sig && n == len(wrs) {
-		t.unsig.Store(0)
+		t.unsig.Add(-u)
 	} else {
 		t.unsig.Add(int32(n))
 	}
