@@ -131,13 +131,16 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	if l.UpChanged {
 		br.adopt(attrUp, l.Up, func() { br.b.SetUp(l.Up) })
 	}
-	if l.MulticastChanged {
+	// As an interface's bridge: what the engine changed since the report was read
+	// is newer than the report.
+	staleAlias, _, staleMcast, staleUser := br.dev.Superseded(l)
+	if l.MulticastChanged && !staleMcast {
 		br.adopt(attrMulticast, l.Multicast, func() { br.b.SetMulticast(l.Multicast) })
 	}
-	if l.UserFlagsChanged {
+	if l.UserFlagsChanged && !staleUser {
 		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.SetUserFlags(l.UserFlags) })
 	}
-	if l.AliasChanged {
+	if l.AliasChanged && !staleAlias {
 		br.adopt(attrAlias, l.Alias, func() { br.logErr(br.b.SetAlias(l.Alias)) })
 	}
 	br.b.SetCounted(l.Counted)
