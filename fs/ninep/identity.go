@@ -43,6 +43,14 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 			return connIdentity{who: nobody}
 		}
 		netAdmin := fs.ProcNetAdmin(uint32(cred.Pid))
+		if peer, ok := unixPeerInode(c); ok && netAdmin {
+			// Every process holding the client's socket must have it too (one
+			// the connecting process forked or handed it to); none found: the
+			// kernel holds it (a v9fs mount), the connecting process counts.
+			if held, all := socketHoldersNetAdmin(peer); held > 0 && !all {
+				netAdmin = false
+			}
+		}
 		if pidErr != nil && !errors.Is(pidErr, unix.ENOPROTOOPT) {
 			netAdmin = false // the peer is gone: its PID may be another's
 		}
@@ -191,12 +199,19 @@ const tcpEstablished = 1 // TCP_ESTABLISHED
 // that exited meanwhile may have left its PID to another, whose capabilities are not
 // the socket's. Fail closed in each case.
 func socketNetAdmin(inode uint32) bool {
+	held, all := socketHoldersNetAdmin(inode)
+	return held > 0 && all
+}
+
+// socketHoldersNetAdmin counts the processes holding the socket with this inode and
+// says whether all of them hold CAP_NET_ADMIN (false as soon as one does not, or one
+// cannot be seen).
+func socketHoldersNetAdmin(inode uint32) (held int, all bool) {
 	want := "socket:[" + strconv.FormatUint(uint64(inode), 10) + "]"
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
-		return false
+		return 0, false
 	}
-	holders := 0
 	for _, p := range procs {
 		pid, err := strconv.ParseUint(p.Name(), 10, 32)
 		if err != nil {
@@ -208,23 +223,55 @@ func socketNetAdmin(inode uint32) bool {
 			continue // exited
 		}
 		if err != nil {
-			return false // a process whose descriptors cannot be seen may hold it
+			return held + 1, false // a process whose descriptors cannot be seen may hold it
 		}
 		for _, fd := range fds {
 			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
 				continue
 			}
+			held++
 			if !fs.ProcNetAdmin(uint32(pid)) {
-				return false
+				return held, false
 			}
 			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
-				return false // gone, or its PID reused
+				return held, false // gone, or its PID reused
 			}
-			holders++
 			break
 		}
 	}
-	return holders > 0
+	return held, true
+}
+
+// unixPeerInode returns the inode of the socket at the other end of a unix
+// connection (sock_diag's UNIX_DIAG_PEER, what ss -x shows as the peer).
+func unixPeerInode(c net.Conn) (uint32, bool) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return 0, false
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var own uint64
+	if err := raw.Control(func(fd uintptr) {
+		var st unix.Stat_t
+		if unix.Fstat(int(fd), &st) == nil {
+			own = st.Ino
+		}
+	}); err != nil || own == 0 {
+		return 0, false
+	}
+	socks, err := netlink.UnixSocketDiagInfo()
+	if err != nil {
+		return 0, false
+	}
+	for _, s := range socks {
+		if s.DiagMsg != nil && uint64(s.DiagMsg.INode) == own && s.Peer != nil {
+			return *s.Peer, true
+		}
+	}
+	return 0, false
 }
 
 func (d *sockDiag) close() {

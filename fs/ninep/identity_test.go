@@ -327,23 +327,29 @@ func TestTCPIdentityIsTheExactSocket(t *testing.T) {
 	}
 }
 
-// Every process holding a loopback TCP client socket must hold CAP_NET_ADMIN for the
-// connection to have it: a child without the capability that inherited the socket
-// (a client that forked, or handed it on) could write through it too.
-func TestTCPNetAdminNeedsEveryHolder(t *testing.T) {
+// Every process holding a client socket (loopback TCP, or unix) must hold
+// CAP_NET_ADMIN for the connection to have it: a child without the capability that
+// inherited the socket (a client that forked, or handed it on) could write through
+// it too.
+func TestNetAdminNeedsEveryHolder(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
 		}
 		t.Skip("needs root")
 	}
+	t.Run("tcp", func(t *testing.T) { testNetAdminNeedsEveryHolder(t, "tcp", "127.0.0.1:0") })
+	t.Run("unix", func(t *testing.T) { testNetAdminNeedsEveryHolder(t, "unix", filepath.Join(t.TempDir(), "s")) })
+}
+
+func testNetAdminNeedsEveryHolder(t *testing.T, network, addr string) {
 	setpriv := testenv.Tool(t, "setpriv")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
+	c, err := net.Dial(network, ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +364,7 @@ func TestTCPNetAdminNeedsEveryHolder(t *testing.T) {
 	if id := identify(s, diag, false, nil); !id.who.NetAdmin {
 		t.Fatalf("root's own connection: CAP_NET_ADMIN %v", id.who.NetAdmin)
 	}
-	f, err := c.(*net.TCPConn).File()
+	f, err := c.(interface{ File() (*os.File, error) }).File()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,6 +374,12 @@ func TestTCPNetAdminNeedsEveryHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
+	// setpriv keeps the capability until it runs sleep.
+	for deadline := time.Now().Add(10 * time.Second); fs.ProcNetAdmin(uint32(child.Process.Pid)); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the child under setpriv still has CAP_NET_ADMIN")
+		}
+	}
 	if id := identify(s, diag, false, nil); id.who.NetAdmin {
 		t.Error("a holder without CAP_NET_ADMIN: the connection has it")
 	}
