@@ -866,6 +866,9 @@ func (i *Interface) restartQP() (changed bool) {
 // (TestRestartsUnderTraffic, 1 in 40 runs under load). Called with mu and rxMu held.
 func (i *Interface) resetQPLocked() {
 	var wcs [64]verbs.WC
+	// Not ready from here: no post takes the QP as sending while it is flushed (a
+	// send failing meanwhile would have it checked, and logged, as a broken one).
+	i.setLocked(func(d *dataState) { d.qpReady = false })
 	if i.rxOut > 0 {
 		_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPErr})
 		// A real HCA flushes in the background: wait for the buffers, 5 s at most
@@ -884,7 +887,6 @@ func (i *Interface) resetQPLocked() {
 	}
 	_ = i.qp.Modify(verbs.QPModify{Mask: verbs.QPMaskState, State: verbs.QPReset})
 	i.lanesDownLocked()
-	i.setLocked(func(d *dataState) { d.qpReady = false })
 	for i.rcq.Poll(wcs[:]) > 0 {
 	}
 	i.rxOut = 0
