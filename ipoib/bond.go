@@ -541,11 +541,26 @@ func (b *Bond) Alias() string {
 // SetAlias sets the bond's alias, which its kernel device follows, with Interface's
 // rules (at most 255 bytes, ends at a NUL, every call reaches the device).
 func (b *Bond) SetAlias(s string) error {
+	_, err := b.setAlias(s, nil)
+	return err
+}
+
+// AdoptAlias is SetAlias for an alias someone set on the bond's device, taken only
+// while the bond's alias is still prev (see Interface.AdoptAlias).
+func (b *Bond) AdoptAlias(prev, s string) (bool, error) {
+	return b.setAlias(s, &prev)
+}
+
+func (b *Bond) setAlias(s string, prev *string) (bool, error) {
 	s, err := checkAlias(s)
 	if err != nil {
-		return b.err("set_alias", syscall.EINVAL, "%v", err)
+		return false, b.err("set_alias", syscall.EINVAL, "%v", err)
 	}
 	b.mu.Lock()
+	if prev != nil && b.alias != *prev {
+		b.mu.Unlock()
+		return false, nil
+	}
 	changed := b.alias != s
 	b.alias = s
 	b.mu.Unlock()
@@ -553,7 +568,7 @@ func (b *Bond) SetAlias(s string) error {
 		b.bs.e.event("%s: alias %q", b.name, s)
 	}
 	b.pushAlias()
-	return nil
+	return true, nil
 }
 
 // AttachHost connects the bond's kernel device and pushes its MTU, carrier,

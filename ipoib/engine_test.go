@@ -1191,3 +1191,37 @@ func TestRatelimitWindows(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// An alias taken from the device is taken only while the interface's is still the one
+// the device had before: an ifalias write since (on its way to the device) is newer.
+func TestAdoptAliasKeepsANewerWrite(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	if err := i.SetAlias("before"); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.SetAlias("newer"); err != nil { // written after the device had "before"
+		t.Fatal(err)
+	}
+	if took, err := i.AdoptAlias("before", "set by ip"); took || err != nil {
+		t.Errorf("adopting over a newer write: took %v, %v", took, err)
+	}
+	i.mu.Lock()
+	got := i.alias
+	i.mu.Unlock()
+	if got != "newer" {
+		t.Errorf("alias %q after a stale adoption, want the newer write", got)
+	}
+	if took, err := i.AdoptAlias("newer", "set by ip"); !took || err != nil {
+		t.Errorf("adopting with nothing newer: took %v, %v", took, err)
+	}
+	i.mu.Lock()
+	got = i.alias
+	i.mu.Unlock()
+	if got != "set by ip" {
+		t.Errorf("alias %q, want the device's", got)
+	}
+	if _, err := i.AdoptAlias("set by ip", strings.Repeat("x", 300)); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("adopting a 300-byte alias: %v, want EINVAL", err)
+	}
+}

@@ -605,11 +605,28 @@ const maxAlias = 255
 // ifalias write does: the kernel announces no alias change on a device that is down,
 // so the device may hold another one.
 func (i *Interface) SetAlias(s string) error {
+	_, err := i.setAlias(s, nil)
+	return err
+}
+
+// AdoptAlias is SetAlias for an alias someone set on the device (ip link set alias):
+// it is taken only while the interface's alias is still prev, the one the device had
+// before (kernel.Link.PrevAlias). One the engine changed since (a write of ifalias,
+// on its way to the device) is newer and stays. It reports whether s was taken.
+func (i *Interface) AdoptAlias(prev, s string) (bool, error) {
+	return i.setAlias(s, &prev)
+}
+
+func (i *Interface) setAlias(s string, prev *string) (bool, error) {
 	s, err := checkAlias(s)
 	if err != nil {
-		return &Error{Op: "set_alias", If: i.Name(), Err: syscall.EINVAL, Detail: err.Error()}
+		return false, &Error{Op: "set_alias", If: i.Name(), Err: syscall.EINVAL, Detail: err.Error()}
 	}
 	i.mu.Lock()
+	if prev != nil && i.alias != *prev {
+		i.mu.Unlock()
+		return false, nil
+	}
 	changed := i.alias != s
 	i.alias = s
 	i.mu.Unlock()
@@ -617,7 +634,7 @@ func (i *Interface) SetAlias(s string) error {
 		i.e.event("%s: alias %q", i.Name(), s)
 	}
 	i.pushAlias()
-	return nil
+	return true, nil
 }
 
 // checkAlias applies dev_set_alias's rules to an alias: at most 255 bytes, and it

@@ -141,7 +141,10 @@ func (br *bondBridge) onLink(l kernel.Link) {
 		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.SetUserFlags(l.UserFlags) })
 	}
 	if l.AliasChanged && !staleAlias {
-		br.adopt(attrAlias, l.Alias, func() { br.logErr(br.b.SetAlias(l.Alias)) })
+		br.adopt(attrAlias, l.Alias, func() {
+			_, err := br.b.AdoptAlias(l.PrevAlias, l.Alias)
+			br.logErr(err)
+		})
 	}
 	br.b.SetCounted(l.Counted)
 	if l.Up && (l.UpChanged || l.MTUChanged) {

@@ -186,9 +186,11 @@ func (b *bridge) onLink(l kernel.Link) {
 		b.adopt(attrMulticast, l.Multicast, func() { b.i.SetMulticast(l.Multicast) })
 	}
 	if l.AliasChanged && !staleAlias {
-		// ip link set alias: the interface's ifalias shows it.
+		// ip link set alias: the interface's ifalias shows it, unless the engine
+		// changed its alias since the device had PrevAlias (that one is newer, and
+		// the device gets it).
 		b.adopt(attrAlias, l.Alias, func() {
-			if err := b.i.SetAlias(l.Alias); err != nil {
+			if _, err := b.i.AdoptAlias(l.PrevAlias, l.Alias); err != nil {
 				log.Printf("%s: alias set on the device: %v", name, err)
 			}
 		})

@@ -196,6 +196,10 @@ type Link struct {
 	// someone else changed it.
 	Alias        string
 	AliasChanged bool
+	// PrevAlias is the alias this package held for the device before this report
+	// (the one it last set or reported): an engine still at it has not changed the
+	// alias since, and may take Alias (AdoptAlias).
+	PrevAlias string
 	// Counted is IFF_PROMISC while the device's promiscuity count has more than the
 	// user's own flag (a packet socket's such as tcpdump's, a bond's): dev->flags has
 	// it then, as sysfs shows it. (IFF_ALLMULTI's count is not read.)

@@ -285,7 +285,7 @@ func (d *Device) linkState() (Link, error) {
 		d.user = l.UserFlags
 		l.TxQLenChanged = a.TxQLen != d.txq
 		d.txq = a.TxQLen
-		l.Alias, l.AliasChanged = a.Alias, a.Alias != d.alias
+		l.Alias, l.AliasChanged, l.PrevAlias = a.Alias, a.Alias != d.alias, d.alias
 		d.alias = a.Alias
 		if f, err := d.deviceFeatures(a.Name); err == nil {
 			l.Features = f
