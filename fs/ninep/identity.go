@@ -43,12 +43,14 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 			return connIdentity{who: nobody}
 		}
 		netAdmin := fs.ProcNetAdmin(uint32(cred.Pid))
-		if peer, ok := unixPeerInode(c); ok && netAdmin {
+		if netAdmin {
 			// Every process holding the client's socket must have it too (one
 			// the connecting process forked or handed it to); none found: the
 			// kernel holds it (a v9fs mount), the connecting process counts.
-			if held, all := socketHoldersNetAdmin(peer); held > 0 && !all {
-				netAdmin = false
+			if peer, ok := unixPeerInode(c); ok {
+				if held, all := socketHoldersNetAdmin(peer); held > 0 && !all {
+					netAdmin = false
+				}
 			}
 		}
 		if pidErr != nil && !errors.Is(pidErr, unix.ENOPROTOOPT) {
