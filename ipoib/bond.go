@@ -742,20 +742,41 @@ func (b *Bond) SetFlags(f uint32) {
 // SetUserFlags sets the bond's IFF_PROMISC and IFF_ALLMULTI as f has them; its device
 // follows. (The bonding driver also passes them on to the active slave, as counts the
 // slave's own flags do not show: not done here, where they mean nothing to the link.)
-func (b *Bond) SetUserFlags(f uint32) {
+func (b *Bond) SetUserFlags(f uint32) { b.setUserFlags(f, nil) }
+
+// AdoptUserFlags is SetUserFlags for flags someone set on the bond's device, taken
+// only while the bond's are still prev (see Interface.AdoptAlias).
+func (b *Bond) AdoptUserFlags(prev, f uint32) bool { return b.setUserFlags(f, &prev) }
+
+func (b *Bond) setUserFlags(f uint32, prev *uint32) bool {
 	b.mu.Lock()
+	if prev != nil && b.flags.user() != *prev&iffUser {
+		b.mu.Unlock()
+		return false
+	}
 	old := b.flags.setUser(f)
 	b.mu.Unlock()
 	if old == f&iffUser {
-		return
+		return true
 	}
 	userFlagEvents(b.bs.e.event, b.name, old, f)
 	b.pushUserFlags()
+	return true
 }
 
 // SetMulticast sets or clears the bond's IFF_MULTICAST; its device follows.
-func (b *Bond) SetMulticast(on bool) {
+func (b *Bond) SetMulticast(on bool) { b.setMulticast(on, nil) }
+
+// AdoptMulticast is SetMulticast for IFF_MULTICAST someone set on the bond's device,
+// taken only while the bond's is still prev (see Interface.AdoptAlias).
+func (b *Bond) AdoptMulticast(prev, on bool) bool { return b.setMulticast(on, &prev) }
+
+func (b *Bond) setMulticast(on bool, prev *bool) bool {
 	b.mu.Lock()
+	if prev != nil && b.noMulticast == *prev {
+		b.mu.Unlock()
+		return false
+	}
 	changed := b.noMulticast == on
 	b.noMulticast = !on
 	b.mu.Unlock()
@@ -763,6 +784,7 @@ func (b *Bond) SetMulticast(on bool) {
 		b.bs.e.event("%s: multicast %s", b.name, onOff(on))
 		b.pushMulticast()
 	}
+	return true
 }
 
 // Type is the device type: 1 (Ethernet) until the first slave, then 32 (InfiniBand),

@@ -1224,4 +1224,32 @@ func TestAdoptAliasKeepsANewerWrite(t *testing.T) {
 	if _, err := i.AdoptAlias("set by ip", strings.Repeat("x", 300)); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("adopting a 300-byte alias: %v, want EINVAL", err)
 	}
+	// The same for the transmit queue length, IFF_MULTICAST and the user's flags.
+	i.SetTxQueueLen(2000)
+	if i.AdoptTxQueueLen(1000, 3000) || i.TxQueueLen() != 2000 {
+		t.Errorf("txqueuelen adopted over a newer write: %d", i.TxQueueLen())
+	}
+	if !i.AdoptTxQueueLen(2000, 3000) || i.TxQueueLen() != 3000 {
+		t.Errorf("txqueuelen not adopted: %d", i.TxQueueLen())
+	}
+	i.SetMulticast(false)
+	if i.AdoptMulticast(true, true) || i.Multicast() {
+		t.Error("multicast adopted over a newer write")
+	}
+	if !i.AdoptMulticast(false, true) || !i.Multicast() {
+		t.Error("multicast not adopted")
+	}
+	i.SetUserFlags(iffPromisc)
+	if i.AdoptUserFlags(0, iffAllMulti) {
+		t.Error("user flags adopted over a newer write")
+	}
+	if !i.AdoptUserFlags(iffPromisc, iffAllMulti) {
+		t.Error("user flags not adopted")
+	}
+	i.mu.Lock()
+	user := i.flags.user()
+	i.mu.Unlock()
+	if user != iffAllMulti {
+		t.Errorf("user flags %#x, want the adopted allmulti", user)
+	}
 }

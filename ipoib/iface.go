@@ -529,15 +529,26 @@ func (i *Interface) SetFlags(f uint32) error {
 
 // SetUserFlags sets IFF_PROMISC and IFF_ALLMULTI as f has them (a flags write, or ip
 // link set promisc/allmulticast on the kernel device); the kernel device follows.
-func (i *Interface) SetUserFlags(f uint32) {
+func (i *Interface) SetUserFlags(f uint32) { i.setUserFlags(f, nil) }
+
+// AdoptUserFlags is SetUserFlags for flags someone set on the device, taken only
+// while the interface's are still prev, the device's before (see AdoptAlias).
+func (i *Interface) AdoptUserFlags(prev, f uint32) bool { return i.setUserFlags(f, &prev) }
+
+func (i *Interface) setUserFlags(f uint32, prev *uint32) bool {
 	i.mu.Lock()
+	if prev != nil && i.flags.user() != *prev&iffUser {
+		i.mu.Unlock()
+		return false
+	}
 	old := i.flags.setUser(f)
 	i.mu.Unlock()
 	if old == f&iffUser {
-		return
+		return true
 	}
 	userFlagEvents(i.e.event, i.Name(), old, f)
 	i.pushUserFlags()
+	return true
 }
 
 // Multicast reports IFF_MULTICAST, which a netdev starts with.
@@ -550,8 +561,18 @@ func (i *Interface) Multicast() bool {
 // SetMulticast sets or clears IFF_MULTICAST (ip link set multicast on/off, a flags
 // write); the kernel device follows. Like the driver, the engine keeps joining the
 // groups of the device's multicast list either way.
-func (i *Interface) SetMulticast(on bool) {
+func (i *Interface) SetMulticast(on bool) { i.setMulticast(on, nil) }
+
+// AdoptMulticast is SetMulticast for IFF_MULTICAST someone set on the device, taken
+// only while the interface's is still prev, the device's before (see AdoptAlias).
+func (i *Interface) AdoptMulticast(prev, on bool) bool { return i.setMulticast(on, &prev) }
+
+func (i *Interface) setMulticast(on bool, prev *bool) bool {
 	i.mu.Lock()
+	if prev != nil && i.noMulticast == *prev {
+		i.mu.Unlock()
+		return false
+	}
 	changed := i.noMulticast == on
 	i.noMulticast = !on
 	i.mu.Unlock()
@@ -559,6 +580,7 @@ func (i *Interface) SetMulticast(on bool) {
 		i.e.event("%s: multicast %s", i.Name(), onOff(on))
 		i.pushMulticast()
 	}
+	return true
 }
 
 func onOff(on bool) string {
@@ -657,14 +679,25 @@ func (i *Interface) TxQueueLen() uint32 {
 }
 
 // SetTxQueueLen sets the transmit queue length, which the kernel device follows.
-func (i *Interface) SetTxQueueLen(n uint32) {
+func (i *Interface) SetTxQueueLen(n uint32) { i.setTxQueueLen(n, nil) }
+
+// AdoptTxQueueLen is SetTxQueueLen for a length someone set on the device, taken only
+// while the interface's is still prev, the device's before (see AdoptAlias).
+func (i *Interface) AdoptTxQueueLen(prev, n uint32) bool { return i.setTxQueueLen(n, &prev) }
+
+func (i *Interface) setTxQueueLen(n uint32, prev *uint32) bool {
 	i.mu.Lock()
+	if prev != nil && i.txQueueLen != *prev {
+		i.mu.Unlock()
+		return false
+	}
 	changed := i.txQueueLen != n
 	i.txQueueLen = n
 	i.mu.Unlock()
 	if changed {
 		i.pushTxQueueLen()
 	}
+	return true
 }
 
 // AttachHost connects the kernel side and pushes the current MTU, carrier, effective

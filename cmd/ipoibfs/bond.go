@@ -131,16 +131,15 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	if l.UpChanged {
 		br.adopt(attrUp, l.Up, func() { br.b.SetUp(l.Up) })
 	}
-	// As an interface's bridge: what the engine changed since the report was read
-	// is newer than the report.
-	staleAlias, _, staleMcast, staleUser := br.dev.Superseded(l)
-	if l.MulticastChanged && !staleMcast {
-		br.adopt(attrMulticast, l.Multicast, func() { br.b.SetMulticast(l.Multicast) })
+	// As an interface's bridge: taken only while the bond still has the value the
+	// device had before (a change in the tree since is newer).
+	if l.MulticastChanged {
+		br.adopt(attrMulticast, l.Multicast, func() { br.b.AdoptMulticast(l.PrevMulticast, l.Multicast) })
 	}
-	if l.UserFlagsChanged && !staleUser {
-		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.SetUserFlags(l.UserFlags) })
+	if l.UserFlagsChanged {
+		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) })
 	}
-	if l.AliasChanged && !staleAlias {
+	if l.AliasChanged {
 		br.adopt(attrAlias, l.Alias, func() {
 			_, err := br.b.AdoptAlias(l.PrevAlias, l.Alias)
 			br.logErr(err)

@@ -172,32 +172,28 @@ func (b *bridge) onLink(l kernel.Link) {
 			b.i.PushMTU() // the effective MTU (datagram: at most the group's), in turn with the engine's pushes
 		}
 	}
-	// A value the engine changed on the device after the watch read this Link is
-	// newer than the Link's: not taken back (it would be pushed to the device again).
-	staleAlias, staleTxq, staleMcast, staleUser := b.dev.Superseded(l)
-	if l.TxQLenChanged && l.TxQLen >= 0 && !staleTxq {
-		// ip link set txqueuelen: adopted as is. Only a change someone else made: a
-		// read of the device that crossed a write of tx_queue_len (the engine already
-		// at the new value, the device not yet) would put the old value back.
-		b.adopt(attrTxq, l.TxQLen, func() { b.i.SetTxQueueLen(uint32(l.TxQLen)) })
+	// Each is taken only while the engine still has the value the device had before
+	// (Prev...): one the engine changed since the watch read the device (a write in
+	// the tree, on its way to the device) is newer, and the device gets it.
+	if l.TxQLenChanged && l.TxQLen >= 0 {
+		// ip link set txqueuelen: adopted as is.
+		b.adopt(attrTxq, l.TxQLen, func() { b.i.AdoptTxQueueLen(uint32(l.PrevTxQLen), uint32(l.TxQLen)) })
 	}
-	if l.MulticastChanged && !staleMcast {
+	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
-		b.adopt(attrMulticast, l.Multicast, func() { b.i.SetMulticast(l.Multicast) })
+		b.adopt(attrMulticast, l.Multicast, func() { b.i.AdoptMulticast(l.PrevMulticast, l.Multicast) })
 	}
-	if l.AliasChanged && !staleAlias {
-		// ip link set alias: the interface's ifalias shows it, unless the engine
-		// changed its alias since the device had PrevAlias (that one is newer, and
-		// the device gets it).
+	if l.AliasChanged {
+		// ip link set alias: the interface's ifalias shows it.
 		b.adopt(attrAlias, l.Alias, func() {
 			if _, err := b.i.AdoptAlias(l.PrevAlias, l.Alias); err != nil {
 				log.Printf("%s: alias set on the device: %v", name, err)
 			}
 		})
 	}
-	if l.UserFlagsChanged && !staleUser {
+	if l.UserFlagsChanged {
 		// ip link set promisc/allmulticast: the interface's flags show them.
-		b.adopt(attrUserFlags, l.UserFlags, func() { b.i.SetUserFlags(l.UserFlags) })
+		b.adopt(attrUserFlags, l.UserFlags, func() { b.i.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) })
 	}
 	b.i.SetCounted(l.Counted) // tcpdump's promiscuity shows in flags, as in sysfs
 	if l.FeaturesChanged {

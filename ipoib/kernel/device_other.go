@@ -133,11 +133,6 @@ func (d *Device) EnsureLinkLocal(addr netip.Addr) error { return d.unsupported()
 // Alias is not supported.
 func (d *Device) Alias() (string, error) { return "", d.unsupported() }
 
-// Superseded reports nothing superseded: no watch reports a Link here.
-func (d *Device) Superseded(l Link) (alias, txq, multicast, userFlags bool) {
-	return false, false, false, false
-}
-
 // SetAlias is not supported.
 func (d *Device) SetAlias(s string) error { return d.unsupported() }
 

@@ -198,8 +198,12 @@ type Link struct {
 	AliasChanged bool
 	// PrevAlias is the alias this package held for the device before this report
 	// (the one it last set or reported): an engine still at it has not changed the
-	// alias since, and may take Alias (AdoptAlias).
-	PrevAlias string
+	// alias since, and may take Alias (AdoptAlias). PrevTxQLen, PrevMulticast and
+	// PrevUserFlags are the same for TxQLen, Multicast and UserFlags.
+	PrevAlias     string
+	PrevTxQLen    int
+	PrevMulticast bool
+	PrevUserFlags uint32
 	// Counted is IFF_PROMISC while the device's promiscuity count has more than the
 	// user's own flag (a packet socket's such as tcpdump's, a bond's): dev->flags has
 	// it then, as sysfs shows it. (IFF_ALLMULTI's count is not read.)

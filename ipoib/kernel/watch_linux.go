@@ -73,19 +73,6 @@ func (d *Device) kickWatch(w *watcher) {
 	go d.runWatch(w)
 }
 
-// Superseded reports, for a Link a watch reported, which of its alias, tx queue
-// length, multicast flag and user flags this package has set or seen otherwise since
-// it was read: the engine changed the device meanwhile (an ifalias write between the
-// read and the Link's delivery), so the Link's value is older than the device's and
-// must not be taken back into the engine (it would then push it to the device and
-// undo the newer change). A change someone else made since is reported by a later
-// Link.
-func (d *Device) Superseded(l Link) (alias, txq, multicast, userFlags bool) {
-	d.setMu.Lock()
-	defer d.setMu.Unlock()
-	return d.alias != l.Alias, d.txq != l.TxQLen, d.noMcast == l.Multicast, d.user != l.UserFlags
-}
-
 // Alias reads the device's alias from the kernel now. `ip link set alias` on a device
 // that is down announces nothing (the kernel tells of a state change only for an up
 // device), so no watch sees it: a reader of ifalias asks here, and an alias someone
@@ -275,6 +262,7 @@ func (d *Device) linkState() (Link, error) {
 		d.up = l.Up
 		l.Multicast = a.RawFlags&unix.IFF_MULTICAST != 0
 		l.MulticastChanged = l.Multicast == d.noMcast
+		l.PrevMulticast = !d.noMcast
 		d.noMcast = !l.Multicast
 		l.UserFlags = a.RawFlags & UserFlagMask
 		// The count includes the user's own flag, which UserFlags carries.
@@ -282,8 +270,10 @@ func (d *Device) linkState() (Link, error) {
 			l.Counted |= unix.IFF_PROMISC
 		}
 		l.UserFlagsChanged = l.UserFlags != d.user
+		l.PrevUserFlags = d.user
 		d.user = l.UserFlags
 		l.TxQLenChanged = a.TxQLen != d.txq
+		l.PrevTxQLen = d.txq
 		d.txq = a.TxQLen
 		l.Alias, l.AliasChanged, l.PrevAlias = a.Alias, a.Alias != d.alias, d.alias
 		d.alias = a.Alias

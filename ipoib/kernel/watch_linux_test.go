@@ -94,8 +94,8 @@ func TestWatchLink(t *testing.T) {
 		t.Errorf("SetMulticast(false) reported as someone else's change: %+v", l)
 	}
 	ipMust(t, "-n", ns, "link", "set", d.Name(), "multicast", "on")
-	if l := await(t, e.links, "multicast on", func(l Link) bool { return l.Multicast }); !l.MulticastChanged {
-		t.Errorf("ip link set multicast on not reported as an outside change: %+v", l)
+	if l := await(t, e.links, "multicast on", func(l Link) bool { return l.Multicast }); !l.MulticastChanged || l.PrevMulticast {
+		t.Errorf("ip link set multicast on not reported as an outside change from off: %+v", l)
 	}
 
 	// txqueuelen the same: a report that crossed one of ours is not someone else's.
@@ -106,8 +106,8 @@ func TestWatchLink(t *testing.T) {
 		t.Errorf("SetTxQueueLen(2000) reported as someone else's change: %+v", l)
 	}
 	ipMust(t, "-n", ns, "link", "set", d.Name(), "txqueuelen", "3000")
-	if l := await(t, e.links, "txqueuelen 3000", func(l Link) bool { return l.TxQLen == 3000 }); !l.TxQLenChanged {
-		t.Errorf("ip link set txqueuelen 3000 not reported as an outside change: %+v", l)
+	if l := await(t, e.links, "txqueuelen 3000", func(l Link) bool { return l.TxQLen == 3000 }); !l.TxQLenChanged || l.PrevTxQLen != 2000 {
+		t.Errorf("ip link set txqueuelen 3000 not reported as an outside change from 2000: %+v", l)
 	}
 
 	// The multicast list is the kernel's: all-hosts groups once up.
@@ -133,19 +133,18 @@ func TestWatchLink(t *testing.T) {
 	if !theirs.AliasChanged {
 		t.Errorf("ip link set alias theirs not reported as an outside change: %+v", theirs)
 	}
-	// A report our own change has overtaken is superseded, in what it overtook only
-	// (an ifalias write between the watch's read and the report's delivery).
-	if a, q, m, u := d.Superseded(theirs); a || q || m || u {
-		t.Errorf("the latest report superseded: alias %v txqueuelen %v multicast %v flags %v", a, q, m, u)
+	// A report carries what the package held before it: what the engine had, if it
+	// has not changed the device since (the engine's compare-and-set, AdoptAlias).
+	if theirs.PrevAlias != "ours" {
+		t.Errorf("the report of ip link set alias theirs after SetAlias(ours): PrevAlias %q", theirs.PrevAlias)
 	}
 	if err := d.SetAlias("newer"); err != nil {
 		t.Fatal(err)
 	}
-	if a, q, m, u := d.Superseded(theirs); !a || q || m || u {
-		t.Errorf("a report older than SetAlias(newer): superseded alias %v txqueuelen %v multicast %v flags %v; want the alias only", a, q, m, u)
-	}
 	ipMust(t, "-n", ns, "link", "set", d.Name(), "alias", "theirs")
-	await(t, e.links, "alias theirs again", func(l Link) bool { return l.Alias == "theirs" })
+	if l := await(t, e.links, "alias theirs again", func(l Link) bool { return l.Alias == "theirs" }); l.PrevAlias != "newer" {
+		t.Errorf("the report after SetAlias(newer): PrevAlias %q", l.PrevAlias)
+	}
 	// Down, an alias change is not announced: Alias reads it, and the watch then
 	// reports it as the announcement would have.
 	if err := d.SetUp(false); err != nil {
