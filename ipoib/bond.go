@@ -559,6 +559,7 @@ func (b *Bond) setAlias(s string, prev *string) (bool, error) {
 	b.mu.Lock()
 	if prev != nil && b.alias != *prev {
 		b.mu.Unlock()
+		b.pushAlias() // refused: see Interface.setAlias
 		return false, nil
 	}
 	changed := b.alias != s
@@ -752,6 +753,7 @@ func (b *Bond) setUserFlags(f uint32, prev *uint32) bool {
 	b.mu.Lock()
 	if prev != nil && b.flags.user() != *prev&iffUser {
 		b.mu.Unlock()
+		b.pushUserFlags() // refused: see Interface.setAlias
 		return false
 	}
 	old := b.flags.setUser(f)
@@ -775,6 +777,7 @@ func (b *Bond) setMulticast(on bool, prev *bool) bool {
 	b.mu.Lock()
 	if prev != nil && b.noMulticast == *prev {
 		b.mu.Unlock()
+		b.pushMulticast() // refused: see Interface.setAlias
 		return false
 	}
 	changed := b.noMulticast == on

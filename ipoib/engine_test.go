@@ -8,6 +8,7 @@ import (
 	"ipoibfs/internal/testenv"
 	"log"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -1251,5 +1252,99 @@ func TestAdoptAliasKeepsANewerWrite(t *testing.T) {
 	i.mu.Unlock()
 	if user != iffAllMulti {
 		t.Errorf("user flags %#x, want the adopted allmulti", user)
+	}
+}
+
+// pushHost records the attribute pushes a device would get, in order.
+type pushHost struct {
+	*fakeHost
+	mu     sync.Mutex
+	pushes []string
+}
+
+func (h *pushHost) record(s string)        { h.mu.Lock(); h.pushes = append(h.pushes, s); h.mu.Unlock() }
+func (h *pushHost) SetAlias(s string)      { h.record("alias " + s) }
+func (h *pushHost) SetTxQueueLen(n uint32) { h.record(fmt.Sprintf("txqueuelen %d", n)) }
+func (h *pushHost) SetMulticast(on bool)   { h.record("multicast " + onOff(on)) }
+func (h *pushHost) SetUserFlags(f uint32)  { h.record(fmt.Sprintf("flags %#x", f)) }
+
+// take returns and forgets the pushes so far.
+func (h *pushHost) take() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := h.pushes
+	h.pushes = nil
+	return p
+}
+
+// TestRefusedAdoptionPutsTheEngineValueBack: a value someone set on the device that
+// the engine does not take (its own changed since the device had the one before) is
+// replaced on the device by the engine's, so the two never stay apart — also when the
+// engine's never reached the device (a push that failed), where no other push would
+// come.
+func TestRefusedAdoptionPutsTheEngineValueBack(t *testing.T) {
+	_, nodes := testFabric(t, "", "a")
+	i := nodes[0].ib0
+	h := &pushHost{fakeHost: &fakeHost{}}
+	i.AttachHost(h)
+	t.Cleanup(func() { i.AttachHost(nodes[0].host) })
+	if err := i.SetAlias("engine's"); err != nil {
+		t.Fatal(err)
+	}
+	i.SetTxQueueLen(2000)
+	i.SetMulticast(false)
+	i.SetUserFlags(iffPromisc)
+	h.take() // as if each of these pushes had failed: the device kept the values before
+	if took, err := i.AdoptAlias("", "set by ip"); took || err != nil {
+		t.Errorf("adopting over the engine's alias: took %v, %v", took, err)
+	}
+	if i.AdoptTxQueueLen(1000, 3000) {
+		t.Error("txqueuelen adopted over the engine's")
+	}
+	if i.AdoptMulticast(true, true) {
+		t.Error("multicast adopted over the engine's")
+	}
+	if i.AdoptUserFlags(0, iffAllMulti) {
+		t.Error("flags adopted over the engine's")
+	}
+	want := []string{"alias engine's", "txqueuelen 2000", "multicast off", fmt.Sprintf("flags %#x", iffPromisc)}
+	if got := h.take(); !slices.Equal(got, want) {
+		t.Errorf("pushes after refused adoptions %q, want the engine's values %q", got, want)
+	}
+	// A value taken reaches the device as any change does.
+	if took, _ := i.AdoptAlias("engine's", "set by ip"); !took {
+		t.Error("alias not adopted")
+	}
+	if got := h.take(); !slices.Equal(got, []string{"alias set by ip"}) {
+		t.Errorf("pushes after an adoption %q", got)
+	}
+
+	// A bond's the same.
+	bonds := NewBonds(nodes[0].e)
+	t.Cleanup(bonds.Close)
+	b, err := bonds.Create("bond0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh := &pushHost{fakeHost: &fakeHost{}}
+	b.AttachHost(bh)
+	if err := b.SetAlias("bond's"); err != nil {
+		t.Fatal(err)
+	}
+	b.SetMulticast(false)
+	b.SetUserFlags(iffAllMulti)
+	bh.take()
+	if took, err := b.AdoptAlias("", "set by ip"); took || err != nil {
+		t.Errorf("adopting over the bond's alias: took %v, %v", took, err)
+	}
+	if b.AdoptMulticast(true, true) {
+		t.Error("multicast adopted over the bond's")
+	}
+	if b.AdoptUserFlags(0, iffPromisc) {
+		t.Error("flags adopted over the bond's")
+	}
+	want = []string{"alias bond's", "multicast off", fmt.Sprintf("flags %#x", iffAllMulti)}
+	if got := bh.take(); !slices.Equal(got, want) {
+		t.Errorf("bond pushes after refused adoptions %q, want the bond's values %q", got, want)
 	}
 }

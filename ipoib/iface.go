@@ -539,6 +539,7 @@ func (i *Interface) setUserFlags(f uint32, prev *uint32) bool {
 	i.mu.Lock()
 	if prev != nil && i.flags.user() != *prev&iffUser {
 		i.mu.Unlock()
+		i.pushUserFlags() // refused: the device gets the interface's again (see setAlias)
 		return false
 	}
 	old := i.flags.setUser(f)
@@ -571,6 +572,7 @@ func (i *Interface) setMulticast(on bool, prev *bool) bool {
 	i.mu.Lock()
 	if prev != nil && i.noMulticast == *prev {
 		i.mu.Unlock()
+		i.pushMulticast() // refused: see setAlias
 		return false
 	}
 	changed := i.noMulticast == on
@@ -647,6 +649,10 @@ func (i *Interface) setAlias(s string, prev *string) (bool, error) {
 	i.mu.Lock()
 	if prev != nil && i.alias != *prev {
 		i.mu.Unlock()
+		// Refused: the device gets the interface's alias again. Usually the newer
+		// write's own push is on its way and this one repeats it; but after a push
+		// that failed, the device's value and the engine's would otherwise stay apart.
+		i.pushAlias()
 		return false, nil
 	}
 	changed := i.alias != s
@@ -689,6 +695,7 @@ func (i *Interface) setTxQueueLen(n uint32, prev *uint32) bool {
 	i.mu.Lock()
 	if prev != nil && i.txQueueLen != *prev {
 		i.mu.Unlock()
+		i.pushTxQueueLen() // refused: see setAlias
 		return false
 	}
 	changed := i.txQueueLen != n

@@ -134,15 +134,26 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	// As an interface's bridge: taken only while the bond still has the value the
 	// device had before (a change in the tree since is newer).
 	if l.MulticastChanged {
-		br.adopt(attrMulticast, l.Multicast, func() { br.b.AdoptMulticast(l.PrevMulticast, l.Multicast) })
+		br.adopt(attrMulticast, l.Multicast, func() {
+			if !br.b.AdoptMulticast(l.PrevMulticast, l.Multicast) {
+				logNotAdopted(name, "multicast", l.Multicast)
+			}
+		})
 	}
 	if l.UserFlagsChanged {
-		br.adopt(attrUserFlags, l.UserFlags, func() { br.b.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) })
+		br.adopt(attrUserFlags, l.UserFlags, func() {
+			if !br.b.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) {
+				logNotAdopted(name, "promisc/allmulti flags", fmt.Sprintf("%#x", l.UserFlags))
+			}
+		})
 	}
 	if l.AliasChanged {
 		br.adopt(attrAlias, l.Alias, func() {
-			_, err := br.b.AdoptAlias(l.PrevAlias, l.Alias)
+			took, err := br.b.AdoptAlias(l.PrevAlias, l.Alias)
 			br.logErr(err)
+			if err == nil && !took {
+				logNotAdopted(name, "alias", fmt.Sprintf("%q", l.Alias))
+			}
 		})
 	}
 	br.b.SetCounted(l.Counted)

@@ -177,23 +177,37 @@ func (b *bridge) onLink(l kernel.Link) {
 	// the tree, on its way to the device) is newer, and the device gets it.
 	if l.TxQLenChanged && l.TxQLen >= 0 {
 		// ip link set txqueuelen: adopted as is.
-		b.adopt(attrTxq, l.TxQLen, func() { b.i.AdoptTxQueueLen(uint32(l.PrevTxQLen), uint32(l.TxQLen)) })
+		b.adopt(attrTxq, l.TxQLen, func() {
+			if !b.i.AdoptTxQueueLen(uint32(l.PrevTxQLen), uint32(l.TxQLen)) {
+				logNotAdopted(name, "txqueuelen", l.TxQLen)
+			}
+		})
 	}
 	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
-		b.adopt(attrMulticast, l.Multicast, func() { b.i.AdoptMulticast(l.PrevMulticast, l.Multicast) })
+		b.adopt(attrMulticast, l.Multicast, func() {
+			if !b.i.AdoptMulticast(l.PrevMulticast, l.Multicast) {
+				logNotAdopted(name, "multicast", l.Multicast)
+			}
+		})
 	}
 	if l.AliasChanged {
 		// ip link set alias: the interface's ifalias shows it.
 		b.adopt(attrAlias, l.Alias, func() {
-			if _, err := b.i.AdoptAlias(l.PrevAlias, l.Alias); err != nil {
+			if took, err := b.i.AdoptAlias(l.PrevAlias, l.Alias); err != nil {
 				log.Printf("%s: alias set on the device: %v", name, err)
+			} else if !took {
+				logNotAdopted(name, "alias", fmt.Sprintf("%q", l.Alias))
 			}
 		})
 	}
 	if l.UserFlagsChanged {
 		// ip link set promisc/allmulticast: the interface's flags show them.
-		b.adopt(attrUserFlags, l.UserFlags, func() { b.i.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) })
+		b.adopt(attrUserFlags, l.UserFlags, func() {
+			if !b.i.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) {
+				logNotAdopted(name, "promisc/allmulti flags", fmt.Sprintf("%#x", l.UserFlags))
+			}
+		})
 	}
 	b.i.SetCounted(l.Counted) // tcpdump's promiscuity shows in flags, as in sysfs
 	if l.FeaturesChanged {
@@ -236,6 +250,14 @@ func (b *bridge) ensureLinkLocal() {
 	if err := b.dev.EnsureLinkLocal(b.i.LinkLocal()); err != nil && !errors.Is(err, syscall.ENODEV) {
 		log.Printf("%s: %v", b.i.Name(), err)
 	}
+}
+
+// logNotAdopted says that a value someone set on the device (ip link set) was not
+// taken: the engine's changed since the device had the one before it (a write in the
+// tree, whose push may still be on its way) or never reached the device (a push that
+// failed), and the device has been given the engine's again.
+func logNotAdopted(name, what string, v any) {
+	log.Printf("%s: %s %v set on the device outside ipoibfs not taken: the tree's value is newer or had not reached the device; put back", name, what, v)
 }
 
 // onGone handles `ip link del`: a child's device takes the child with it; a port's
