@@ -129,10 +129,11 @@ func (a *fabricAuth) seal(mad []byte, qp uint8, dst verbs.GUID) []byte {
 
 // open checks a received message for QP qp and returns the MAD without its trailer
 // and the port that signed it. forUs says whether a destination GUID names this
-// receiver; signer, when not nil, whether the signer may have sent it (the port its
-// source address belongs to), checked before the sequence is recorded, so that a
-// key holder signing as another port cannot move that port's replay window.
-func (a *fabricAuth) open(b []byte, qp uint8, forUs, signer func(verbs.GUID) bool) ([]byte, verbs.GUID, error) {
+// receiver; signer, when not nil, whether the signer may have sent this MAD (the port
+// its source address belongs to, the port a hello registers), checked before the
+// sequence is recorded, so that a key holder signing as another port cannot move that
+// port's replay window.
+func (a *fabricAuth) open(b []byte, qp uint8, forUs func(verbs.GUID) bool, signer func(verbs.GUID, []byte) bool) ([]byte, verbs.GUID, error) {
 	if len(b) < authTrailerLen {
 		return nil, 0, errAuthShort
 	}
@@ -146,7 +147,7 @@ func (a *fabricAuth) open(b []byte, qp uint8, forUs, signer func(verbs.GUID) boo
 	if !forUs(dst) {
 		return nil, 0, errAuthDest
 	}
-	if signer != nil && !signer(src) {
+	if signer != nil && !signer(src, mad) {
 		return nil, 0, errAuthSigner
 	}
 	if err := a.fresh(src, seq); err != nil {

@@ -62,10 +62,10 @@ func TestFabricAuthSealOpen(t *testing.T) {
 		t.Errorf("addressed to another port: %v", err)
 	}
 	// Signed as a port the sender is not: refused before its window moves.
-	if _, _, err := recv.open(msg, 1, forB, func(g verbs.GUID) bool { return g == 0xe }); !errors.Is(err, errAuthSigner) {
+	if _, _, err := recv.open(msg, 1, forB, func(g verbs.GUID, _ []byte) bool { return g == 0xe }); !errors.Is(err, errAuthSigner) {
 		t.Errorf("signed as another port than the sender's: %v, want %v", err, errAuthSigner)
 	}
-	got, signer, err := recv.open(msg, 1, forB, func(g verbs.GUID) bool { return g == 0xa })
+	got, signer, err := recv.open(msg, 1, forB, func(g verbs.GUID, _ []byte) bool { return g == 0xa })
 	if err != nil || !bytes.Equal(got, mad) || signer != 0xa {
 		t.Fatalf("good message: %v, signed by %#x", err, uint64(signer))
 	}
@@ -355,5 +355,47 @@ func TestFabricKeyTooShort(t *testing.T) {
 	_, err := New(Config{Name: "x", Network: NewMemNetwork(), HostSM: true, FabricKey: []byte("short")})
 	if err == nil {
 		t.Fatal("a 5-byte key was accepted")
+	}
+}
+
+// A key holder signing control messages as another port cannot move that port's
+// replay window: a Config signed as the subnet manager from another address, and a
+// hello signed as one port registering another, are refused before their sequences
+// are recorded. Recorded, their sequences (minutes ahead) would have had the real
+// port's and the subnet manager's messages refused as replays until the clock caught
+// up.
+func TestFabricKeyControlWindowsStayTheSigners(t *testing.T) {
+	smh, nodes, _ := keyedFabric(t, testKey, []string{"a", "b"}, nil)
+	pa, pb, smPort := nodes[0].SoftPort(1), nodes[1].SoftPort(1), smh.SoftPort(1)
+	ahead := func() time.Time { return time.Now().Add(4 * time.Minute) }
+	ctlPkt := func(payload []byte) []byte {
+		pkt := wire.Packet{BTH: wire.BTH{Opcode: wire.OpUDSendOnly, PKey: uint16(verbs.DefaultPKey)}, Payload: payload}
+		return pkt.AppendTo(nil, verbs.GID{}, verbs.GID{})
+	}
+	// As the subnet manager, to b, from a's address.
+	cfg := ctlConfig{LID: 0x99, SMLID: 0x99, State: verbs.PortDown, ActiveMTU: verbs.MTU256, PKeys: []verbs.PKey{0x8123}}
+	asSM := newFabricAuth(testKey, smPort.guid, ahead)
+	bBefore := pb.AuthFailures()
+	pb.receive([]Datagram{{Addr: pa.ep.Addr(), Data: ctlPkt(asSM.seal(cfg.append(putCtlHeader(nil, ctlAttrConfig, 0)), 0, pb.guid))}}, true)
+	if got := pb.AuthFailures() - bBefore; got != 1 {
+		t.Errorf("b counted %d control messages signed as the SM from elsewhere, want 1", got)
+	}
+	// As a, registering b, at the subnet manager.
+	hello := ctlHello{NodeGUID: pb.guid, PortGUID: pb.guid, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4, LaneMbps: 10000}
+	asA := newFabricAuth(testKey, pa.guid, ahead)
+	smPort.receive([]Datagram{{Addr: pb.ep.Addr(), Data: ctlPkt(asA.seal(hello.append(putCtlHeader(nil, ctlAttrHello, 0)), 0, 0))}}, true)
+
+	// Messages the real signers make now are still taken.
+	body := cfg.append(putCtlHeader(nil, ctlAttrConfig, 0))
+	if _, _, err := pb.auth.open(newFabricAuth(testKey, smPort.guid, nil).seal(body, 0, pb.guid), 0, pb.ctlForUs, pb.ctlSigner(smh.Endpoint(1))); err != nil {
+		t.Errorf("a control message the SM signs now, at b: %v", err)
+	}
+	ownHello := ctlHello{NodeGUID: pa.guid, PortGUID: pa.guid, PortNum: 1, NumPorts: 1, MaxMTU: verbs.MTU4096, Width: 4, LaneMbps: 10000}
+	hb := newFabricAuth(testKey, pa.guid, nil).seal(ownHello.append(putCtlHeader(nil, ctlAttrHello, 0)), 0, 0)
+	if _, _, err := smPort.auth.open(hb, 0, smPort.ctlForUs, smPort.ctlSigner(pa.ep.Addr())); err != nil {
+		t.Errorf("a hello a signs now, at the SM: %v", err)
+	}
+	if a := pb.Attr(); a.State != verbs.PortActive {
+		t.Errorf("b reconfigured: %+v", a)
 	}
 }

@@ -264,6 +264,26 @@ func (p *Port) ctlForUs(g verbs.GUID) bool {
 	return g == p.guid || (g == 0 && p.sm.Load() != nil)
 }
 
+// ctlSigner says whether a control message from src may have been signed by g, checked
+// before its sequence is recorded: a hello only by the port it registers, anything
+// else (Config, Routes, Delta) only when it comes from the subnet manager this port
+// joined. Otherwise a key holder signing as that port or as the subnet manager could
+// move their replay windows here (up to authMaxSkew ahead), and their real messages
+// would be refused as replays until the clock caught up.
+func (p *Port) ctlSigner(src netip.AddrPort) func(verbs.GUID, []byte) bool {
+	return func(g verbs.GUID, mad []byte) bool {
+		attr, body, err := parseCtl(mad)
+		if err != nil {
+			return false
+		}
+		if attr == ctlAttrHello {
+			var h ctlHello
+			return h.parse(body) == nil && h.PortGUID == g
+		}
+		return p.sm.Load() == nil && src == p.hca.cfg.SM
+	}
+}
+
 // AuthFailures counts the management messages this port dropped for want of a valid
 // fabric-key MAC (always 0 without a key).
 func (p *Port) AuthFailures() uint64 { return p.cnt.authFail.Load() }
@@ -559,7 +579,7 @@ func (p *Port) receive(batch []Datagram, drained bool) {
 			mad, signer := pkt.Payload, verbs.GUID(0)
 			if p.auth != nil {
 				var err error
-				if mad, signer, err = p.auth.open(mad, 0, p.ctlForUs, nil); err != nil {
+				if mad, signer, err = p.auth.open(mad, 0, p.ctlForUs, p.ctlSigner(d.Addr)); err != nil {
 					p.cnt.authFail.Add(1)
 					continue
 				}
@@ -673,7 +693,7 @@ func (p *Port) receiveUnicast(d Datagram, pkt *wire.Packet, dqp verbs.QPN, v *rx
 			var err error
 			srcGUID := guidOf(src.GID)
 			if mad, signer, err = p.auth.open(mad, 1, func(g verbs.GUID) bool { return g == p.guid },
-				func(g verbs.GUID) bool { return g == srcGUID }); err != nil || signer != srcGUID {
+				func(g verbs.GUID, _ []byte) bool { return g == srcGUID }); err != nil || signer != srcGUID {
 				p.cnt.authFail.Add(1)
 				return
 			}
