@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -1532,12 +1533,20 @@ func TestRCMessageBuffersAreReused(t *testing.T) {
 	msg := make([]byte, size)
 	src.stream(t, 50, 64, func(int) []byte { return msg }) // warm the pool
 	var before, after runtime.MemStats
+	// No collection while measuring: each one empties the pool (into its victim
+	// cache, emptied by the next), and how many run depends on the machine's load.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	runtime.ReadMemStats(&before)
 	src.stream(t, count, 64, func(int) []byte { return msg })
 	runtime.ReadMemStats(&after)
-	// Half the size: under -race sync.Pool drops a quarter of what is put back (20 KB
-	// per message then); without the pool it is 74 KB.
-	if per := (after.TotalAlloc - before.TotalAlloc) / count; per > size/2 {
+	// Without the pool a message costs 74 KB. With it about 1 KB; under -race, where
+	// sync.Pool drops a quarter of what is put back at random, 20-30 KB (33 KB seen on
+	// a loaded machine), so the bound there is three quarters of the size.
+	limit := uint64(size / 4)
+	if raceEnabled {
+		limit = size * 3 / 4
+	}
+	if per := (after.TotalAlloc - before.TotalAlloc) / count; per > limit {
 		t.Errorf("%d bytes allocated per %d-byte message, want well under its size", per, size)
 	} else {
 		t.Logf("%d bytes allocated per %d-byte message", per, size)
