@@ -26,6 +26,10 @@ type Caller struct {
 	// process's effective capabilities where the front end knows it (FUSE, 9P on a unix
 	// socket); otherwise uid 0 holds it.
 	NetAdmin bool
+	// NoNetAdmin says why the caller has no CAP_NET_ADMIN, where the front end knows
+	// more than that the process lacks it (9P: a process holding the client's socket
+	// does); it is named in the refusal.
+	NoNetAdmin string
 }
 
 // Nobody is the unprivileged user (overflowuid) that unauthenticated clients act as.
@@ -158,6 +162,16 @@ func ProcNetAdmin(pid uint32) bool {
 	if err != nil || ns != ownUserNS() {
 		return false
 	}
+	caps, err := procCapEff(pid)
+	return err == nil && caps&(1<<capNetAdmin) != 0
+}
+
+// ProcNetAdminInItsNS reports whether process pid holds CAP_NET_ADMIN in its effective
+// set over its own user namespace, whichever that is (ProcNetAdmin without the
+// namespace check; false when its status cannot be read). For a process the daemon may
+// not look into, it says whether the process has the capability somewhere: one with
+// more capabilities than the daemon's, or in a namespace above the daemon's, has.
+func ProcNetAdminInItsNS(pid uint32) bool {
 	caps, err := procCapEff(pid)
 	return err == nil && caps&(1<<capNetAdmin) != 0
 }

@@ -446,7 +446,11 @@ func (h *Handle) WriteAs(c Caller, p []byte) (int, error) {
 				return 0, h.n.t.audit(c, h.n.Path(), p, err)
 			}
 		}
-		return 0, h.n.t.audit(c, h.n.Path(), p, errorf(syscall.EPERM, "CAP_NET_ADMIN is needed"))
+		why := "CAP_NET_ADMIN is needed"
+		if c.NoNetAdmin != "" {
+			why += " (" + c.NoNetAdmin + ")"
+		}
+		return 0, h.n.t.audit(c, h.n.Path(), p, errorf(syscall.EPERM, "%s", why))
 	}
 	if h.n.commit != nil {
 		if len(h.acc)+len(p) > maxCommitBytes {

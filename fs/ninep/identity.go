@@ -13,6 +13,7 @@ import (
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"ipoibfs/fs"
@@ -29,6 +30,10 @@ type connIdentity struct {
 	// trustNames: a remote peer on an allowed network whose attach names are believed
 	// (-9p-trust-uname, the NFS sec=sys model).
 	trustNames bool
+	// holders, for a connection from this host that has CAP_NET_ADMIN, asks again
+	// whether every process holding the client's socket has it (at each write that
+	// needs it).
+	holders *holders
 }
 
 // identify establishes a connection's identity. Never from what the client claims,
@@ -42,19 +47,22 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 		if err != nil {
 			return connIdentity{who: nobody}
 		}
-		netAdmin := fs.ProcNetAdmin(uint32(cred.Pid))
+		id := connIdentity{who: fs.Caller{UID: cred.Uid, GIDs: []uint32{cred.Gid}, Via: "9p",
+			Peer: "unix pid " + strconv.Itoa(int(cred.Pid))}, fromKernel: true}
+		netAdmin, why := fs.ProcNetAdmin(uint32(cred.Pid)), fmt.Sprintf("the connecting process (pid %d) lacks it", cred.Pid)
 		if netAdmin {
 			// Every process holding the client's socket must have it too (one
-			// the connecting process forked or handed it to); none found: the
-			// kernel holds it (a v9fs mount), the connecting process counts.
-			if peer, ok := unixPeerInode(c); ok {
-				if held, all := socketHoldersNetAdmin(peer); held > 0 && !all {
-					netAdmin = false
-				}
+			// the connecting process forked or handed it to), now and at each
+			// write that needs it.
+			if peer, err := unixPeerInode(c); err != nil {
+				netAdmin, why = false, "the client's socket cannot be found: "+err.Error()
+			} else {
+				id.holders = newHolders(peer)
+				netAdmin, why = id.holders.netAdmin()
 			}
 		}
-		if pidErr != nil && !errors.Is(pidErr, unix.ENOPROTOOPT) {
-			netAdmin = false // the peer is gone: its PID may be another's
+		if netAdmin && pidErr != nil && !errors.Is(pidErr, unix.ENOPROTOOPT) {
+			netAdmin, why = false, "the connecting process exited" // its PID may be another's
 		}
 		if pidfd >= 0 {
 			// The peer's pidfd (SO_PEERPIDFD) holds on to the process itself: if it
@@ -62,12 +70,15 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 			// not those of a process that took its PID after it exited.
 			// ESRCH: gone. EPERM (a daemon that may not signal it) says it lives.
 			if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); netAdmin && err != nil && !errors.Is(err, unix.EPERM) {
-				netAdmin = false
+				netAdmin, why = false, "the connecting process exited"
 			}
 			unix.Close(pidfd)
 		}
-		return connIdentity{who: fs.Caller{UID: cred.Uid, GIDs: []uint32{cred.Gid}, Via: "9p",
-			Peer: "unix pid " + strconv.Itoa(int(cred.Pid)), NetAdmin: netAdmin}, fromKernel: true}
+		id.who.NetAdmin = netAdmin
+		if !netAdmin {
+			id.who.NoNetAdmin, id.holders = why, nil
+		}
+		return id
 	case *net.TCPAddr:
 		// From this host (through any of its addresses, not only loopback) when the
 		// client's end of the connection is a socket here.
@@ -77,9 +88,16 @@ func identify(c net.Conn, diag *sockDiag, trustUname bool, unknown *fs.Caller) c
 		case err != nil:
 			return connIdentity{who: nobody}
 		case here:
+			id := connIdentity{who: fs.Caller{UID: uid, GIDs: []uint32{primaryGID(uid)}, Via: "9p", Peer: peer}, fromKernel: true}
 			// Only root's sockets are looked up: nobody else writes the tree at all.
-			netAdmin := uid == 0 && socketNetAdmin(inode)
-			return connIdentity{who: fs.Caller{UID: uid, GIDs: []uint32{primaryGID(uid)}, Via: "9p", Peer: peer, NetAdmin: netAdmin}, fromKernel: true}
+			if uid == 0 {
+				id.holders = newHolders(uint64(inode))
+				var why string
+				if id.who.NetAdmin, why = id.holders.netAdmin(); !id.who.NetAdmin {
+					id.who.NoNetAdmin, id.holders = why, nil
+				}
+			}
+			return id
 		}
 		// Another host's names are believed only from a reserved port, which only
 		// its root can bind (NFS's "secure" export option): otherwise any of its
@@ -193,87 +211,221 @@ func (d *sockDiag) ownerInode(client, server *net.TCPAddr) (uid, inode uint32, h
 
 const tcpEstablished = 1 // TCP_ESTABLISHED
 
-// socketNetAdmin reports whether the processes holding the socket with this inode hold
-// CAP_NET_ADMIN, found as ss -p finds a socket's processes: through /proc/<pid>/fd.
-// Every holder must (any of them can write through it: a client that forked, or handed
-// the socket on); a socket whose process is not found (another PID namespace) has
-// none. A holder's fd is looked at again after its capabilities are read: a process
-// that exited meanwhile may have left its PID to another, whose capabilities are not
-// the socket's. Fail closed in each case.
-func socketNetAdmin(inode uint32) bool {
-	held, all := socketHoldersNetAdmin(inode)
-	return held > 0 && all
+// holders checks that every process holding one socket, the client's end of a
+// connection, has CAP_NET_ADMIN, found as ss -p finds a socket's processes: through
+// /proc/<pid>/fd. Every holder must (any of them can write through it: a client that
+// forked, or handed the socket on). It is asked when the connection attaches and again
+// at each write that needs the capability, as the kernel asks capable() of the
+// writing task at each store. Fail closed: a socket no process holds (the kernel's, as
+// the Linux v9fs client's, or one in flight in a message), a holder whose descriptors
+// cannot be read, or one that exits while looked at, count as without.
+type holders struct {
+	want string // "socket:[inode]"
+
+	mu sync.Mutex
+	// What the last full look found (ok) and the last PID the host had made before it
+	// (/proc/loadavg): while no process has been made since, the socket's holders are
+	// among those found, and only their capabilities are read again.
+	lastPID string
+	found   []string // /proc/<pid>/fd/<n> of each holder
+	ok      bool
 }
 
-// socketHoldersNetAdmin counts the processes holding the socket with this inode and
-// says whether all of them hold CAP_NET_ADMIN (false as soon as one does not, or one
-// cannot be seen).
-func socketHoldersNetAdmin(inode uint32) (held int, all bool) {
-	want := "socket:[" + strconv.FormatUint(uint64(inode), 10) + "]"
+func newHolders(inode uint64) *holders {
+	return &holders{want: "socket:[" + strconv.FormatUint(inode, 10) + "]"}
+}
+
+// netAdmin reports whether every holder has CAP_NET_ADMIN, and why not.
+func (h *holders) netAdmin() (bool, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ok && h.lastPID != "" && lastPID() == h.lastPID {
+		if ok, why, known := h.recheckLocked(); known {
+			return ok, why
+		}
+	}
+	// A refusal is looked at again in full each time: the holder without it may have
+	// gone. (Only a connection that had the capability when it attached gets here.)
+	h.lastPID = lastPID() // before the look: a process made during it is looked for next time
+	var why string
+	h.found, h.ok, why = h.scan()
+	return h.ok, why
+}
+
+// recheckLocked reads again the capabilities of the holders the last look found. known
+// is false when none of them holds the socket any more (it may be in flight to
+// another process): then only a full look can say.
+func (h *holders) recheckLocked() (ok bool, why string, known bool) {
+	held := 0
+	for _, p := range h.found {
+		if l, err := os.Readlink(p); err != nil || l != h.want {
+			continue
+		}
+		held++
+		if ok, why := h.holderNetAdmin(p); !ok {
+			return false, why, true
+		}
+	}
+	return true, "", held > 0
+}
+
+// holderNetAdmin reads the capability of the process holding the socket at fd path p
+// (/proc/<pid>/fd/<n> or /proc/<pid>/task/<tid>/fd/<n>), and looks at the descriptor
+// again after: a process that exited meanwhile may have left its PID to another,
+// whose capabilities are not the socket's.
+func (h *holders) holderNetAdmin(p string) (bool, string) {
+	pid, _ := strconv.ParseUint(strings.SplitN(strings.TrimPrefix(p, "/proc/"), "/", 2)[0], 10, 32)
+	if !fs.ProcNetAdmin(uint32(pid)) {
+		return false, fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", pid)
+	}
+	if l, err := os.Readlink(p); err != nil || l != h.want {
+		return false, fmt.Sprintf("pid %d, holding the client's socket, exited while its capabilities were read", pid)
+	}
+	return true, ""
+}
+
+// scan looks through every process's descriptors for the socket.
+func (h *holders) scan() (found []string, ok bool, why string) {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, false
+		return nil, false, fmt.Sprintf("the socket's holders cannot be found: %v", err)
 	}
 	for _, p := range procs {
 		pid, err := strconv.ParseUint(p.Name(), 10, 32)
 		if err != nil {
 			continue
 		}
-		dir := "/proc/" + p.Name() + "/fd/"
-		fds, err := os.ReadDir(dir)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // exited
-		}
+		path, err := h.procHolds("/proc/" + p.Name())
 		if err != nil {
-			return held + 1, false // a process whose descriptors cannot be seen may hold it
-		}
-		for _, fd := range fds {
-			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
+			// Whether it holds the socket matters only if it lacks the capability.
+			// A process the daemon may not look into (its capabilities are more than
+			// the daemon's, or its user namespace is above the daemon's) has it in
+			// its own namespace: what it could write through the socket, it could
+			// write itself.
+			if fs.ProcNetAdminInItsNS(uint32(pid)) {
 				continue
 			}
-			held++
-			if !fs.ProcNetAdmin(uint32(pid)) {
-				return held, false
-			}
-			if l, err := os.Readlink(dir + fd.Name()); err != nil || l != want {
-				return held, false // gone, or its PID reused
-			}
-			break
+			return nil, false, fmt.Sprintf("pid %d, which may hold the client's socket and lacks CAP_NET_ADMIN, cannot be looked into: %v", pid, err)
+		}
+		if path == "" {
+			continue
+		}
+		if ok, why := h.holderNetAdmin(path); !ok {
+			return nil, false, why
+		}
+		found = append(found, path)
+	}
+	if len(found) == 0 {
+		return nil, false, "no process holds the client's socket (the kernel's, or one in flight)"
+	}
+	return found, true, ""
+}
+
+// procHolds returns the path of a descriptor of process dir (/proc/<pid>) that is the
+// socket, "" for none. A process whose first thread has exited shows no descriptors
+// there, its other threads do: they are looked at then.
+func (h *holders) procHolds(dir string) (string, error) {
+	path, n, err := h.fdsHold(dir + "/fd/")
+	if err != nil || path != "" || n > 0 {
+		return path, err
+	}
+	tasks, err := os.ReadDir(dir + "/task")
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil // exited
+	}
+	if err != nil || len(tasks) < 2 {
+		return "", err
+	}
+	for _, t := range tasks {
+		if path, _, err := h.fdsHold(dir + "/task/" + t.Name() + "/fd/"); err != nil || path != "" {
+			return path, err
 		}
 	}
-	return held, true
+	return "", nil
+}
+
+// fdsHold looks through one descriptor table (a /proc/.../fd/ directory) for the
+// socket; n is how many descriptors it has.
+func (h *holders) fdsHold(dir string) (path string, n int, err error) {
+	fds, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", 0, nil // exited
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	for _, fd := range fds {
+		l, err := os.Readlink(dir + fd.Name())
+		if errors.Is(err, os.ErrNotExist) {
+			continue // closed meanwhile
+		}
+		if err != nil {
+			return "", 0, err
+		}
+		if l == h.want {
+			return dir + fd.Name(), len(fds), nil
+		}
+	}
+	return "", len(fds), nil
+}
+
+// lastPID is the last process ID the host made (/proc/loadavg's last field; "" when
+// it cannot be read).
+func lastPID() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 5 {
+		return ""
+	}
+	return f[4]
 }
 
 // unixPeerInode returns the inode of the socket at the other end of a unix
-// connection (sock_diag's UNIX_DIAG_PEER, what ss -x shows as the peer).
-func unixPeerInode(c net.Conn) (uint32, bool) {
+// connection (sock_diag's UNIX_DIAG_PEER, what ss -x shows as the peer). The accepted
+// socket lives in the client's network namespace (unix_stream_connect makes it
+// there), so the dump is asked in that namespace (SIOCGSKNS).
+func unixPeerInode(c net.Conn) (uint64, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return 0, false
+		return 0, errors.New("not a unix socket")
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	var own uint64
+	nsfd, nsErr := -1, error(nil)
 	if err := raw.Control(func(fd uintptr) {
 		var st unix.Stat_t
 		if unix.Fstat(int(fd), &st) == nil {
 			own = st.Ino
 		}
+		nsfd, nsErr = unix.IoctlRetInt(int(fd), unix.SIOCGSKNS)
 	}); err != nil || own == 0 {
-		return 0, false
+		return 0, errors.New("the connection's socket cannot be read")
 	}
-	socks, err := netlink.UnixSocketDiagInfo()
+	if nsErr != nil {
+		return 0, fmt.Errorf("the socket's network namespace: %w", nsErr)
+	}
+	defer unix.Close(nsfd)
+	h, err := netlink.NewHandleAt(netns.NsHandle(nsfd), unix.NETLINK_SOCK_DIAG)
 	if err != nil {
-		return 0, false
+		return 0, fmt.Errorf("sock_diag in the socket's network namespace: %w", err)
+	}
+	defer h.Close()
+	socks, err := h.UnixSocketDiagInfo()
+	if err != nil {
+		return 0, fmt.Errorf("sock_diag: %w", err)
 	}
 	for _, s := range socks {
 		if s.DiagMsg != nil && uint64(s.DiagMsg.INode) == own && s.Peer != nil {
-			return *s.Peer, true
+			return uint64(*s.Peer), nil
 		}
 	}
-	return 0, false
+	return 0, errors.New("sock_diag does not show the connection's socket")
 }
 
 func (d *sockDiag) close() {

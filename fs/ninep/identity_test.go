@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
+	"github.com/vishvananda/netns"
 
 	"ipoibfs/fs"
 	"ipoibfs/internal/testenv"
@@ -387,5 +389,202 @@ func testNetAdminNeedsEveryHolder(t *testing.T, network, addr string) {
 	_ = child.Wait()
 	if id := identify(s, diag, false, nil); !id.who.NetAdmin {
 		t.Error("the holder without it gone: the connection does not have it")
+	}
+}
+
+// CAP_NET_ADMIN is asked again at each write that needs it, as the kernel asks
+// capable() of the writing task: a child without it that the client forked (or handed
+// its socket to) after attaching writes nothing, and the refusal says which process
+// lacks it; once the child is gone the client writes again.
+func TestNetAdminAskedAtEachWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
+		}
+		t.Skip("needs root")
+	}
+	t.Run("tcp", func(t *testing.T) { testNetAdminAskedAtEachWrite(t, "tcp", "127.0.0.1:0") })
+	t.Run("unix", func(t *testing.T) { testNetAdminAskedAtEachWrite(t, "unix", filepath.Join(t.TempDir(), "s")) })
+}
+
+func testNetAdminAskedAtEachWrite(t *testing.T, network, addr string) {
+	setpriv := testenv.Tool(t, "setpriv")
+	v := newEnv(t)
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		done <- ServeConn(c, v.tree.Root(), Options{})
+	}()
+	conn, err := net.Dial(network, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p9.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); ln.Close(); <-done }()
+	root, err := c.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, f, err := root.Walk([]string{"class", "net", "ib0", "tx_queue_len"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := f.Open(p9.WriteOnly); err != nil {
+		t.Fatal(err)
+	}
+	write := func(n int) error { _, err := f.WriteAt([]byte(strconv.Itoa(n)+"\n"), 0); return err }
+	if err := write(1001); err != nil {
+		t.Fatalf("root's connection, before any child: %v", err)
+	}
+	sf, err := conn.(interface{ File() (*os.File, error) }).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command(setpriv, "--bounding-set=-net_admin", "--", "sleep", "60")
+	child.ExtraFiles = []*os.File{sf}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sf.Close()
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); fs.ProcNetAdmin(uint32(child.Process.Pid)); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the child under setpriv still has CAP_NET_ADMIN")
+		}
+	}
+	v.log.Take()
+	if err := write(1002); !errors.Is(err, linux.EPERM) {
+		t.Errorf("a write while a child without CAP_NET_ADMIN holds the socket: %v, want EPERM", err)
+	}
+	want := "pid " + strconv.Itoa(child.Process.Pid) + " holds the client's socket without CAP_NET_ADMIN"
+	if lines := v.log.Take(); len(lines) != 1 || !strings.Contains(lines[0], want) {
+		t.Errorf("log %q, want the refusal naming %q", lines, want)
+	}
+	_ = child.Process.Kill()
+	_ = child.Wait()
+	if err := write(1003); err != nil {
+		t.Errorf("the child gone: %v", err)
+	}
+	if n := v.ib0.TxQueueLen(); n != 1003 {
+		t.Errorf("tx_queue_len %d, want 1003 (1002 refused)", n)
+	}
+}
+
+// A unix client in another network namespace (ip netns exec ... ipoibfs 9p unix:...)
+// is found: the accepted socket lives in the client's namespace, and sock_diag is
+// asked there.
+func TestUnixPeerInAnotherNetNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (a network namespace)")
+		}
+		t.Skip("needs root")
+	}
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var c net.Conn
+	func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer orig.Close()
+		ns, err := netns.New() // and this thread is in it
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		defer func() {
+			if err := netns.Set(orig); err != nil {
+				panic(err) // a thread left in the new namespace must not run anything else
+			}
+		}()
+		if c, err = net.Dial("unix", sock); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var st syscall.Stat_t
+	raw, _ := c.(*net.UnixConn).SyscallConn()
+	_ = raw.Control(func(fd uintptr) { _ = syscall.Fstat(int(fd), &st) })
+	peer, err := unixPeerInode(s)
+	if err != nil || peer != st.Ino {
+		t.Fatalf("the peer of a connection from another network namespace: inode %d, %v; want %d", peer, err, st.Ino)
+	}
+}
+
+// A client socket no process holds (in flight in an SCM_RIGHTS message here; a kernel
+// v9fs mount's is the same to /proc) has no CAP_NET_ADMIN: whoever receives it could
+// write with it.
+func TestNetAdminOfASocketNoProcessHolds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
+		}
+		t.Skip("needs root")
+	}
+	for _, network := range []string{"tcp", "unix"} {
+		addr := "127.0.0.1:0"
+		if network == "unix" {
+			addr = filepath.Join(t.TempDir(), "s")
+		}
+		ln, err := net.Listen(network, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		c, err := net.Dial(network, ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Close(pair[0])
+		defer syscall.Close(pair[1])
+		f, err := c.(interface{ File() (*os.File, error) }).File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Sendmsg(pair[0], []byte{0}, syscall.UnixRights(int(f.Fd())), nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		c.Close() // now only the message holds it
+		diag := newSockDiag()
+		id := identify(s, diag, false, nil)
+		diag.close()
+		if id.who.NetAdmin || !strings.Contains(id.who.NoNetAdmin, "no process holds") {
+			t.Errorf("%s: a client socket in flight: CAP_NET_ADMIN %v (%q)", network, id.who.NetAdmin, id.who.NoNetAdmin)
+		}
 	}
 }

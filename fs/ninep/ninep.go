@@ -538,8 +538,22 @@ func (f *file) WriteAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	k, err := h.Write(p)
+	k, err := h.WriteAs(f.writer(), p)
 	return k, toErr(err)
+}
+
+// writer is who a write through f acts as: f's user, whose CAP_NET_ADMIN, for a file
+// that needs it, is asked again at the write, as the kernel asks capable() of the
+// writing task (a process the client forked or handed its socket to since it
+// attached may write through it, and must have it too).
+func (f *file) writer() fs.Caller {
+	c := f.who
+	if c.NetAdmin && f.n.NeedsNetAdmin() && f.a.id.holders != nil {
+		if ok, why := f.a.id.holders.netAdmin(); !ok {
+			c.NetAdmin, c.NoNetAdmin = false, why
+		}
+	}
+	return c
 }
 
 // FSync applies what was written to a commit file (sm/partitions) so far, as a close
