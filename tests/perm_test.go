@@ -370,3 +370,30 @@ func TestChmodIsRefusedTruncateIsNot(t *testing.T) {
 		t.Errorf("nobody's touch of mtu: exit %d, stderr %q; want Permission denied", code, stderr)
 	}
 }
+
+// Over the FUSE mount, a user other than root with CAP_DAC_OVERRIDE (a service with
+// AmbientCapabilities=) writes what it may write on sysfs: the kernel's own check of
+// the modes counts the capability, and the tree does not refuse it again. Without the
+// capability the same user is refused.
+func TestDACOverrideOfAnotherUserOverFUSE(t *testing.T) {
+	testenv.Tool(t, "setpriv")
+	td := treeStart(t, "pdac", "")
+	txq := td.path("class/net/ib0/tx_queue_len")
+	run := func(caps string) ([]byte, error) {
+		args := []string{"--reuid=1000", "--regid=1000", "--clear-groups"}
+		if caps != "" {
+			args = append(args, "--inh-caps="+caps, "--ambient-caps="+caps)
+		}
+		args = append(args, "--", "sh", "-c", "printf 1234 > "+txq)
+		return exec.Command("setpriv", args...).CombinedOutput()
+	}
+	if out, err := run("+net_admin"); err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("uid 1000 with CAP_NET_ADMIN only: %v %s, want Permission denied", err, out)
+	}
+	if out, err := run("+dac_override,+net_admin"); err != nil {
+		t.Errorf("uid 1000 with CAP_DAC_OVERRIDE and CAP_NET_ADMIN: %v %s, want the write taken as on sysfs", err, out)
+	}
+	if b, err := os.ReadFile(txq); err != nil || string(b) != "1234\n" {
+		t.Errorf("tx_queue_len after the write: %q %v", b, err)
+	}
+}

@@ -10,11 +10,12 @@
 // the interfaces' names (fs.DynamicDirs) too when Options.Changes says which ones to
 // drop, and not at all without it. A dropped name is gone from the kernel's cache before
 // the write that removed or renamed it returns (delete_child, link del), and within a
-// scheduling delay when the change came from elsewhere (ip link del); Setattr accepts everything as a
-// no-op (the truncate of `echo x > file` included); allow_other plus
-// default_permissions, so other users can read 0444 files and the kernel enforces the
-// 0200/0644 modes (files are owned by root); the tree applies the same rules again to
-// the caller the kernel names (fs.Node.Access), as it does for 9P.
+// scheduling delay when the change came from elsewhere (ip link del); Setattr refuses
+// modes, owners and given times (EPERM) and takes truncates and touches as no-ops (the
+// truncate of `echo x > file` included); allow_other plus default_permissions, so other
+// users can read 0444 files and the kernel enforces the 0200/0644 modes (files are
+// owned by root) with all that generic_permission counts; the tree then applies
+// kernfs's own rules to the caller the kernel names (fs.Node.Access).
 //
 // Pitfall for the serving process: never start a child with its working directory (or
 // program) inside the mount, e.g. exec.Cmd.Dir = mountpoint. Go forks with vfork; the
@@ -236,8 +237,9 @@ var (
 )
 
 // caller is the process the kernel says made the request. The kernel has already
-// applied the modes (default_permissions); the tree checks them again the same way it
-// does for 9P, and names the caller in its log lines.
+// applied the modes (default_permissions), capabilities included, so the tree applies
+// only kernfs's rules (fs.Caller.ModesChecked: a user with CAP_DAC_OVERRIDE writes as
+// on sysfs), and names the caller in its log lines.
 // Whether it holds CAP_NET_ADMIN is read from /proc only when netAdmin says the request
 // needs to know (a write of a file that requires it, checked for the process making
 // each write).
@@ -247,7 +249,7 @@ func caller(ctx context.Context, netAdmin bool) fs.Caller {
 		return fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "fuse"}
 	}
 	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid),
-		NetAdmin: netAdmin && fs.ProcNetAdmin(c.Pid)}
+		NetAdmin: netAdmin && fs.ProcNetAdmin(c.Pid), ModesChecked: true}
 }
 
 func errno(err error) syscall.Errno {
