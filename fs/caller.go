@@ -162,6 +162,9 @@ const capNetAdmin = 12
 // writer's). Comparing uid_map instead would not do: a new namespace can map the
 // whole range as the initial one does.
 func ProcNetAdmin(pid uint32) bool {
+	if ProcIsOurs() != nil {
+		return false
+	}
 	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10)
 	ns, err := os.Readlink(dir + "/ns/user")
 	if err != nil || ns != ownUserNS() {
@@ -171,12 +174,31 @@ func ProcNetAdmin(pid uint32) bool {
 	return err == nil && caps&(1<<capNetAdmin) != 0
 }
 
+// ProcIsOurs says why /proc does not show the daemon's own PID namespace, nil when it
+// does. The kernel names processes to the daemon (a FUSE request's pid, a unix peer's)
+// by their PIDs in the daemon's namespace; a daemon started in a PID namespace of its
+// own with the host's /proc (unshare -p without --mount-proc) would read another
+// process's capabilities under that number. Then no process counts as holding any.
+var ProcIsOurs = sync.OnceValue(func() error {
+	self, err := os.Readlink("/proc/self")
+	if err != nil {
+		return fmt.Errorf("/proc/self: %w", err)
+	}
+	if self != strconv.Itoa(os.Getpid()) {
+		return fmt.Errorf("/proc is another PID namespace's (/proc/self is %s, the daemon's PID %d)", self, os.Getpid())
+	}
+	return nil
+})
+
 // ProcNetAdminInItsNS reports whether process pid holds CAP_NET_ADMIN in its effective
 // set over its own user namespace, whichever that is (ProcNetAdmin without the
 // namespace check; false when its status cannot be read). For a process the daemon may
 // not look into, it says whether the process has the capability somewhere: one with
 // more capabilities than the daemon's, or in a namespace above the daemon's, has.
 func ProcNetAdminInItsNS(pid uint32) bool {
+	if ProcIsOurs() != nil {
+		return false
+	}
 	caps, err := procCapEff(pid)
 	return err == nil && caps&(1<<capNetAdmin) != 0
 }

@@ -194,3 +194,35 @@ func TestSetAttr(t *testing.T) {
 		t.Errorf("root's open of a directory with O_TRUNC: %v, want EISDIR", err)
 	}
 }
+
+// A daemon in a PID namespace of its own with the host's /proc (unshare -p without
+// --mount-proc) would read another process's capabilities under a writer's PID: it
+// sees that /proc is not its own and counts no process as holding CAP_NET_ADMIN.
+func TestProcOfAnotherPIDNamespace(t *testing.T) {
+	if os.Getenv("IPOIBFS_PROC_CHILD") != "" {
+		fmt.Printf("ours=%v netadmin=%v\n", ProcIsOurs(), ProcNetAdmin(uint32(os.Getpid())))
+		return
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (a PID namespace)")
+		}
+		t.Skip("needs root")
+	}
+	unshare := testenv.Tool(t, "unshare")
+	if err := ProcIsOurs(); err != nil {
+		t.Fatalf("the test's own /proc: %v", err)
+	}
+	if !ProcNetAdmin(uint32(os.Getpid())) {
+		t.Fatal("root without the PID namespace: no CAP_NET_ADMIN")
+	}
+	cmd := exec.Command(unshare, "-p", "-f", "--", os.Args[0], "-test.run=^TestProcOfAnotherPIDNamespace$")
+	cmd.Env = append(os.Environ(), "IPOIBFS_PROC_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !strings.Contains(string(out), "ours=/proc is another PID namespace's") || !strings.Contains(string(out), "netadmin=false") {
+		t.Errorf("in a PID namespace of its own with the host's /proc: %s", out)
+	}
+}

@@ -356,6 +356,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	topts := fs.Options{Log: func(l string) { log.Print(l) }, Events: evlog, Bonds: bonds.bonds, SM: hca.treeSM(),
 		Reload: func() error { return reload("reload") }}
 	tree := fs.New(eng, topts)
+	if err := fs.ProcIsOurs(); err != nil && (ninepLn != nil || *mountDir != "") {
+		log.Printf("%v: no process writing the tree counts as holding CAP_NET_ADMIN (mount a /proc of the daemon's PID namespace: unshare --mount-proc)", err)
+	}
 	if ninepLn != nil {
 		defer ninepLn.serve(tree, *trustUname)()
 		ninepLn = nil
