@@ -226,3 +226,26 @@ func TestProcOfAnotherPIDNamespace(t *testing.T) {
 		t.Errorf("in a PID namespace of its own with the host's /proc: %s", out)
 	}
 }
+
+// A store gets at most a page per write, as kernfs gives it (PAGE_SIZE, no
+// atomic_write_len for sysfs attributes): a longer write is short, and what the caller
+// writes after is a store of its own.
+func TestStoreTakesAPage(t *testing.T) {
+	var stores []int
+	n := &Node{t: &Tree{}, perm: 0o200, path: "x", write: func(p []byte) error { stores = append(stores, len(p)); return nil }}
+	h, err := n.Open(Internal, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 5000)
+	k, err := h.Write(p)
+	if err != nil || k != 4096 {
+		t.Fatalf("a 5000-byte write: %d, %v; want 4096 taken", k, err)
+	}
+	if k, err := h.Write(p[k:]); err != nil || k != 904 {
+		t.Fatalf("the rest: %d, %v", k, err)
+	}
+	if fmt.Sprint(stores) != "[4096 904]" {
+		t.Errorf("stores %v, want [4096 904]", stores)
+	}
+}

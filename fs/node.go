@@ -438,6 +438,11 @@ func (h *Handle) WriteAs(c Caller, p []byte) (int, error) {
 	if len(p) == 0 { // as sysfs_kf_write: nothing written, nothing applied
 		return 0, nil
 	}
+	if h.n.commit == nil && len(p) > maxStore {
+		// As kernfs: a store gets at most a page, and the write is short; a caller
+		// that writes the rest gets it stored as a value of its own.
+		p = p[:maxStore]
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.n.netAdmin && !c.NetAdmin {
@@ -465,6 +470,9 @@ func (h *Handle) WriteAs(c Caller, p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// maxStore is the most one write hands an attribute's store (PAGE_SIZE, as kernfs).
+const maxStore = 4096
 
 // Flush is called at every close of a descriptor of the handle. For a commit file with
 // writes since the last flush it applies everything written through the handle so far;
