@@ -143,7 +143,15 @@ var ifAttrs = []ifAttr{
 		}
 		return yes01(i.Carrier()), nil
 	}, write: func(i *ipoib.Interface, b []byte) error {
-		// net-sysfs's carrier_store: IPoIB has no ndo_change_carrier.
+		// net-sysfs's carrier_store: the number first (netdev_store), then a device
+		// that is not running is EINVAL (change_carrier), and IPoIB has no
+		// ndo_change_carrier.
+		if _, err := kstrtoul(b); err != nil {
+			return err
+		}
+		if !i.IsUp() {
+			return errorf(syscall.EINVAL, "%s is down", i.Name())
+		}
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the port and the broadcast group; it cannot be set", i.Name())
 	}},
 	// The carrier's changes since the interface was made (the netdev's counts of

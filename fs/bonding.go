@@ -66,6 +66,14 @@ var bondAttrs = []bondAttr{
 		}
 		return yes01(b.Carrier()), nil
 	}, write: func(b *ipoib.Bond, p []byte) error {
+		// As an interface's (carrier_store): the number, then running, then no
+		// ndo_change_carrier.
+		if _, err := kstrtoul(p); err != nil {
+			return err
+		}
+		if !b.IsUp() {
+			return errorf(syscall.EINVAL, "%s is down", b.Name())
+		}
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the slaves' links; it cannot be set", b.Name())
 	}},
 	// The carrier's changes, counted as the bond's device counts them (off at setup).

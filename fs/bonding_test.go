@@ -94,6 +94,8 @@ func TestBondingSysfsRules(t *testing.T) {
 		{follows: "__dev_change_flags: IFF_MULTICAST as written", path: b + "flags", write: "0x1002\n"},
 		{follows: "__dev_change_flags: IFF_BROADCAST, IFF_MASTER kept", path: b + "flags", want: "0x1402\n"},
 		{follows: "carrier_show: not running", path: b + "carrier", errno: syscall.EINVAL},
+		{follows: "change_carrier: not running", path: b + "carrier", write: "1\n", errno: syscall.EINVAL},
+		{follows: "netdev_store: kstrtoul", path: b + "carrier", write: "on\n", errno: syscall.EINVAL},
 		{follows: "bonding_show_mode", path: o + "mode", want: "active-backup 1\n"},
 		{follows: "bonding_show_miimon: 100 without arp_interval", path: o + "miimon", want: "100\n"},
 		{follows: "bonding_show_fail_over_mac", path: o + "fail_over_mac", want: "none 0\n"},

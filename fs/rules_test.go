@@ -27,6 +27,8 @@ func TestKernelSmallRules(t *testing.T) {
 		{follows: "ipoib_set_mode", path: ib + "mode", write: "datagram\n"},
 		{follows: "carrier_store: no ndo_change_carrier", path: ib + "carrier", write: "1\n", errno: syscall.EOPNOTSUPP},
 		{follows: "carrier_store: no ndo_change_carrier", path: ib + "carrier", write: "0\n", errno: syscall.EOPNOTSUPP},
+		{follows: "netdev_store: kstrtoul first", path: ib + "carrier", write: "up\n", errno: syscall.EINVAL},
+		{follows: "change_carrier: a device not running is EINVAL", path: ch + "carrier", write: "1\n", errno: syscall.EINVAL},
 		{follows: "ipoib_add_port: dev_id = port - 1", path: ib + "dev_id", want: "0x0\n"},
 		{follows: "__ipoib_vlan_add leaves dev_id at 0", path: ch + "dev_id", want: "0x0\n"},
 		{follows: "__ipoib_vlan_add leaves dev_port at 0", path: ch + "dev_port", want: "0\n"},

@@ -84,7 +84,15 @@ var (
 	bondModeTbl = []optValue{{"balance-rr", 0, valDefault}, {"active-backup", 1, 0}, {"balance-xor", 2, 0},
 		{"broadcast", 3, 0}, {"802.3ad", 4, 0}, {"balance-tlb", 5, 0}, {"balance-alb", 6, 0}}
 	bondFOMTbl    = []optValue{{"none", 0, valDefault}, {"active", 1, 0}, {"follow", 2, 0}}
+	bondReselTbl  = []optValue{{"always", reselectAlways, valDefault}, {"better", reselectBetter, 0}, {"failure", reselectFailure, 0}}
 	bondIntMaxTbl = []optValue{{"off", 0, valDefault}, {"maxval", math.MaxInt32, valMax}}
+)
+
+// primary_reselect's values (BOND_PRI_RESELECT_*).
+const (
+	reselectAlways = iota
+	reselectBetter
+	reselectFailure
 )
 
 func tblName(tbl []optValue, v uint64) string {
@@ -396,6 +404,7 @@ func (bs *Bonds) WriteMasters(b []byte) error {
 type slave struct {
 	i        *Interface
 	link     bool // the link monitor's view
+	speed    int  // Mb/s, read when its link came up (bond_update_speed_duplex)
 	failures int  // link_failure_count
 	origMTU  int
 	perm     HWAddr // the address it had when enslaved (perm_hwaddr)
@@ -423,6 +432,7 @@ type Bond struct {
 	primary      string // params.primary: a name, enslaved or not
 	primSlave    *slave
 	forcePrimary bool
+	reselect     uint64 // primary_reselect: always, better or failure
 	miimon       int
 	fom          uint64
 	up, carrier  bool
@@ -947,6 +957,8 @@ func (b *Bond) Option(name string) (string, error) {
 		return fmt.Sprintf("%d\n", b.miimon), nil
 	case "fail_over_mac":
 		return fmt.Sprintf("%s %d\n", tblName(bondFOMTbl, b.fom), b.fom), nil
+	case "primary_reselect":
+		return fmt.Sprintf("%s %d\n", tblName(bondReselTbl, b.reselect), b.reselect), nil
 	case "mii_status":
 		if b.carrier {
 			return "up\n", nil
@@ -957,7 +969,7 @@ func (b *Bond) Option(name string) (string, error) {
 }
 
 // OptionNames are the bonding/ files: the writable options, then mii_status.
-var OptionNames = []string{"active_slave", "fail_over_mac", "miimon", "mode", "primary", "slaves"}
+var OptionNames = []string{"active_slave", "fail_over_mac", "miimon", "mode", "primary", "primary_reselect", "slaves"}
 
 // SetOption applies a write of bonding/<name> (or one name=value of BONDING_OPTS),
 // with the driver's parsing and errnos (bond_opt_parse, __bond_opt_set and each
@@ -991,6 +1003,19 @@ func (b *Bond) SetOption(name, val string) error {
 		return nil
 	case "primary":
 		return b.setPrimary(val)
+	case "primary_reselect":
+		// bond_option_primary_reselect_set: then the active slave is chosen again.
+		v, ok := parseBondOpt(bondReselTbl, val)
+		if !ok {
+			return b.err(name, syscall.EINVAL, "option primary_reselect: invalid value (%s)", clipOpt(val))
+		}
+		b.mu.Lock()
+		b.reselect = v
+		b.logf("Setting primary_reselect to %s (%d)", tblName(bondReselTbl, v), v)
+		acts := b.selectActiveLocked()
+		b.mu.Unlock()
+		run(acts)
+		return nil
 	case "active_slave":
 		return b.setActiveSlave(val)
 	case "slaves":
@@ -1199,6 +1224,7 @@ func (b *Bond) Enslave(name string) error {
 		return err
 	}
 	s.link = b.miimon == 0 || i.IsUp() && i.Carrier()
+	s.speed = i.SpeedMbps()
 	if b.primary != "" && b.primary == name {
 		b.primSlave, b.forcePrimary = s, true
 	}
@@ -1269,16 +1295,27 @@ func (b *Bond) Release(name string) error {
 
 // releaseGone releases slaves whose interface no longer exists (a child deleted while
 // enslaved, as NETDEV_UNREGISTER releases it).
+//
+// As bond_slave_netdev_event's NETDEV_UNREGISTER: a bond whose type is not Ethernet
+// (InfiniBand, from its first slave) is destroyed with its last slave
+// (bond_release_and_destroy); a release through the slaves file leaves it.
 func (b *Bond) releaseGone() {
 	b.mu.Lock()
 	var acts []func()
+	gone := 0
 	for _, s := range slices.Clone(b.slaves) {
 		if i, ok := b.bs.e.Interface(s.i.Name()); !ok || i != s.i {
 			acts = append(acts, b.releaseLocked(s)...)
+			gone++
 		}
 	}
+	destroy := gone > 0 && len(b.slaves) == 0 && b.typ != typeEther && !b.closed
 	b.mu.Unlock()
 	run(acts)
+	if destroy {
+		b.logf("Destroying bond")
+		_ = b.bs.DeleteBond(b) // ENODEV: deleted meanwhile
+	}
 }
 
 func (b *Bond) releaseLocked(s *slave) []func() {
@@ -1294,7 +1331,11 @@ func (b *Bond) releaseLocked(s *slave) []func() {
 		acts = append(acts, b.selectActiveLocked()...)
 	}
 	if len(b.slaves) == 0 {
-		b.hw, b.randomAddr = randomMAC(), true
+		// eth_hw_addr_random: six random bytes; the rest of an InfiniBand-type
+		// bond's 20 keep the last slave's.
+		r := randomMAC()
+		copy(b.hw[:6], r[:6])
+		b.randomAddr = true
 	}
 	acts = append(acts, b.carrierLocked()...)
 	acts = append(acts, b.hostSetupLocked(false, false)...)
@@ -1375,6 +1416,7 @@ func (b *Bond) miiCheck() {
 		}
 		s.link, changed = link, true
 		if link {
+			s.speed = s.i.SpeedMbps()
 			b.logf("(slave %s): link status definitely up", s.i.Name())
 		} else {
 			s.failures++
@@ -1391,20 +1433,32 @@ func (b *Bond) miiCheck() {
 	run(acts)
 }
 
-// bestLocked is bond_find_best_slave for active-backup: the primary when it has a
-// link (primary_reselect always), else the active slave when it has one, else the
-// first slave with a link.
+// bestLocked is bond_find_best_slave for active-backup: the primary or the active
+// slave as bond_choose_primary_or_current chooses (the primary when it has a link and
+// the active slave has none, was just enslaved, or primary_reselect says so: always;
+// better, when its speed is higher; failure, never while the active slave has a
+// link), else the first slave with a link.
 func (b *Bond) bestLocked() *slave {
 	var curr *slave
 	if a := b.active.Load(); a != nil {
 		curr = b.slaveLocked(a)
 	}
 	prim := b.primSlave
+	currUp := curr != nil && curr.link
 	if prim != nil && prim.link {
+		force := b.forcePrimary
 		b.forcePrimary = false
-		return prim
+		switch {
+		case force || !currUp || b.reselect == reselectAlways:
+			return prim
+		case b.reselect == reselectBetter && prim.speed > curr.speed:
+			// The driver compares the duplex too when the speeds are equal; an
+			// IPoIB link is always full duplex, so equal speeds keep the current.
+			return prim
+		}
+		return curr
 	}
-	if curr != nil && curr.link {
+	if currUp {
 		return curr
 	}
 	for _, s := range b.slaves {
@@ -1603,6 +1657,8 @@ func CheckBondOption(name, val string) error {
 		tbl = bondIntMaxTbl
 	case "fail_over_mac":
 		tbl = bondFOMTbl
+	case "primary_reselect":
+		tbl = bondReselTbl
 	case "primary", "active_slave":
 		if val != "" && !devValidName(val) {
 			return bondErr(name, "BONDING_OPTS", syscall.EINVAL, "%q is not an interface name", clipOpt(val))

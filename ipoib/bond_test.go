@@ -424,9 +424,14 @@ func TestBondOptionRules(t *testing.T) {
 	if got := bs.MastersText(); got != "bond0 bond1\n" {
 		t.Fatalf("bonding_masters %q", got)
 	}
-	// Deleting a slave child releases it; deleting the bond releases the rest.
+	// Releasing the last slave through the slaves file keeps the bond, an InfiniBand
+	// device still, with six random bytes in front of its last slave's address
+	// (eth_hw_addr_random).
 	if err := b.SetOption("slaves", "-ib1"); err != nil {
 		t.Fatal(err)
+	}
+	if got, want := b.HWAddrText(), ib1.HWAddr().String(); b.Type() != 32 || len(got) != len(want) || got[18:] != want[18:] || got[:17] == want[:17] {
+		t.Errorf("bond0 after its last slave: type %d address %s, want random in front of %s", b.Type(), got, want)
 	}
 	if err := ch.SetUp(false); err != nil {
 		t.Fatal(err)
@@ -437,11 +442,16 @@ func TestBondOptionRules(t *testing.T) {
 	if err := ib0.DeleteChild(0x8005); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the deleted child released", func() bool { s, _ := c.Option("slaves"); return s == "" })
+	// Deleting an InfiniBand bond's last slave destroys the bond
+	// (bond_release_and_destroy, on NETDEV_UNREGISTER).
+	waitFor(t, "bond1 destroyed with its deleted last slave", func() bool { return bs.MastersText() == "bond0\n" })
+	if c.Listed() {
+		t.Error("bond1 still listed")
+	}
 	if err := bs.WriteMasters([]byte("-bond0")); err != nil {
 		t.Fatal(err)
 	}
-	if got := bs.MastersText(); got != "bond1\n" {
+	if got := bs.MastersText(); got != "" {
 		t.Fatalf("bonding_masters %q after deleting bond0", got)
 	}
 }
@@ -535,4 +545,46 @@ func TestDeleteBondIsByBond(t *testing.T) {
 	if err := bonds.DeleteBond(made); err != nil || len(bonds.List()) != 0 {
 		t.Fatalf("DeleteBond of the new bond0: %v, %d bonds left", err, len(bonds.List()))
 	}
+}
+
+// primary_reselect (bond_choose_primary_or_current): with failure, the primary's link
+// coming back leaves the active slave; with better, too, when its speed is no higher
+// (both ports here are alike); always, the default, takes the primary back at once,
+// also when set.
+func TestBondPrimaryReselect(t *testing.T) {
+	br := newBondRig(t, "ib0")
+	b := br.bond
+	if got, _ := b.Option("primary_reselect"); got != "always 0\n" {
+		t.Fatalf("primary_reselect %q, want the driver's default", got)
+	}
+	if err := b.SetOption("primary_reselect", "sometimes\n"); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("primary_reselect sometimes: %v, want EINVAL", err)
+	}
+	if err := b.SetOption("primary_reselect", "failure\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := b.Option("primary_reselect"); got != "failure 2\n" {
+		t.Fatalf("primary_reselect %q after failure", got)
+	}
+	br.link(t, 1, true)
+	waitFor(t, "ib1 active", func() bool { return b.Active() == br.a1 })
+	br.link(t, 1, false)
+	monitorSaw := func() bool { s, _ := b.SlaveInfo(br.a0); return s.MIIStatus == "up" }
+	waitFor(t, "the monitor seeing ib0's link back", monitorSaw)
+	if b.Active() != br.a1 {
+		t.Fatalf("primary_reselect failure: %s active once the primary's link is back, want ib1", b.Active().Name())
+	}
+	if err := b.SetOption("primary_reselect", "better"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Active() != br.a1 {
+		t.Fatalf("primary_reselect better, equal speeds: %s active, want ib1", b.Active().Name())
+	}
+	if err := b.SetOption("primary_reselect", "0"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Active() != br.a0 {
+		t.Fatalf("primary_reselect always: %s active, want the primary", b.Active().Name())
+	}
+	br.ping(t)
 }

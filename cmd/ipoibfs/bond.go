@@ -273,7 +273,7 @@ var bondingKeys = []string{"MASTER", "SLAVE", "BONDING_OPTS", "BONDING_MASTER"}
 
 // ignoredBondOpts are driver options the bonds here do not have (their defaults are
 // what they do): logged and ignored, as unknown keys are.
-var ignoredBondOpts = []string{"updelay", "downdelay", "use_carrier", "primary_reselect", "num_grat_arp",
+var ignoredBondOpts = []string{"updelay", "downdelay", "use_carrier", "num_grat_arp",
 	"num_unsol_na", "resend_igmp", "all_slaves_active", "peer_notif_delay", "max_bonds", "lp_interval"}
 
 // isBondMaster says whether a file describes a bond: TYPE=Bond, BONDING_MASTER=yes or

@@ -14,7 +14,7 @@ func TestParseIfcfgBonding(t *testing.T) {
 	c, err := parseIfcfg("/etc/x/ifcfg-bond0", []byte(`DEVICE=bond0
 TYPE=Bond
 BONDING_MASTER=yes
-BONDING_OPTS="mode=active-backup miimon=100 primary=ib0 updelay=0"
+BONDING_OPTS="mode=active-backup miimon=100 primary=ib0 primary_reselect=failure updelay=0"
 IPADDR=10.87.0.1
 PREFIX=24
 MTU=65520
@@ -24,7 +24,7 @@ BOOTPROTO=static
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [][2]string{{"mode", "active-backup"}, {"miimon", "100"}, {"primary", "ib0"}}
+	want := [][2]string{{"mode", "active-backup"}, {"miimon", "100"}, {"primary", "ib0"}, {"primary_reselect", "failure"}}
 	if c.bond == nil || !slices.Equal(c.bond.opts, want) || c.addr != netip.MustParsePrefix("10.87.0.1/24") || c.mtu != 65520 || c.master != "" {
 		t.Fatalf("parsed %+v (bond %+v)", c, c.bond)
 	}
@@ -43,6 +43,7 @@ BOOTPROTO=static
 		{"ifcfg-bond0", "BONDING_OPTS=\"mode=balance-rr\"\n", "ifcfg-bond0:1: BONDING_OPTS: mode: balance-rr: only active-backup is supported for infiniband slaves"},
 		{"ifcfg-bond0", "BONDING_OPTS=\"mode=4\"\n", "ifcfg-bond0:1: BONDING_OPTS: mode: 802.3ad: only active-backup"},
 		{"ifcfg-bond0", "BONDING_OPTS=\"miimon=-1\"\n", "ifcfg-bond0:1: BONDING_OPTS: miimon: invalid value (-1)"},
+		{"ifcfg-bond0", "BONDING_OPTS=\"primary_reselect=sometimes\"\n", "ifcfg-bond0:1: BONDING_OPTS: primary_reselect: invalid value (sometimes)"},
 		{"ifcfg-bond0", "BONDING_OPTS=\"fail_over_mac=sometimes\"\n", "ifcfg-bond0:1: BONDING_OPTS: fail_over_mac: invalid value"},
 		{"ifcfg-bond0", "BONDING_OPTS=\"xmit_hash_policy=layer2\"\n", "ifcfg-bond0:1: BONDING_OPTS: xmit_hash_policy: no bonding option"},
 		{"ifcfg-bond0", "BONDING_OPTS=\"mode\"\n", "ifcfg-bond0:1: BONDING_OPTS: \"mode\" is not name=value"},
