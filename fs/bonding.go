@@ -54,26 +54,23 @@ type bondAttr struct {
 	read  func(b *ipoib.Bond) (string, error)
 	write func(b *ipoib.Bond, p []byte) error
 	slow  bool // a read asks the kernel (Node.Quick)
+	// anyWriter: the write is refused before CAP_NET_ADMIN is asked (carrier);
+	// every other writable file needs it.
+	anyWriter bool
 }
 
 var bondAttrs = []bondAttr{
 	{name: "addr_len", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return fmt.Sprintf("%d\n", b.AddrLen()), nil }},
 	{name: "address", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return b.HWAddrText() + "\n", nil }},
 	{name: "broadcast", perm: 0444, read: func(b *ipoib.Bond) (string, error) { return b.BroadcastText() + "\n", nil }},
-	{name: "carrier", perm: 0644, read: func(b *ipoib.Bond) (string, error) {
+	{name: "carrier", perm: 0644, anyWriter: true, read: func(b *ipoib.Bond) (string, error) {
 		if !b.IsUp() {
 			return "", errorf(syscall.EINVAL, "%s is down", b.Name())
 		}
 		return yes01(b.Carrier()), nil
 	}, write: func(b *ipoib.Bond, p []byte) error {
-		// As an interface's (carrier_store): the number, then running, then no
-		// ndo_change_carrier.
-		if _, err := kstrtoul(p); err != nil {
-			return err
-		}
-		if !b.IsUp() {
-			return errorf(syscall.EINVAL, "%s is down", b.Name())
-		}
+		// As an interface's: carrier_store's first check, the bond has no
+		// ndo_change_carrier (nor does it need CAP_NET_ADMIN to hear so).
 		return errorf(syscall.EOPNOTSUPP, "%s: the carrier follows the slaves' links; it cannot be set", b.Name())
 	}},
 	// The carrier's changes, counted as the bond's device counts them (off at setup).
@@ -160,6 +157,7 @@ func (t *Tree) bondDir(dir string, b *ipoib.Bond) *Node {
 		for _, a := range bondAttrs {
 			n := t.bondFile(d, b, a.name, a.perm, a.read, a.write)
 			n.slow = a.slow
+			n.netAdmin = n.netAdmin && !a.anyWriter
 			out = append(out, n)
 		}
 		out = append(out, t.dirOf(b, d, "bonding", func(d string) ([]*Node, error) {

@@ -179,7 +179,7 @@ func TestPermissionTable(t *testing.T) {
 		}
 		base := filepath.Base(f)
 		return strings.HasPrefix(f, "class/net/") && filepath.Dir(f) == "class/net/"+strings.Split(f, "/")[2] &&
-			(base == "mtu" || base == "carrier" || base == "flags" || base == "tx_queue_len" || base == "ifalias" || base == "create_child" || base == "delete_child")
+			(base == "mtu" || base == "flags" || base == "tx_queue_len" || base == "ifalias" || base == "create_child" || base == "delete_child")
 	}
 	var rootRes map[string]result
 	fronts := []string{"fuse:" + tcp.mnt, "9p:" + tcp.addr, "9p:unix:" + sock}
