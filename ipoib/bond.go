@@ -404,7 +404,6 @@ func (bs *Bonds) WriteMasters(b []byte) error {
 type slave struct {
 	i        *Interface
 	link     bool // the link monitor's view
-	speed    int  // Mb/s, read when its link came up (bond_update_speed_duplex)
 	failures int  // link_failure_count
 	origMTU  int
 	perm     HWAddr // the address it had when enslaved (perm_hwaddr)
@@ -1072,7 +1071,9 @@ func (b *Bond) setPrimary(val string) error {
 	b.primary, b.primSlave = p, nil
 	for _, s := range b.slaves {
 		if p != "" && s.i.Name() == p {
-			b.primSlave = s
+			// An enslaved primary is taken now whatever primary_reselect says
+			// (force_primary).
+			b.primSlave, b.forcePrimary = s, true
 		}
 	}
 	switch {
@@ -1224,7 +1225,6 @@ func (b *Bond) Enslave(name string) error {
 		return err
 	}
 	s.link = b.miimon == 0 || i.IsUp() && i.Carrier()
-	s.speed = i.SpeedMbps()
 	if b.primary != "" && b.primary == name {
 		b.primSlave, b.forcePrimary = s, true
 	}
@@ -1287,7 +1287,11 @@ func (b *Bond) Release(name string) error {
 		b.mu.Unlock()
 		return b.err("release", syscall.EINVAL, "cannot release %s: not a slave of %s", name, b.name)
 	}
-	acts := b.releaseLocked(s)
+	// A slave deleted before this write goes first, as its unregister would have
+	// released it already (the engine's watch may not have run yet); s is still a
+	// slave, so that never destroys the bond.
+	acts, _ := b.releaseGoneLocked()
+	acts = append(acts, b.releaseLocked(s)...)
 	b.mu.Unlock()
 	run(acts)
 	return nil
@@ -1301,7 +1305,19 @@ func (b *Bond) Release(name string) error {
 // (bond_release_and_destroy); a release through the slaves file leaves it.
 func (b *Bond) releaseGone() {
 	b.mu.Lock()
-	var acts []func()
+	acts, destroy := b.releaseGoneLocked()
+	b.mu.Unlock()
+	run(acts)
+	if destroy {
+		b.logf("Destroying bond")
+		_ = b.bs.DeleteBond(b) // ENODEV: deleted meanwhile
+	}
+}
+
+// releaseGoneLocked releases the slaves whose interface is gone and says whether the
+// bond is to be destroyed; it is then closed at once (an Enslave meanwhile is
+// ENODEV), as the driver releases and destroys in one step under RTNL.
+func (b *Bond) releaseGoneLocked() (acts []func(), destroy bool) {
 	gone := 0
 	for _, s := range slices.Clone(b.slaves) {
 		if i, ok := b.bs.e.Interface(s.i.Name()); !ok || i != s.i {
@@ -1309,13 +1325,11 @@ func (b *Bond) releaseGone() {
 			gone++
 		}
 	}
-	destroy := gone > 0 && len(b.slaves) == 0 && b.typ != typeEther && !b.closed
-	b.mu.Unlock()
-	run(acts)
+	destroy = gone > 0 && len(b.slaves) == 0 && b.typ != typeEther && !b.closed
 	if destroy {
-		b.logf("Destroying bond")
-		_ = b.bs.DeleteBond(b) // ENODEV: deleted meanwhile
+		b.closed = true
 	}
+	return acts, destroy
 }
 
 func (b *Bond) releaseLocked(s *slave) []func() {
@@ -1416,7 +1430,6 @@ func (b *Bond) miiCheck() {
 		}
 		s.link, changed = link, true
 		if link {
-			s.speed = s.i.SpeedMbps()
 			b.logf("(slave %s): link status definitely up", s.i.Name())
 		} else {
 			s.failures++
@@ -1436,8 +1449,9 @@ func (b *Bond) miiCheck() {
 // bestLocked is bond_find_best_slave for active-backup: the primary or the active
 // slave as bond_choose_primary_or_current chooses (the primary when it has a link and
 // the active slave has none, was just enslaved, or primary_reselect says so: always;
-// better, when its speed is higher; failure, never while the active slave has a
-// link), else the first slave with a link.
+// better, when its speed is higher, read now as the driver's is refreshed at each
+// link change; failure, never while the active slave has a link), else the first
+// slave with a link.
 func (b *Bond) bestLocked() *slave {
 	var curr *slave
 	if a := b.active.Load(); a != nil {
@@ -1451,7 +1465,7 @@ func (b *Bond) bestLocked() *slave {
 		switch {
 		case force || !currUp || b.reselect == reselectAlways:
 			return prim
-		case b.reselect == reselectBetter && prim.speed > curr.speed:
+		case b.reselect == reselectBetter && prim.i.SpeedMbps() > curr.i.SpeedMbps():
 			// The driver compares the duplex too when the speeds are equal; an
 			// IPoIB link is always full duplex, so equal speeds keep the current.
 			return prim

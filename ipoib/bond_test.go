@@ -587,4 +587,15 @@ func TestBondPrimaryReselect(t *testing.T) {
 		t.Fatalf("primary_reselect always: %s active, want the primary", b.Active().Name())
 	}
 	br.ping(t)
+	// Naming an enslaved primary takes it at once, whatever primary_reselect says
+	// (bond_option_primary_set's force_primary).
+	if err := b.SetOption("primary_reselect", "failure"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetOption("primary", "ib1\n"); err != nil {
+		t.Fatal(err)
+	}
+	if b.Active() != br.a1 {
+		t.Fatalf("primary ib1 written with primary_reselect failure: %s active, want ib1", b.Active().Name())
+	}
 }
