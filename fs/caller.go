@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -20,7 +21,10 @@ type Caller struct {
 	UID  uint32
 	GIDs []uint32 // primary group first
 	Via  string   // front end: "fuse", "9p"
-	Peer string   // where the request came from: "pid 1234", "127.0.0.1:40000", "unix pid 99"
+	Peer string   // where the request came from: "127.0.0.1:40000", "unix pid 99"
+	// PID is the process making the request where the front end knows it for each
+	// request (FUSE); a log line names it with its command name, read then.
+	PID uint32
 	// NetAdmin: the caller holds CAP_NET_ADMIN, which net-sysfs's stores and the
 	// driver's create_child/delete_child require even of uid 0. From the calling
 	// process's effective capabilities where the front end knows it (FUSE, 9P on a unix
@@ -48,10 +52,29 @@ func (c Caller) String() string {
 	if c.Via != "" {
 		s += " via=" + c.Via
 	}
-	if c.Peer != "" {
+	switch {
+	case c.PID != 0:
+		p := "pid " + strconv.FormatUint(uint64(c.PID), 10)
+		if comm := procComm(c.PID); comm != "" {
+			p += " (" + comm + ")"
+		}
+		s += " peer=" + strconv.Quote(p)
+	case c.Peer != "":
 		s += " peer=" + strconv.Quote(c.Peer)
 	}
 	return s
+}
+
+// procComm is a process's command name (/proc/<pid>/comm), "" when it cannot be read.
+func procComm(pid uint32) string {
+	if ProcIsOurs() != nil {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(b), "\n")
 }
 
 // Access mask bits, as access(2): read, write, search/execute.
@@ -196,11 +219,14 @@ var ProcIsOurs = sync.OnceValue(func() error {
 // not look into, it says whether the process has the capability somewhere: one with
 // more capabilities than the daemon's, or in a namespace above the daemon's, has.
 func ProcNetAdminInItsNS(pid uint32) bool {
-	if ProcIsOurs() != nil {
-		return false
-	}
+	return ProcIsOurs() == nil && ProcCap(pid, capNetAdmin)
+}
+
+// ProcCap reports whether process (or thread) pid has capability bit c in its
+// effective set, over whatever user namespace it is in.
+func ProcCap(pid uint32, c uint) bool {
 	caps, err := procCapEff(pid)
-	return err == nil && caps&(1<<capNetAdmin) != 0
+	return err == nil && caps&(1<<c) != 0
 }
 
 // procCapEff reads a process's effective capabilities (prometheus/procfs: the status

@@ -20,7 +20,7 @@ type Options struct {
 	// Log receives one line per write, without a trailing newline: the file, the
 	// result, what was written (64 bytes at most) and who wrote it, e.g.
 	// `class/net/ib0/mtu: MTU 5 outside 72..4092 in datagram mode (EINVAL); wrote "5\n"
-	// as uid=0 via=fuse peer="pid 4242"`, and one per open for writing that was refused.
+	// as uid=0 via=fuse peer="pid 4242 (bash)"`, and one per open for writing that was refused.
 	// nil discards.
 	Log func(string)
 	// SM, if set, adds sm/ with the subnet manager's partitions, nodes and groups.

@@ -330,7 +330,7 @@ func TestCapabilityIsTheWritersAtTheWrite(t *testing.T) {
 	if got := treeLs(t, td.path("class/net")); len(got) != 2 {
 		t.Fatalf("class/net after the opener's write: %v", got)
 	}
-	refused := regexp.MustCompile(fmt.Sprintf(`create_child: CAP_NET_ADMIN is needed \(EPERM\); wrote \\?"0x8005\\?" as uid=0 via=fuse peer=\\?"pid %d\\?"`, cmd.Process.Pid))
+	refused := regexp.MustCompile(fmt.Sprintf(`create_child: CAP_NET_ADMIN is needed \(EPERM\); wrote \\?"0x8005\\?" as uid=0 via=fuse peer=\\?"pid %d \(sh\)\\?"`, cmd.Process.Pid))
 	if !refused.MatchString(td.log.String()) {
 		t.Errorf("the refusal is not logged with the writer's pid %d:\n%s", cmd.Process.Pid, td.log.String())
 	}

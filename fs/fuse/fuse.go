@@ -248,7 +248,7 @@ func caller(ctx context.Context, netAdmin bool) fs.Caller {
 	if !ok {
 		return fs.Caller{UID: fs.Nobody, GIDs: []uint32{fs.Nobody}, Via: "fuse"}
 	}
-	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", Peer: fmt.Sprintf("pid %d", c.Pid),
+	return fs.Caller{UID: c.Uid, GIDs: []uint32{c.Gid}, Via: "fuse", PID: c.Pid,
 		NetAdmin: netAdmin && fs.ProcNetAdmin(c.Pid), ModesChecked: true}
 }
 

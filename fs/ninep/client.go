@@ -94,7 +94,17 @@ func (c *Client) WriteFile(path string, data []byte) error {
 		f.Close()
 		return sysErr(err)
 	}
-	_, werr := f.WriteAt(data, 0)
+	// A store takes at most a page and answers short, as on sysfs: the rest is
+	// written as write(2) in a loop writes it (each part a store of its own).
+	var werr error
+	for off := 0; off < len(data) && werr == nil; {
+		var k int
+		k, werr = f.WriteAt(data[off:], int64(off))
+		if werr == nil && k == 0 {
+			werr = io.ErrShortWrite
+		}
+		off += k
+	}
 	cerr := f.Close()
 	if werr != nil {
 		return sysErr(werr)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
+	"github.com/prometheus/procfs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -214,21 +215,18 @@ const tcpEstablished = 1 // TCP_ESTABLISHED
 // holders checks that every process holding one socket, the client's end of a
 // connection, has CAP_NET_ADMIN, found as ss -p finds a socket's processes: through
 // /proc/<pid>/fd. Every holder must (any of them can write through it: a client that
-// forked, or handed the socket on). It is asked when the connection attaches and again
+// forked, or handed the socket on), and every thread of it (credentials are a
+// thread's, and each can write). It is asked when the connection attaches and again
 // at each write that needs the capability, as the kernel asks capable() of the
-// writing task at each store. Fail closed: a socket no process holds (the kernel's, as
-// the Linux v9fs client's, or one in flight in a message), a holder whose descriptors
-// cannot be read, or one that exits while looked at, count as without.
+// writing task at each store, by a full look each time: what can have changed since
+// the last (a fork, a descriptor passed to a process that already existed) leaves no
+// cheaper trace. Fail closed: a socket no process holds (the kernel's, as the Linux
+// v9fs client's, or one in flight in a message), a holder whose descriptors cannot be
+// read, a /proc that hides processes from the daemon, or a holder that exits while
+// looked at, count as without.
 type holders struct {
-	want string // "socket:[inode]"
-
-	mu sync.Mutex
-	// What the last full look found (ok) and the last PID the host had made before it
-	// (/proc/loadavg): while no process has been made since, the socket's holders are
-	// among those found, and only their capabilities are read again.
-	lastPID string
-	found   []string // /proc/<pid>/fd/<n> of each holder
-	ok      bool
+	want string     // "socket:[inode]"
+	mu   sync.Mutex // one look at a time per connection
 }
 
 func newHolders(inode uint64) *holders {
@@ -239,44 +237,36 @@ func newHolders(inode uint64) *holders {
 func (h *holders) netAdmin() (bool, string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ok && h.lastPID != "" && lastPID() == h.lastPID {
-		if ok, why, known := h.recheckLocked(); known {
-			return ok, why
-		}
+	if err := procShowsAll(); err != nil {
+		return false, err.Error()
 	}
-	// A refusal is looked at again in full each time: the holder without it may have
-	// gone. (Only a connection that had the capability when it attached gets here.)
-	h.lastPID = lastPID() // before the look: a process made during it is looked for next time
-	var why string
-	h.found, h.ok, why = h.scan()
-	return h.ok, why
+	return h.scan()
 }
 
-// recheckLocked reads again the capabilities of the holders the last look found. known
-// is false when none of them holds the socket any more (it may be in flight to
-// another process): then only a full look can say.
-func (h *holders) recheckLocked() (ok bool, why string, known bool) {
-	held := 0
-	for _, p := range h.found {
-		if l, err := os.Readlink(p); err != nil || l != h.want {
-			continue
-		}
-		held++
-		if ok, why := h.holderNetAdmin(p); !ok {
-			return false, why, true
-		}
-	}
-	return true, "", held > 0
-}
-
-// holderNetAdmin reads the capability of the process holding the socket at fd path p
-// (/proc/<pid>/fd/<n> or /proc/<pid>/task/<tid>/fd/<n>), and looks at the descriptor
-// again after: a process that exited meanwhile may have left its PID to another,
-// whose capabilities are not the socket's.
+// holderNetAdmin reads the capabilities of the process holding the socket at fd path
+// p (/proc/<pid>/fd/<n> or /proc/<pid>/task/<tid>/fd/<n>), every thread's, and looks at
+// the descriptor again after: a process that exited meanwhile may have left its PID to
+// another, whose capabilities are not the socket's.
 func (h *holders) holderNetAdmin(p string) (bool, string) {
 	pid, _ := strconv.ParseUint(strings.SplitN(strings.TrimPrefix(p, "/proc/"), "/", 2)[0], 10, 32)
-	if !fs.ProcNetAdmin(uint32(pid)) {
-		return false, fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", pid)
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false, fmt.Sprintf("pid %d, holding the client's socket, cannot be looked into: %v", pid, err)
+	}
+	for _, t := range tasks {
+		tid, err := strconv.ParseUint(t.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		if !fs.ProcNetAdmin(uint32(tid)) {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", pid, tid)); errors.Is(err, os.ErrNotExist) {
+				continue // a thread that ended meanwhile
+			}
+			if tid == pid {
+				return false, fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", pid)
+			}
+			return false, fmt.Sprintf("pid %d holds the client's socket and its thread %d has no CAP_NET_ADMIN", pid, tid)
+		}
 	}
 	if l, err := os.Readlink(p); err != nil || l != h.want {
 		return false, fmt.Sprintf("pid %d, holding the client's socket, exited while its capabilities were read", pid)
@@ -284,12 +274,36 @@ func (h *holders) holderNetAdmin(p string) (bool, string) {
 	return true, ""
 }
 
+// procShowsAll says why the daemon's /proc may not show it every process (mounted with
+// hidepid, or subset=pid, and the daemon without CAP_SYS_PTRACE to see past it), nil
+// when it does: a holder /proc does not list would be passed over.
+func procShowsAll() error {
+	mounts, err := procfs.GetProcMounts(os.Getpid())
+	if err != nil {
+		return fmt.Errorf("the socket's holders cannot be found: /proc/self/mountinfo: %w", err)
+	}
+	for _, m := range mounts {
+		if m.MountPoint != "/proc" || m.FSType != "proc" {
+			continue
+		}
+		if v, ok := m.SuperOptions["hidepid"]; ok && v != "0" && v != "off" || m.SuperOptions["subset"] != "" {
+			if !fs.ProcCap(uint32(os.Getpid()), capSysPtrace) {
+				return errors.New("the socket's holders cannot all be found: /proc is mounted with hidepid or subset and the daemon lacks CAP_SYS_PTRACE")
+			}
+		}
+	}
+	return nil
+}
+
+const capSysPtrace = 19 // CAP_SYS_PTRACE
+
 // scan looks through every process's descriptors for the socket.
-func (h *holders) scan() (found []string, ok bool, why string) {
+func (h *holders) scan() (ok bool, why string) {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, false, fmt.Sprintf("the socket's holders cannot be found: %v", err)
+		return false, fmt.Sprintf("the socket's holders cannot be found: %v", err)
 	}
+	held := 0
 	for _, p := range procs {
 		pid, err := strconv.ParseUint(p.Name(), 10, 32)
 		if err != nil {
@@ -305,20 +319,20 @@ func (h *holders) scan() (found []string, ok bool, why string) {
 			if fs.ProcNetAdminInItsNS(uint32(pid)) {
 				continue
 			}
-			return nil, false, fmt.Sprintf("pid %d, which may hold the client's socket and lacks CAP_NET_ADMIN, cannot be looked into: %v", pid, err)
+			return false, fmt.Sprintf("pid %d, which may hold the client's socket and lacks CAP_NET_ADMIN, cannot be looked into: %v", pid, err)
 		}
 		if path == "" {
 			continue
 		}
 		if ok, why := h.holderNetAdmin(path); !ok {
-			return nil, false, why
+			return false, why
 		}
-		found = append(found, path)
+		held++
 	}
-	if len(found) == 0 {
-		return nil, false, "no process holds the client's socket (the kernel's, or one in flight)"
+	if held == 0 {
+		return false, "no process holds the client's socket (the kernel's, or one in flight)"
 	}
-	return found, true, ""
+	return true, ""
 }
 
 // procHolds returns the path of a descriptor of process dir (/proc/<pid>) that is the
@@ -369,20 +383,6 @@ func (h *holders) fdsHold(dir string) (path string, n int, err error) {
 	return "", len(fds), nil
 }
 
-// lastPID is the last process ID the host made (/proc/loadavg's last field; "" when
-// it cannot be read).
-func lastPID() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 5 {
-		return ""
-	}
-	return f[4]
-}
-
 // unixPeerInode returns the inode of the socket at the other end of a unix
 // connection (sock_diag's UNIX_DIAG_PEER, what ss -x shows as the peer). The accepted
 // socket lives in the client's network namespace (unix_stream_connect makes it
@@ -411,12 +411,20 @@ func unixPeerInode(c net.Conn) (uint64, error) {
 		return 0, fmt.Errorf("the socket's network namespace: %w", nsErr)
 	}
 	defer unix.Close(nsfd)
-	h, err := netlink.NewHandleAt(netns.NsHandle(nsfd), unix.NETLINK_SOCK_DIAG)
-	if err != nil {
-		return 0, fmt.Errorf("sock_diag in the socket's network namespace: %w", err)
+	var socks []*netlink.UnixDiagInfoResp
+	var nsSt, ownSt unix.Stat_t
+	if unix.Fstat(nsfd, &nsSt) == nil && unix.Stat("/proc/thread-self/ns/net", &ownSt) == nil && nsSt.Ino == ownSt.Ino && nsSt.Dev == ownSt.Dev {
+		// The daemon's own namespace: no setns (which needs CAP_SYS_ADMIN).
+		socks, err = netlink.UnixSocketDiagInfo()
+	} else {
+		var h *netlink.Handle
+		h, err = netlink.NewHandleAt(netns.NsHandle(nsfd), unix.NETLINK_SOCK_DIAG)
+		if err != nil {
+			return 0, fmt.Errorf("sock_diag in the socket's network namespace (another than the daemon's: CAP_SYS_ADMIN needed): %w", err)
+		}
+		defer h.Close()
+		socks, err = h.UnixSocketDiagInfo()
 	}
-	defer h.Close()
-	socks, err := h.UnixSocketDiagInfo()
 	if err != nil {
 		return 0, fmt.Errorf("sock_diag: %w", err)
 	}

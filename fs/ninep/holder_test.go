@@ -1,0 +1,214 @@
+package ninep
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hugelgupf/p9/linux"
+	"github.com/hugelgupf/p9/p9"
+	"golang.org/x/sys/unix"
+
+	"ipoibfs/internal/testenv"
+)
+
+// runHolder is this test binary run as another process that will hold a client's
+// socket: "recv" says it is ready, then takes one over its fd 3 (SCM_RIGHTS) and
+// keeps it; "thread" keeps
+// the socket it was started with (fd 3) and drops CAP_NET_ADMIN on one of its threads
+// alone. Each says "ready" on stdout, then waits to be killed.
+func runHolder(role string) {
+	switch role {
+	case "recv":
+		fmt.Println("ready")
+		buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+		if _, oobn, _, _, err := unix.Recvmsg(3, buf, oob, 0); err != nil || oobn == 0 {
+			os.Exit(1)
+		}
+		select {}
+	case "thread":
+		done := make(chan error)
+		var drop func()
+		drop = func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the process
+			if unix.Gettid() == unix.Getpid() {
+				// The first thread: its capabilities are the process's as /proc/<pid>
+				// shows them; keep it and drop them on another.
+				go drop()
+				select {}
+			}
+			var hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+			var data [2]unix.CapUserData
+			if err := unix.Capget(&hdr, &data[0]); err != nil {
+				done <- err
+				return
+			}
+			data[0].Effective &^= 1 << 12 // CAP_NET_ADMIN
+			done <- unix.Capset(&hdr, &data[0])
+			select {}
+		}
+		go drop()
+		if err := <-done; err != nil {
+			fmt.Println("capset:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+// startHolder starts runHolder's role in a child with extra files, and waits for it to
+// be ready.
+func startHolder(t *testing.T, role string, wrap []string, files ...*os.File) *exec.Cmd {
+	t.Helper()
+	args := append(append([]string(nil), wrap...), os.Args[0], "-test.run=^$")
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "IPOIBFS_NINEP_HOLDER="+role)
+	cmd.ExtraFiles = files
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan string, 1)
+	go func() {
+		b := make([]byte, 64)
+		n, _ := out.Read(b)
+		ready <- string(b[:n])
+	}()
+	select {
+	case s := <-ready:
+		if !strings.HasPrefix(s, "ready") {
+			t.Fatalf("holder %s: %q", role, s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("holder %s never ready", role)
+	}
+	return cmd
+}
+
+// The holders are looked at in full at each write that needs CAP_NET_ADMIN: a
+// process that already existed and is handed the client's socket (SCM_RIGHTS) after a
+// write makes the next one refused, though no process was made meanwhile; and a holder
+// one of whose threads has dropped the capability (credentials are a thread's) has it
+// not.
+func TestNetAdminHoldersSeenAtEachWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (/proc's descriptors, setpriv)")
+		}
+		t.Skip("needs root")
+	}
+	setpriv := testenv.Tool(t, "setpriv")
+	v := newEnv(t)
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		done <- ServeConn(c, v.tree.Root(), Options{})
+	}()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p9.NewClient(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Close(); ln.Close(); <-done }()
+	root, err := c.Attach("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, f, err := root.Walk([]string{"class", "net", "ib0", "tx_queue_len"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := f.Open(p9.WriteOnly); err != nil {
+		t.Fatal(err)
+	}
+	write := func(n int) error { _, err := f.WriteAt([]byte(strconv.Itoa(n)+"\n"), 0); return err }
+
+	// A receiver without the capability, made before the writes.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := os.NewFile(uintptr(pair[0]), "mine"), os.NewFile(uintptr(pair[1]), "theirs")
+	defer mine.Close()
+	recv := startHolder(t, "recv", []string{setpriv, "--bounding-set=-net_admin", "--"}, theirs)
+	theirs.Close()
+	if err := write(1001); err != nil {
+		t.Fatalf("before the hand-off: %v", err)
+	}
+	cf, err := conn.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(int(mine.Fd()), []byte{0}, unix.UnixRights(int(cf.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	cf.Close()
+	var st unix.Stat_t
+	raw, _ := conn.(*net.UnixConn).SyscallConn()
+	_ = raw.Control(func(fd uintptr) { _ = unix.Fstat(int(fd), &st) })
+	want := fmt.Sprintf("socket:[%d]", st.Ino)
+	waitFor(t, "the receiver holding the socket", func() bool {
+		dir := fmt.Sprintf("/proc/%d/fd/", recv.Process.Pid)
+		fds, _ := os.ReadDir(dir)
+		for _, fd := range fds {
+			if l, _ := os.Readlink(dir + fd.Name()); l == want {
+				return true
+			}
+		}
+		return false
+	})
+	v.log.Take()
+	if err := write(1002); !errors.Is(err, linux.EPERM) {
+		t.Errorf("a write once a process without CAP_NET_ADMIN was handed the socket: %v, want EPERM", err)
+	}
+	if lines := v.log.Take(); len(lines) != 1 || !strings.Contains(lines[0], fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", recv.Process.Pid)) {
+		t.Errorf("log %q, want the refusal naming the receiver", lines)
+	}
+	_ = recv.Process.Kill()
+	_ = recv.Wait()
+	if err := write(1003); err != nil {
+		t.Fatalf("the receiver gone: %v", err)
+	}
+
+	// A holder with one thread without it.
+	cf, err = conn.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := startHolder(t, "thread", nil, cf)
+	cf.Close()
+	if err := write(1004); !errors.Is(err, linux.EPERM) {
+		t.Errorf("a holder one of whose threads lacks CAP_NET_ADMIN: %v, want EPERM", err)
+	}
+	_ = th.Process.Kill()
+	_ = th.Wait()
+	if n := v.ib0.TxQueueLen(); n != 1003 {
+		t.Errorf("tx_queue_len %d, want 1003", n)
+	}
+}
