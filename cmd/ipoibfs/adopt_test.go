@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"errors"
+	"os"
+	"testing"
+)
 
 // push goes through the IfChanged setter only for the value of the attribute being
 // adopted, and only while it is.
@@ -30,5 +34,32 @@ func TestPushAdoptedValueOnly(t *testing.T) {
 		if got[k] != want[k] {
 			t.Fatalf("pushes %q, want %q", got, want)
 		}
+	}
+}
+
+// A push the device refuses leaves the attribute out of step (onLink then takes a
+// change made on the device as it is: the device kept its older value, and the change
+// is the newest); the next push that succeeds puts it back in step. A closed device
+// changes nothing.
+func TestPushFailureMarksOutOfStep(t *testing.T) {
+	var d adopter
+	fail := errors.New("netlink: no buffer space")
+	res := fail
+	set := func(string) error { return res }
+	if err := push(&d, attrAlias, "a", set, set); err != fail || !d.outOfSync(attrAlias) {
+		t.Fatalf("a failed push: %v, out of step %v", err, d.outOfSync(attrAlias))
+	}
+	if d.outOfSync(attrTxq) {
+		t.Error("another attribute out of step")
+	}
+	res = os.ErrClosed
+	_ = push(&d, attrAlias, "b", set, set)
+	if !d.outOfSync(attrAlias) {
+		t.Error("a push to a closed device put the attribute back in step")
+	}
+	res = nil
+	_ = push(&d, attrAlias, "c", set, set)
+	if d.outOfSync(attrAlias) {
+		t.Error("still out of step after a push that succeeded")
 	}
 }

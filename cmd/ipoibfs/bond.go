@@ -135,21 +135,30 @@ func (br *bondBridge) onLink(l kernel.Link) {
 	// device had before (a change in the tree since is newer).
 	if l.MulticastChanged {
 		br.adopt(attrMulticast, l.Multicast, func() {
-			if !br.b.AdoptMulticast(l.PrevMulticast, l.Multicast) {
+			if br.outOfSync(attrMulticast) {
+				br.b.SetMulticast(l.Multicast) // the newest: see adopter.failed
+			} else if !br.b.AdoptMulticast(l.PrevMulticast, l.Multicast) {
 				logNotAdopted(name, "multicast", l.Multicast)
 			}
 		})
 	}
 	if l.UserFlagsChanged {
 		br.adopt(attrUserFlags, l.UserFlags, func() {
-			if !br.b.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) {
+			if br.outOfSync(attrUserFlags) {
+				br.b.SetUserFlags(l.UserFlags)
+			} else if !br.b.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) {
 				logNotAdopted(name, "promisc/allmulti flags", fmt.Sprintf("%#x", l.UserFlags))
 			}
 		})
 	}
 	if l.AliasChanged {
 		br.adopt(attrAlias, l.Alias, func() {
-			took, err := br.b.AdoptAlias(l.PrevAlias, l.Alias)
+			took, err := true, error(nil)
+			if br.outOfSync(attrAlias) {
+				err = br.b.SetAlias(l.Alias)
+			} else {
+				took, err = br.b.AdoptAlias(l.PrevAlias, l.Alias)
+			}
 			br.logErr(err)
 			if err == nil && !took {
 				logNotAdopted(name, "alias", fmt.Sprintf("%q", l.Alias))

@@ -46,6 +46,18 @@ type bridge struct {
 type adopter struct {
 	adoptMu  sync.Mutex
 	adopting adoption
+	// failed: attributes whose last push to the device failed (a bit per attr): the
+	// device kept its older value, so the engine's and the device's stay apart until
+	// a push succeeds, and a change someone makes on the device meanwhile is the
+	// newest and is taken as it is (outOfSync).
+	failed uint32
+}
+
+// outOfSync says whether the engine's last push of a to the device failed.
+func (d *adopter) outOfSync(a attr) bool {
+	d.adoptMu.Lock()
+	defer d.adoptMu.Unlock()
+	return d.failed&(1<<a) != 0
 }
 
 // attr names a device attribute onLink adopts.
@@ -88,10 +100,22 @@ func push[T comparable](d *adopter, a attr, v T, set, ifChanged func(T) error) e
 	d.adoptMu.Lock()
 	adopted := d.adopting.value != nil && d.adopting.attr == a && d.adopting.value == any(v)
 	d.adoptMu.Unlock()
+	var err error
 	if adopted {
-		return ifChanged(v)
+		err = ifChanged(v)
+	} else {
+		err = set(v)
 	}
-	return set(v)
+	if !errors.Is(err, os.ErrClosed) { // a closed device: nothing to be in step with
+		d.adoptMu.Lock()
+		if err != nil {
+			d.failed |= 1 << a
+		} else {
+			d.failed &^= 1 << a
+		}
+		d.adoptMu.Unlock()
+	}
+	return err
 }
 
 func openBridge(bs *bridges, i *ipoib.Interface, netns string) (*bridge, error) {
@@ -178,7 +202,9 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.TxQLenChanged && l.TxQLen >= 0 {
 		// ip link set txqueuelen: adopted as is.
 		b.adopt(attrTxq, l.TxQLen, func() {
-			if !b.i.AdoptTxQueueLen(uint32(l.PrevTxQLen), uint32(l.TxQLen)) {
+			if b.outOfSync(attrTxq) {
+				b.i.SetTxQueueLen(uint32(l.TxQLen)) // the newest: see adopter.failed
+			} else if !b.i.AdoptTxQueueLen(uint32(l.PrevTxQLen), uint32(l.TxQLen)) {
 				logNotAdopted(name, "txqueuelen", l.TxQLen)
 			}
 		})
@@ -186,7 +212,9 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.MulticastChanged {
 		// ip link set multicast on/off: the flag is the interface's (flags in the tree).
 		b.adopt(attrMulticast, l.Multicast, func() {
-			if !b.i.AdoptMulticast(l.PrevMulticast, l.Multicast) {
+			if b.outOfSync(attrMulticast) {
+				b.i.SetMulticast(l.Multicast)
+			} else if !b.i.AdoptMulticast(l.PrevMulticast, l.Multicast) {
 				logNotAdopted(name, "multicast", l.Multicast)
 			}
 		})
@@ -194,7 +222,13 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.AliasChanged {
 		// ip link set alias: the interface's ifalias shows it.
 		b.adopt(attrAlias, l.Alias, func() {
-			if took, err := b.i.AdoptAlias(l.PrevAlias, l.Alias); err != nil {
+			took, err := true, error(nil)
+			if b.outOfSync(attrAlias) {
+				err = b.i.SetAlias(l.Alias)
+			} else {
+				took, err = b.i.AdoptAlias(l.PrevAlias, l.Alias)
+			}
+			if err != nil {
 				log.Printf("%s: alias set on the device: %v", name, err)
 			} else if !took {
 				logNotAdopted(name, "alias", fmt.Sprintf("%q", l.Alias))
@@ -204,7 +238,9 @@ func (b *bridge) onLink(l kernel.Link) {
 	if l.UserFlagsChanged {
 		// ip link set promisc/allmulticast: the interface's flags show them.
 		b.adopt(attrUserFlags, l.UserFlags, func() {
-			if !b.i.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) {
+			if b.outOfSync(attrUserFlags) {
+				b.i.SetUserFlags(l.UserFlags)
+			} else if !b.i.AdoptUserFlags(l.PrevUserFlags, l.UserFlags) {
 				logNotAdopted(name, "promisc/allmulti flags", fmt.Sprintf("%#x", l.UserFlags))
 			}
 		})
