@@ -1281,6 +1281,12 @@ func (b *Bond) Release(name string) error {
 	if !ok {
 		return b.err("release", syscall.ENODEV, "interface %s does not exist", name)
 	}
+	return b.release(i, name)
+}
+
+// release is Release of interface i, looked up by name before Bond.mu is taken (the
+// lock order), so it may have been deleted since.
+func (b *Bond) release(i *Interface, name string) error {
 	b.mu.Lock()
 	s := b.slaveLocked(i)
 	if s == nil {
@@ -1288,12 +1294,23 @@ func (b *Bond) Release(name string) error {
 		return b.err("release", syscall.EINVAL, "cannot release %s: not a slave of %s", name, b.name)
 	}
 	// A slave deleted before this write goes first, as its unregister would have
-	// released it already (the engine's watch may not have run yet); s is still a
-	// slave, so that never destroys the bond.
-	acts, _ := b.releaseGoneLocked()
-	acts = append(acts, b.releaseLocked(s)...)
+	// released it already (the engine's watch may not have run yet). s itself may be
+	// among them (deleted since it was looked up): then it is gone, as the driver
+	// answers once the device is unregistered, and the bond may go with it.
+	acts, destroy := b.releaseGoneLocked()
+	gone := !slices.Contains(b.slaves, s)
+	if !gone {
+		acts = append(acts, b.releaseLocked(s)...)
+	}
 	b.mu.Unlock()
 	run(acts)
+	if destroy {
+		b.logf("Destroying bond")
+		_ = b.bs.DeleteBond(b)
+	}
+	if gone {
+		return b.err("release", syscall.ENODEV, "interface %s does not exist", name)
+	}
 	return nil
 }
 

@@ -599,3 +599,46 @@ func TestBondPrimaryReselect(t *testing.T) {
 		t.Fatalf("primary ib1 written with primary_reselect failure: %s active, want ib1", b.Active().Name())
 	}
 }
+
+// A release through the slaves file of a slave deleted between its look-up and the
+// release (delete_child racing `-ib0.8005 > slaves`) finds it gone: ENODEV, as the
+// driver answers once the device is unregistered, and an InfiniBand bond whose last
+// slave it was goes with it (before, the release of a slave no longer listed
+// panicked with the bond's lock held).
+func TestBondReleaseOfASlaveDeletedMeanwhile(t *testing.T) {
+	r := newRig(t)
+	e := r.engine("a", 1, Options{})
+	bs := NewBonds(e)
+	t.Cleanup(bs.Close)
+	b, err := bs.Create("bond1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib0 := iface(t, e, "ib0")
+	ch, err := ib0.CreateChild(0x8005)
+	if err == nil {
+		err = ch.SetUp(false)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetOption("slaves", "+"+ch.Name()); err != nil {
+		t.Fatal(err)
+	}
+	// The bonds' watch of the engine stopped, so the deletion reaches only the
+	// release, as when the release took the bond's lock first. (Close then finds it
+	// done.)
+	close(bs.stop)
+	<-bs.done
+	bs.stop = make(chan struct{})
+	name := ch.Name()
+	if err := ib0.DeleteChild(0x8005); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.release(ch, name); !errors.Is(err, syscall.ENODEV) {
+		t.Errorf("releasing a slave deleted meanwhile: %v, want ENODEV", err)
+	}
+	if b.Listed() {
+		t.Error("bond1 still listed after its last slave went")
+	}
+}

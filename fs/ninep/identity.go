@@ -275,8 +275,9 @@ func (h *holders) holderNetAdmin(p string) (bool, string) {
 }
 
 // procShowsAll says why the daemon's /proc may not show it every process (mounted with
-// hidepid, or subset=pid, and the daemon without CAP_SYS_PTRACE to see past it), nil
-// when it does: a holder /proc does not list would be passed over.
+// hidepid, and the daemon without CAP_SYS_PTRACE to see past it), nil when it does: a
+// holder /proc does not list would be passed over. (CAP_SYS_PTRACE does not show a
+// process an LSM hides, or one of a user namespace above the daemon's.)
 func procShowsAll() error {
 	mounts, err := procfs.GetProcMounts(os.Getpid())
 	if err != nil {
@@ -286,9 +287,10 @@ func procShowsAll() error {
 		if m.MountPoint != "/proc" || m.FSType != "proc" {
 			continue
 		}
-		if v, ok := m.SuperOptions["hidepid"]; ok && v != "0" && v != "off" || m.SuperOptions["subset"] != "" {
+		// subset=pid hides no process, only what is not one.
+		if v, ok := m.SuperOptions["hidepid"]; ok && v != "0" && v != "off" {
 			if !fs.ProcCap(uint32(os.Getpid()), capSysPtrace) {
-				return errors.New("the socket's holders cannot all be found: /proc is mounted with hidepid or subset and the daemon lacks CAP_SYS_PTRACE")
+				return errors.New("the socket's holders cannot all be found: /proc is mounted with hidepid and the daemon lacks CAP_SYS_PTRACE")
 			}
 		}
 	}
