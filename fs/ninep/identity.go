@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hugelgupf/p9/linux"
 	"github.com/hugelgupf/p9/p9"
@@ -240,7 +241,32 @@ func (h *holders) netAdmin() (bool, string) {
 	if err := procShowsAll(); err != nil {
 		return false, err.Error()
 	}
-	return h.scan()
+	// A client that starts a program forks a child that holds every descriptor of
+	// the parent until its exec closes those marked close-on-exec, and which may
+	// have dropped its credentials already (exec.Cmd's Credential): a refusal
+	// because of such a transient holder is looked at again, for up to 100 ms.
+	ok, why, transient := h.scan()
+	for k := 0; !ok && transient && k < 20; k++ {
+		time.Sleep(5 * time.Millisecond)
+		ok, why, transient = h.scan()
+	}
+	return ok, why
+}
+
+// closeOnExec says whether the descriptor at fd path p (/proc/.../fd/<n>) is marked
+// close-on-exec (its fdinfo's flags).
+func closeOnExec(p string) bool {
+	b, err := os.ReadFile(strings.Replace(p, "/fd/", "/fdinfo/", 1))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "flags:"); ok {
+			f, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+			return err == nil && f&unix.O_CLOEXEC != 0
+		}
+	}
+	return false
 }
 
 // holderNetAdmin reads the capabilities of the process holding the socket at fd path
@@ -300,10 +326,10 @@ func procShowsAll() error {
 const capSysPtrace = 19 // CAP_SYS_PTRACE
 
 // scan looks through every process's descriptors for the socket.
-func (h *holders) scan() (ok bool, why string) {
+func (h *holders) scan() (ok bool, why string, transient bool) {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
-		return false, fmt.Sprintf("the socket's holders cannot be found: %v", err)
+		return false, fmt.Sprintf("the socket's holders cannot be found: %v", err), false
 	}
 	held := 0
 	for _, p := range procs {
@@ -321,20 +347,20 @@ func (h *holders) scan() (ok bool, why string) {
 			if fs.ProcNetAdminInItsNS(uint32(pid)) {
 				continue
 			}
-			return false, fmt.Sprintf("pid %d, which may hold the client's socket and lacks CAP_NET_ADMIN, cannot be looked into: %v", pid, err)
+			return false, fmt.Sprintf("pid %d, which may hold the client's socket and lacks CAP_NET_ADMIN, cannot be looked into: %v", pid, err), false
 		}
 		if path == "" {
 			continue
 		}
 		if ok, why := h.holderNetAdmin(path); !ok {
-			return false, why
+			return false, why, closeOnExec(path)
 		}
 		held++
 	}
 	if held == 0 {
-		return false, "no process holds the client's socket (the kernel's, or one in flight)"
+		return false, "no process holds the client's socket (the kernel's, or one in flight)", false
 	}
-	return true, ""
+	return true, "", false
 }
 
 // procHolds returns the path of a descriptor of process dir (/proc/<pid>) that is the
