@@ -203,12 +203,7 @@ func TestProcOfAnotherPIDNamespace(t *testing.T) {
 		fmt.Printf("ours=%v netadmin=%v\n", ProcIsOurs(), ProcNetAdmin(uint32(os.Getpid())))
 		return
 	}
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (a PID namespace)")
-		}
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	unshare := testenv.Tool(t, "unshare")
 	if err := ProcIsOurs(); err != nil {
 		t.Fatalf("the test's own /proc: %v", err)

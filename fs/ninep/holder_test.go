@@ -8,13 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hugelgupf/p9/linux"
-	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
 	"ipoibfs/internal/testenv"
@@ -104,50 +102,15 @@ func startHolder(t *testing.T, role string, wrap []string, files ...*os.File) *e
 // one of whose threads has dropped the capability (credentials are a thread's) has it
 // not.
 func TestNetAdminHoldersSeenAtEachWrite(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (/proc's descriptors, setpriv)")
-		}
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	setpriv := testenv.Tool(t, "setpriv")
 	v := newEnv(t)
-	sock := filepath.Join(t.TempDir(), "s")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			done <- err
-			return
-		}
-		done <- ServeConn(c, v.tree.Root(), Options{})
-	}()
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := p9.NewClient(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { c.Close(); ln.Close(); <-done }()
+	conn, c := serveOne(t, v, "unix", filepath.Join(t.TempDir(), "s"))
 	root, err := c.Attach("/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, f, err := root.Walk([]string{"class", "net", "ib0", "tx_queue_len"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, _, err := f.Open(p9.WriteOnly); err != nil {
-		t.Fatal(err)
-	}
-	write := func(n int) error { _, err := f.WriteAt([]byte(strconv.Itoa(n)+"\n"), 0); return err }
+	write := openWriter(t, root, "class", "net", "ib0", "tx_queue_len")
 
 	// A receiver without the capability, made before the writes.
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

@@ -95,29 +95,7 @@ func TestAttachAs(t *testing.T) {
 // user gets that user's rights, and a write as that user is refused.
 func TestUnixPeerAndAttachAs(t *testing.T) {
 	v := newEnv(t)
-	sock := filepath.Join(t.TempDir(), "s")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			done <- err
-			return
-		}
-		done <- ServeConn(c, v.tree.Root(), Options{})
-	}()
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := p9.NewClient(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { c.Close(); ln.Close(); <-done }()
+	_, c := serveOne(t, v, "unix", filepath.Join(t.TempDir(), "s"))
 	try := func(root p9.File) error {
 		_, f, err := root.Walk([]string{"class", "net", "ib0", "mtu"})
 		if err != nil {
@@ -392,24 +370,10 @@ func testNetAdminNeedsEveryHolder(t *testing.T, network, addr string) {
 	}
 }
 
-// CAP_NET_ADMIN is asked again at each write that needs it, as the kernel asks
-// capable() of the writing task: a child without it that the client forked (or handed
-// its socket to) after attaching writes nothing, and the refusal says which process
-// lacks it; once the child is gone the client writes again.
-func TestNetAdminAskedAtEachWrite(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
-		}
-		t.Skip("needs root")
-	}
-	t.Run("tcp", func(t *testing.T) { testNetAdminAskedAtEachWrite(t, "tcp", "127.0.0.1:0") })
-	t.Run("unix", func(t *testing.T) { testNetAdminAskedAtEachWrite(t, "unix", filepath.Join(t.TempDir(), "s")) })
-}
-
-func testNetAdminAskedAtEachWrite(t *testing.T, network, addr string) {
-	setpriv := testenv.Tool(t, "setpriv")
-	v := newEnv(t)
+// serveOne serves v's tree to one connection over network (a listener on addr) and
+// returns the client's end and a 9P client on it; both end with the test.
+func serveOne(t *testing.T, v *env, network, addr string) (net.Conn, *p9.Client) {
+	t.Helper()
 	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
@@ -431,20 +395,44 @@ func testNetAdminAskedAtEachWrite(t *testing.T, network, addr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { c.Close(); ln.Close(); <-done }()
+	t.Cleanup(func() { c.Close(); ln.Close(); <-done })
+	return conn, c
+}
+
+// openWriter opens the file at path through root for writing and returns a writer of
+// a number and a newline, as echo N > file.
+func openWriter(t *testing.T, root p9.File, path ...string) func(n int) error {
+	t.Helper()
+	_, f, err := root.Walk(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if _, _, err := f.Open(p9.WriteOnly); err != nil {
+		t.Fatal(err)
+	}
+	return func(n int) error { _, err := f.WriteAt([]byte(strconv.Itoa(n)+"\n"), 0); return err }
+}
+
+// CAP_NET_ADMIN is asked again at each write that needs it, as the kernel asks
+// capable() of the writing task: a child without it that the client forked (or handed
+// its socket to) after attaching writes nothing, and the refusal says which process
+// lacks it; once the child is gone the client writes again.
+func TestNetAdminAskedAtEachWrite(t *testing.T) {
+	testenv.Root(t)
+	t.Run("tcp", func(t *testing.T) { testNetAdminAskedAtEachWrite(t, "tcp", "127.0.0.1:0") })
+	t.Run("unix", func(t *testing.T) { testNetAdminAskedAtEachWrite(t, "unix", filepath.Join(t.TempDir(), "s")) })
+}
+
+func testNetAdminAskedAtEachWrite(t *testing.T, network, addr string) {
+	setpriv := testenv.Tool(t, "setpriv")
+	v := newEnv(t)
+	conn, c := serveOne(t, v, network, addr)
 	root, err := c.Attach("/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, f, err := root.Walk([]string{"class", "net", "ib0", "tx_queue_len"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, _, err := f.Open(p9.WriteOnly); err != nil {
-		t.Fatal(err)
-	}
-	write := func(n int) error { _, err := f.WriteAt([]byte(strconv.Itoa(n)+"\n"), 0); return err }
+	write := openWriter(t, root, "class", "net", "ib0", "tx_queue_len")
 	if err := write(1001); err != nil {
 		t.Fatalf("root's connection, before any child: %v", err)
 	}
@@ -486,12 +474,7 @@ func testNetAdminAskedAtEachWrite(t *testing.T, network, addr string) {
 // is found: the accepted socket lives in the client's namespace, and sock_diag is
 // asked there.
 func TestUnixPeerInAnotherNetNS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (a network namespace)")
-		}
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	sock := filepath.Join(t.TempDir(), "s")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -540,12 +523,7 @@ func TestUnixPeerInAnotherNetNS(t *testing.T) {
 // v9fs mount's is the same to /proc) has no CAP_NET_ADMIN: whoever receives it could
 // write with it.
 func TestNetAdminOfASocketNoProcessHolds(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (sock_diag shows the owner, /proc the capability)")
-		}
-		t.Skip("needs root")
-	}
+	testenv.Root(t)
 	for _, network := range []string{"tcp", "unix"} {
 		addr := "127.0.0.1:0"
 		if network == "unix" {
