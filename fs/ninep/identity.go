@@ -294,9 +294,6 @@ func (h *holders) holderNetAdmin(p string) (bool, string) {
 			return false, fmt.Sprintf("pid %d holds the client's socket and its thread %d has no CAP_NET_ADMIN", pid, tid)
 		}
 	}
-	if l, err := os.Readlink(p); err != nil || l != h.want {
-		return false, fmt.Sprintf("pid %d, holding the client's socket, exited while its capabilities were read", pid)
-	}
 	return true, ""
 }
 
@@ -352,7 +349,13 @@ func (h *holders) scan() (ok bool, why string, transient bool) {
 		if path == "" {
 			continue
 		}
-		if ok, why := h.holderNetAdmin(path); !ok {
+		ok, why := h.holderNetAdmin(path)
+		if l, err := os.Readlink(path); err != nil || l != h.want {
+			// It let the socket go (an exec closed it, or it exited and its PID may
+			// be another's, whose capabilities were read): not a holder.
+			continue
+		}
+		if !ok {
 			return false, why, closeOnExec(path)
 		}
 		held++
