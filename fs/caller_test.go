@@ -4,10 +4,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
 
 	"ipoibfs/internal/testenv"
 )
@@ -131,6 +135,90 @@ func TestProcNetAdminCountsOnlyTheDaemonsUserNamespace(t *testing.T) {
 	}
 	if ProcNetAdmin(pid) {
 		t.Fatal("a process of another user namespace counted as holding CAP_NET_ADMIN")
+	}
+	if ok, tid, err := ProcThreadsNetAdmin(pid); ok || tid != pid || err != nil {
+		t.Fatalf("ProcThreadsNetAdmin of a process of another user namespace: %v, thread %d, %v; want false, %d, nil", ok, tid, err, pid)
+	}
+}
+
+// Capabilities are a thread's: a process one of whose threads dropped CAP_NET_ADMIN
+// (capset on itself alone) does not have it in every thread, and the thread is named.
+// What capget(2) reads is what /proc/<tid>/status shows (read by procfs, not by the
+// code under test).
+func TestProcThreadsNetAdminAsksEveryThread(t *testing.T) {
+	testenv.Root(t)
+	pid := uint32(os.Getpid())
+	if ok, tid, err := ProcThreadsNetAdmin(pid); !ok {
+		t.Fatalf("the test, run as root: not every thread has CAP_NET_ADMIN (thread %d, %v)", tid, err)
+	}
+	dropped, done, restored := make(chan uint32), make(chan struct{}), make(chan struct{})
+	drop := func() {
+		defer close(restored)
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var d [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &d[0]); err != nil {
+			t.Error(err)
+			close(dropped)
+			return
+		}
+		had := d
+		d[0].Effective &^= 1 << capNetAdmin
+		if err := unix.Capset(&hdr, &d[0]); err != nil {
+			t.Error(err)
+			close(dropped)
+			return
+		}
+		dropped <- uint32(unix.Gettid())
+		<-done
+		if err := unix.Capset(&hdr, &had[0]); err != nil {
+			t.Errorf("thread %d: CAP_NET_ADMIN not raised again: %v", unix.Gettid(), err)
+		}
+	}
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			drop()
+			return
+		}
+		// The leader: another thread is wanted. With this one held, a second
+		// locked goroutine runs on a thread of its own.
+		again := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			drop()
+			close(again)
+		}()
+		<-again
+	}()
+	tid, live := <-dropped
+	if !live {
+		return
+	}
+	defer func() { close(done); <-restored }()
+	if tid == pid {
+		t.Fatal("the capability was dropped on the leader, not another thread")
+	}
+	ok, got, err := ProcThreadsNetAdmin(pid)
+	if ok || got != tid || err != nil {
+		t.Errorf("thread %d dropped CAP_NET_ADMIN: ProcThreadsNetAdmin %v, thread %d, %v; want false, %d", tid, ok, got, err, tid)
+	}
+	for _, id := range []uint32{pid, tid} {
+		p, err := procfs.NewProc(int(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := p.NewStatus()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if capEff, err := procCapEff(id); err != nil || capEff != st.CapEff {
+			t.Errorf("task %d: capget %#x (%v), /proc status CapEff %#x", id, capEff, err, st.CapEff)
+		}
+	}
+	if _, err := procCapEff(0); err == nil {
+		t.Error("procCapEff(0) read the daemon's own capabilities")
 	}
 }
 

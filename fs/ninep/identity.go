@@ -275,26 +275,16 @@ func closeOnExec(p string) bool {
 // another, whose capabilities are not the socket's.
 func (h *holders) holderNetAdmin(p string) (bool, string) {
 	pid, _ := strconv.ParseUint(strings.SplitN(strings.TrimPrefix(p, "/proc/"), "/", 2)[0], 10, 32)
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil || len(tasks) == 0 {
+	ok, tid, err := fs.ProcThreadsNetAdmin(uint32(pid))
+	switch {
+	case ok:
+		return true, ""
+	case err != nil:
 		return false, fmt.Sprintf("pid %d, holding the client's socket, cannot be looked into: %v", pid, err)
+	case uint64(tid) == pid:
+		return false, fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", pid)
 	}
-	for _, t := range tasks {
-		tid, err := strconv.ParseUint(t.Name(), 10, 32)
-		if err != nil {
-			continue
-		}
-		if !fs.ProcNetAdmin(uint32(tid)) {
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", pid, tid)); errors.Is(err, os.ErrNotExist) {
-				continue // a thread that ended meanwhile
-			}
-			if tid == pid {
-				return false, fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", pid)
-			}
-			return false, fmt.Sprintf("pid %d holds the client's socket and its thread %d has no CAP_NET_ADMIN", pid, tid)
-		}
-	}
-	return true, ""
+	return false, fmt.Sprintf("pid %d holds the client's socket and its thread %d has no CAP_NET_ADMIN", pid, tid)
 }
 
 // procShowsAll says why the daemon's /proc may not show it every process (mounted with
