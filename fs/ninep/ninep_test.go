@@ -809,3 +809,21 @@ func rawAttach(t *testing.T, root *fs.Node, o Options) (p9.File, func()) {
 	}
 	return r, end
 }
+
+// A store takes at most a page per write and answers short (as sysfs's); the client's
+// WriteFile writes the rest as write(2) in a loop does, each part a store of its own:
+// here the second page's value is the one umcast keeps (its parser, sscanf's %d, reads
+// the first number of a page and ignores what follows).
+func TestWriteFileLoopsOnShortWrites(t *testing.T) {
+	v := newEnv(t)
+	c := pipeClient(t, v.tree.Root(), Options{})
+	first := "1" + strings.Repeat(" ", 4095)
+	for _, w := range []struct{ data, want string }{{first, "1\n"}, {first + "0\n", "0\n"}} {
+		if err := c.WriteFile("class/net/ib0/umcast", []byte(w.data)); err != nil {
+			t.Fatalf("a write of %d bytes to umcast: %v", len(w.data), err)
+		}
+		if got, err := c.ReadFile("class/net/ib0/umcast"); err != nil || string(got) != w.want {
+			t.Errorf("umcast %q, %v after a write of %d bytes; want %q", got, err, len(w.data), w.want)
+		}
+	}
+}
