@@ -175,3 +175,50 @@ func TestNetAdminHoldersSeenAtEachWrite(t *testing.T) {
 		t.Errorf("tx_queue_len %d, want 1003", n)
 	}
 }
+
+// A /proc mounted with hidepid hides other users' processes from a daemon without
+// CAP_SYS_PTRACE, so a holder of the socket could be passed over: then no connection
+// counts as privileged. With CAP_SYS_PTRACE, or with subset=pid (which hides no
+// process), the look goes on. The /proc of a mount namespace of the test's own is
+// remounted (unshare -m), the host's stays as it is.
+func TestHidepidProcMakesNobodyPrivileged(t *testing.T) {
+	if mode := os.Getenv("IPOIBFS_HIDEPID_CHILD"); mode != "" {
+		ok, why := (&holders{want: "socket:[0]"}).netAdmin()
+		fmt.Printf("showsall=%v netadmin=%v why=%s\n", procShowsAll(), ok, why)
+		return
+	}
+	testenv.Root(t)
+	unshare, setpriv := testenv.Tool(t, "unshare"), testenv.Tool(t, "setpriv")
+	for _, c := range []struct {
+		opts  string
+		drop  bool // CAP_SYS_PTRACE
+		blind bool
+	}{
+		{"hidepid=invisible", true, true},
+		{"hidepid=2", true, true},
+		{"hidepid=invisible", false, false},
+		{"subset=pid", true, false},
+		{"hidepid=0", true, false},
+	} {
+		script := "mount -t proc -o " + c.opts + " proc /proc && exec \"$@\""
+		args := []string{"-m", "--propagation", "private", "--", "sh", "-c", script, "sh"}
+		if c.drop {
+			args = append(args, setpriv, "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace", "--")
+		}
+		args = append(args, os.Args[0], "-test.run=^TestHidepidProcMakesNobodyPrivileged$")
+		cmd := exec.Command(unshare, args...)
+		cmd.Env = append(os.Environ(), "IPOIBFS_HIDEPID_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s, CAP_SYS_PTRACE dropped %v: %v: %s", c.opts, c.drop, err, out)
+		}
+		s := string(out)
+		if c.blind {
+			if !strings.Contains(s, "showsall=the socket's holders cannot all be found: /proc is mounted with hidepid") || !strings.Contains(s, "netadmin=false why=the socket's holders cannot all be found") {
+				t.Errorf("/proc with %s, the daemon without CAP_SYS_PTRACE: %s", c.opts, s)
+			}
+		} else if !strings.Contains(s, "showsall=<nil>") {
+			t.Errorf("/proc with %s, CAP_SYS_PTRACE dropped %v: %s", c.opts, c.drop, s)
+		}
+	}
+}
