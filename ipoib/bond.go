@@ -49,6 +49,16 @@ type BondDevices interface {
 	DeleteBond(b *Bond)
 }
 
+// OtherDevices is BondDevices that can also say whether the namespace has a kernel
+// device of a name that is neither an interface nor a bond of the engine (lo, eth0),
+// and whether it is up: the driver looks a slave's name up among all the namespace's
+// devices, so a write naming such a device gets the errno the driver gives for it
+// (EPERM while up, EINVAL for another device type or a device that is no slave), not
+// ENODEV.
+type OtherDevices interface {
+	OtherDevice(name string) (up, exists bool)
+}
+
 // LinkLocalHost is a bond's Host that keeps the bond's IPv6 link-local address on its
 // device: the kernel derives it from the bond's first InfiniBand address (its first
 // slave's GUID) and keeps it through failovers.
@@ -224,6 +234,18 @@ func NewBonds(e *Engine) *Bonds {
 	bs.unwatch = cancel
 	go bs.watch(ch)
 	return bs
+}
+
+// otherDevice asks the devices' maker about a device that is not the engine's (see
+// OtherDevices); false when it cannot tell.
+func (bs *Bonds) otherDevice(name string) (up, exists bool) {
+	bs.mu.Lock()
+	od, ok := bs.devs.(OtherDevices)
+	bs.mu.Unlock()
+	if !ok || name == "" {
+		return false, false
+	}
+	return od.OtherDevice(name)
 }
 
 // SetDevices installs the device maker for bonds created from now on.
@@ -1114,7 +1136,7 @@ func (b *Bond) setActiveSlave(val string) error {
 		return nil
 	}
 	if !known {
-		if isBond {
+		if _, other := b.bs.otherDevice(name); isBond || other {
 			return b.err("active_slave", syscall.EINVAL, "Device %s is not bonding slave", name)
 		}
 		return b.err("active_slave", syscall.ENODEV, "no interface %s", name)
@@ -1138,7 +1160,8 @@ func (b *Bond) setActiveSlave(val string) error {
 }
 
 // Enslave makes interface name a slave (bond_enslave), in the driver's order of
-// checks: not an interface of this engine ENODEV (a bond EPERM), already a slave
+// checks: no such device ENODEV (a bond EPERM; another device of the namespace EPERM
+// while up, else EINVAL beside slaves and EOPNOTSUPP without), already a slave
 // EBUSY, up EPERM (ifenslave and ifup bring a slave down first), another partition
 // than the other slaves EINVAL (the driver's "different type"), fail_over_mac other
 // than active once there are slaves EOPNOTSUPP, and the bond's MTU refused by the
@@ -1152,7 +1175,24 @@ func (b *Bond) Enslave(name string) error {
 		if _, isBond := b.bs.Bond(name); isBond {
 			return b.err("enslave", syscall.EPERM, "%s is a bond: only IPoIB interfaces can be slaves", name)
 		}
-		return b.err("enslave", syscall.ENODEV, "interface %s does not exist", name)
+		up, other := b.bs.otherDevice(name)
+		if !other {
+			return b.err("enslave", syscall.ENODEV, "interface %s does not exist", name)
+		}
+		// A device of the namespace that is not an IPoIB interface of the engine, in
+		// the driver's order: up, then another type than the slaves'. With no slave
+		// yet the driver would turn the bond into one of that type: here bonds are
+		// IPoIB only.
+		if up {
+			return b.err("enslave", syscall.EPERM, "Device %s can not be enslaved while up", name)
+		}
+		b.mu.Lock()
+		slaves := len(b.slaves)
+		b.mu.Unlock()
+		if slaves > 0 {
+			return b.err("enslave", syscall.EINVAL, "Device %s type is different from other slaves", name)
+		}
+		return b.err("enslave", syscall.EOPNOTSUPP, "%s is not an IPoIB interface of this engine: only those can be slaves here", name)
 	}
 	b.mu.Lock()
 	var acts []func()
@@ -1273,12 +1313,20 @@ func (b *Bond) hostSetupLocked(mtuChanged, llChanged bool) []func() {
 	}}
 }
 
-// Release takes interface name out of the bond (bond_release): not an interface
-// ENODEV, not a slave of this bond EINVAL. A released slave gets its MTU back and is
+// Release takes interface name out of the bond (bond_release): no such device ENODEV,
+// not a slave of this bond (or a device that is not an interface) EINVAL. A released slave gets its MTU back and is
 // closed, as the driver leaves it.
 func (b *Bond) Release(name string) error {
 	i, ok := b.bs.e.Interface(name)
 	if !ok {
+		// A bond or another device of the namespace exists and is no slave: the
+		// driver's "cannot release" (EINVAL).
+		if _, isBond := b.bs.Bond(name); isBond {
+			return b.err("release", syscall.EINVAL, "cannot release %s: not a slave of %s", name, b.name)
+		}
+		if _, other := b.bs.otherDevice(name); other {
+			return b.err("release", syscall.EINVAL, "cannot release %s: not a slave of %s", name, b.name)
+		}
 		return b.err("release", syscall.ENODEV, "interface %s does not exist", name)
 	}
 	return b.release(i, name)

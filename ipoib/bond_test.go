@@ -278,6 +278,61 @@ func TestBondMTU(t *testing.T) {
 	}
 }
 
+// otherDevs is a namespace's devices that are not the engine's: name to up.
+type otherDevs map[string]bool
+
+func (otherDevs) CreateBond(*Bond) error { return nil }
+func (otherDevs) DeleteBond(*Bond)       {}
+func (o otherDevs) OtherDevice(name string) (up, exists bool) {
+	up, exists = o[name]
+	return up, exists
+}
+
+// A write naming a device of the namespace that is not the engine's (lo, eth1) gets the
+// driver's errno for it, which looks names up among all the namespace's devices: EPERM
+// to enslave one that is up, EINVAL for one of another type beside slaves (and
+// EOPNOTSUPP before any: the driver would make the bond that type), EINVAL to release
+// or make active one that is no slave; only a name no device has is ENODEV.
+func TestBondOtherDevicesErrnos(t *testing.T) {
+	r := newRig(t)
+	e := r.engine("a", 2, Options{})
+	bs := NewBonds(e)
+	t.Cleanup(bs.Close)
+	bs.SetDevices(otherDevs{"lo": true, "eth1": false})
+	b, err := bs.Create("bond0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bs.Create("bond1"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(name, val string, want syscall.Errno) {
+		t.Helper()
+		err := b.SetOption(name, val)
+		var errno syscall.Errno
+		if err != nil && !errors.As(err, &errno) {
+			t.Fatalf("%s %q: %v is not an errno", name, val, err)
+		}
+		if errno != want {
+			t.Errorf("%s %q: %v, want %v", name, val, err, want)
+		}
+	}
+	check("slaves", "+lo\n", syscall.EPERM)
+	check("slaves", "+eth1\n", syscall.EOPNOTSUPP)
+	check("slaves", "+eth9\n", syscall.ENODEV)
+	check("slaves", "-lo\n", syscall.EINVAL)
+	check("slaves", "-bond1\n", syscall.EINVAL)
+	check("slaves", "-eth9\n", syscall.ENODEV)
+	check("active_slave", "lo\n", syscall.EINVAL)
+	check("active_slave", "eth9\n", syscall.ENODEV)
+	check("slaves", "+ib1\n", 0)
+	check("slaves", "+eth1\n", syscall.EINVAL)
+	check("slaves", "+lo\n", syscall.EPERM)
+	if got, _ := b.Option("slaves"); got != "ib1\n" {
+		t.Errorf("slaves %q after the refused writes, want ib1", got)
+	}
+}
+
 // The option rules, as bond_opt_parse and the set functions have them.
 func TestBondOptionRules(t *testing.T) {
 	r := newRig(t)

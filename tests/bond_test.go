@@ -216,16 +216,27 @@ echo +bond0 > class/net/bonding_masters
 cat class/net/bonding_masters
 ( echo balance-rr > class/net/bond0/bonding/mode ) 2>&1 | sed 's/.*: //'
 ( echo +ib0 > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
+# lo is the namespace's, not the engine's: the driver's errnos for it.
+ip -n `+td.ns+` link set lo down
+( echo +lo > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
 ip -n `+td.ns+` link set ib0 down
 ip -n `+td.ns+` link set ib1 down
 # The engine follows the devices through netlink, a moment after ip returns.
 for i in ib0 ib1; do n=0; until [ "$(cat class/net/$i/flags)" = 0x1002 ] || [ $n -gt 200 ]; do sleep 0.05; n=$((n+1)); done; done
 echo +ib0 > class/net/bond0/bonding/slaves
 echo +ib1 > class/net/bond0/bonding/slaves
+( echo +lo > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
+ip -n `+td.ns+` link set lo up
+( echo +lo > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
+( echo -lo > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
+( echo lo > class/net/bond0/bonding/active_slave ) 2>&1 | sed 's/.*: //'
+( echo +eth9 > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
 ( echo 65520 > class/net/bond0/mtu ) 2>&1 | sed 's/.*: //'
 cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/fail_over_mac
 }`)
-	want := "bond0\nInvalid argument\nOperation not permitted\nInvalid argument\nib0 ib1\n32\nactive 1\n"
+	want := "bond0\nInvalid argument\nOperation not permitted\nOperation not supported\n" +
+		"Invalid argument\nOperation not permitted\nInvalid argument\nInvalid argument\nNo such device\n" +
+		"Invalid argument\nib0 ib1\n32\nactive 1\n"
 	if out != want {
 		t.Fatalf("transcript:\n%s\nwant:\n%s", out, want)
 	}

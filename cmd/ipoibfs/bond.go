@@ -77,6 +77,12 @@ func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 	return nil
 }
 
+// OtherDevice says whether the bonds' namespace has a device of that name, and whether
+// it is up (ipoib.OtherDevices: the driver's errnos for lo, eth0 and the like).
+func (bb *bondBridges) OtherDevice(name string) (up, exists bool) {
+	return kernel.LinkUp(bb.netns, name)
+}
+
 // DeleteBond removes the bond's device.
 func (bb *bondBridges) DeleteBond(b *ipoib.Bond) {
 	bb.mu.Lock()
@@ -261,6 +267,7 @@ var (
 	_ ipoib.UserFlagsHost = (*bondBridge)(nil)
 	_ ipoib.AdminHost     = (*bondBridge)(nil)
 	_ ipoib.AliasHost     = (*bondBridge)(nil)
+	_ ipoib.OtherDevices  = (*bondBridges)(nil)
 	_ ipoib.AliasReader   = (*bondBridge)(nil)
 )
 

@@ -179,6 +179,9 @@ func LinkAddrs(netnsName, name string) ([]netip.Prefix, error) {
 // LinkExists reports false.
 func LinkExists(netnsName, name string) bool { return false }
 
+// LinkUp reports no interface.
+func LinkUp(netnsName, name string) (up, exists bool) { return false, false }
+
 // Queue is one of a device's TUN queues; none exist here.
 type Queue struct{ d *Device }
 

@@ -189,6 +189,21 @@ func LinkExists(netnsName, name string) bool {
 	return err == nil
 }
 
+// LinkUp reports whether an interface of that name exists in the namespace, and
+// whether it is administratively up (IFF_UP).
+func LinkUp(netnsName, name string) (up, exists bool) {
+	h, closeNS, err := nsHandle(netnsName)
+	if err != nil {
+		return false, false
+	}
+	defer closeNS()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return false, false
+	}
+	return l.Attrs().RawFlags&unix.IFF_UP != 0, true
+}
+
 // nsHandle is a netlink handle whose socket lives in the named namespace.
 func nsHandle(netnsName string) (*netlink.Handle, func(), error) {
 	if err := validNetNS(netnsName); err != nil {
