@@ -32,6 +32,36 @@ func runHolder(role string) {
 			os.Exit(1)
 		}
 		select {}
+	case "unshared":
+		// A thread that leaves the process's descriptor table (unshare(CLONE_FILES))
+		// and takes the socket into its own, which /proc/<pid>/fd does not show.
+		got := make(chan error)
+		var take func()
+		take = func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the process
+			if unix.Gettid() == unix.Getpid() {
+				go take() // the first thread's table is /proc/<pid>/fd's: another
+				select {}
+			}
+			if err := unix.Unshare(unix.CLONE_FILES); err != nil {
+				got <- err
+				return
+			}
+			fmt.Printf("ready %d\n", unix.Gettid())
+			buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+			_, oobn, _, _, err := unix.Recvmsg(3, buf, oob, 0)
+			if err == nil && oobn == 0 {
+				err = errors.New("no descriptor")
+			}
+			got <- err
+			select {}
+		}
+		go take()
+		if err := <-got; err != nil {
+			fmt.Println("unshared:", err)
+			os.Exit(1)
+		}
+		select {}
 	case "thread":
 		done := make(chan error)
 		var drop func()
@@ -100,7 +130,7 @@ func startHolder(t *testing.T, role string, wrap []string, files ...*os.File) *e
 // process that already existed and is handed the client's socket (SCM_RIGHTS) after a
 // write makes the next one refused, though no process was made meanwhile; and a holder
 // one of whose threads has dropped the capability (credentials are a thread's) has it
-// not.
+// not, nor has one whose thread holds the socket in a descriptor table of its own.
 func TestNetAdminHoldersSeenAtEachWrite(t *testing.T) {
 	testenv.Root(t)
 	setpriv := testenv.Tool(t, "setpriv")
@@ -171,6 +201,46 @@ func TestNetAdminHoldersSeenAtEachWrite(t *testing.T) {
 	}
 	_ = th.Process.Kill()
 	_ = th.Wait()
+
+	// A process without it whose thread took the socket into a descriptor table of
+	// its own.
+	pair, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine2, theirs2 := os.NewFile(uintptr(pair[0]), "mine"), os.NewFile(uintptr(pair[1]), "theirs")
+	defer mine2.Close()
+	un := startHolder(t, "unshared", []string{setpriv, "--bounding-set=-net_admin", "--"}, theirs2)
+	theirs2.Close()
+	cf, err = conn.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(int(mine2.Fd()), []byte{0}, unix.UnixRights(int(cf.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	cf.Close()
+	waitFor(t, "the unshared thread holding the socket", func() bool {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", un.Process.Pid))
+		for _, tk := range tasks {
+			dir := fmt.Sprintf("/proc/%d/task/%s/fd/", un.Process.Pid, tk.Name())
+			fds, _ := os.ReadDir(dir)
+			for _, fd := range fds {
+				if l, _ := os.Readlink(dir + fd.Name()); l == want {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if err := write(1005); !errors.Is(err, linux.EPERM) {
+		t.Errorf("a holder without CAP_NET_ADMIN in a thread's own descriptor table: %v, want EPERM", err)
+	}
+	if lines := v.log.Take(); len(lines) == 0 || !strings.Contains(lines[len(lines)-1], fmt.Sprintf("pid %d holds the client's socket without CAP_NET_ADMIN", un.Process.Pid)) {
+		t.Errorf("log %q, want the refusal naming the process of the unshared thread", lines)
+	}
+	_ = un.Process.Kill()
+	_ = un.Wait()
 	if n := v.ib0.TxQueueLen(); n != 1003 {
 		t.Errorf("tx_queue_len %d, want 1003", n)
 	}

@@ -357,11 +357,14 @@ func (h *holders) scan() (ok bool, why string, transient bool) {
 }
 
 // procHolds returns the path of a descriptor of process dir (/proc/<pid>) that is the
-// socket, "" for none. A process whose first thread has exited shows no descriptors
-// there, its other threads do: they are looked at then.
+// socket, "" for none. A process's threads share its descriptor table unless one has
+// left it with unshare(CLONE_FILES): such a thread's own table is looked at too, found
+// by kcmp(2) as CRIU finds them (every other thread's is, where kcmp cannot tell). A
+// process whose first thread has exited shows no descriptors there: its other
+// threads' tables are looked at then.
 func (h *holders) procHolds(dir string) (string, error) {
 	path, n, err := h.fdsHold(dir + "/fd/")
-	if err != nil || path != "" || n > 0 {
+	if err != nil || path != "" {
 		return path, err
 	}
 	tasks, err := os.ReadDir(dir + "/task")
@@ -371,12 +374,30 @@ func (h *holders) procHolds(dir string) (string, error) {
 	if err != nil || len(tasks) < 2 {
 		return "", err
 	}
+	pid, _ := strconv.Atoi(strings.TrimPrefix(dir, "/proc/"))
 	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil || tid == pid {
+			continue
+		}
+		if n > 0 && sameFiles(pid, tid) {
+			continue // the leader's table, looked at already
+		}
 		if path, _, err := h.fdsHold(dir + "/task/" + t.Name() + "/fd/"); err != nil || path != "" {
 			return path, err
 		}
 	}
 	return "", nil
+}
+
+// kcmpFiles is KCMP_FILES (linux/kcmp.h), which x/sys/unix does not name.
+const kcmpFiles = 2
+
+// sameFiles says whether two tasks share one descriptor table (kcmp(2), which needs
+// ptrace's read access to both); false when it cannot tell.
+func sameFiles(pid, tid int) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(tid), kcmpFiles, 0, 0, 0)
+	return errno == 0 && r == 0
 }
 
 // fdsHold looks through one descriptor table (a /proc/.../fd/ directory) for the
