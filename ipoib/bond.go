@@ -1121,11 +1121,13 @@ func (b *Bond) setActiveSlave(val string) error {
 	// The names are looked up before Bond.mu is taken, as Enslave does: Bonds.mu and
 	// Engine.mu come before it in the lock order (package doc).
 	var i *Interface
-	var known, isBond bool
+	var known, isBond, other bool
 	if !clear {
 		i, known = b.bs.e.Interface(name)
 		if !known {
-			_, isBond = b.bs.Bond(name)
+			if _, isBond = b.bs.Bond(name); !isBond {
+				_, other = b.bs.otherDevice(name)
+			}
 		}
 	}
 	b.mu.Lock()
@@ -1136,7 +1138,7 @@ func (b *Bond) setActiveSlave(val string) error {
 		return nil
 	}
 	if !known {
-		if _, other := b.bs.otherDevice(name); isBond || other {
+		if isBond || other {
 			return b.err("active_slave", syscall.EINVAL, "Device %s is not bonding slave", name)
 		}
 		return b.err("active_slave", syscall.ENODEV, "no interface %s", name)
