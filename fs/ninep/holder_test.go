@@ -292,3 +292,55 @@ func TestHidepidProcMakesNobodyPrivileged(t *testing.T) {
 		}
 	}
 }
+
+// A daemon without CAP_SYS_ADMIN still finds a unix client's socket in its own network
+// namespace: sock_diag is asked there without setns (which needs the capability).
+func TestUnixPeerWithoutSysAdmin(t *testing.T) {
+	if os.Getenv("IPOIBFS_NOSYSADMIN_CHILD") != "" {
+		dir, err := os.MkdirTemp("", "nosysadmin")
+		if err != nil {
+			fmt.Println("tempdir:", err)
+			return
+		}
+		defer os.RemoveAll(dir)
+		l, err := net.Listen("unix", filepath.Join(dir, "s"))
+		if err != nil {
+			fmt.Println("listen:", err)
+			return
+		}
+		defer l.Close()
+		cl, err := net.Dial("unix", filepath.Join(dir, "s"))
+		if err != nil {
+			fmt.Println("dial:", err)
+			return
+		}
+		defer cl.Close()
+		sc, err := l.Accept()
+		if err != nil {
+			fmt.Println("accept:", err)
+			return
+		}
+		defer sc.Close()
+		var st unix.Stat_t
+		raw, _ := cl.(*net.UnixConn).SyscallConn()
+		_ = raw.Control(func(fd uintptr) { _ = unix.Fstat(int(fd), &st) })
+		peer, err := unixPeerInode(sc)
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var d [2]unix.CapUserData
+		_ = unix.Capget(&hdr, &d[0])
+		fmt.Printf("sysadmin=%v peer=%v err=%v\n", d[0].Effective&(1<<unix.CAP_SYS_ADMIN) != 0, peer == st.Ino, err)
+		return
+	}
+	testenv.Root(t)
+	setpriv := testenv.Tool(t, "setpriv")
+	cmd := exec.Command(setpriv, "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "--",
+		os.Args[0], "-test.run=^TestUnixPeerWithoutSysAdmin$")
+	cmd.Env = append(os.Environ(), "IPOIBFS_NOSYSADMIN_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !strings.Contains(string(out), "sysadmin=false peer=true err=<nil>") {
+		t.Errorf("without CAP_SYS_ADMIN: %s", out)
+	}
+}
