@@ -49,14 +49,21 @@ type BondDevices interface {
 	DeleteBond(b *Bond)
 }
 
-// OtherDevices is BondDevices that can also say whether the namespace has a kernel
-// device of a name that is neither an interface nor a bond of the engine (lo, eth0),
-// and whether it is up: the driver looks a slave's name up among all the namespace's
-// devices, so a write naming such a device gets the errno the driver gives for it
-// (EPERM while up, EINVAL for another device type or a device that is no slave), not
-// ENODEV.
+// OtherDevices is BondDevices that can also describe the namespace's kernel device of
+// a name that is neither an interface nor a bond of the engine (lo, eth0, or an
+// alternative name of one of the engine's devices): the driver looks a slave's name up
+// among all the namespace's devices, so a write naming such a device gets the errno
+// the driver gives for it, not ENODEV.
 type OtherDevices interface {
-	OtherDevice(name string) (up, exists bool)
+	OtherDevice(name string) (OtherDevice, bool)
+}
+
+// OtherDevice is what bond_enslave looks at on a device that is not the engine's.
+type OtherDevice struct {
+	Name   string // its name: the one asked for may be an alternative name
+	Up     bool   // IFF_UP
+	Master bool   // IFF_MASTER on a device that is not a bond
+	Busy   bool   // its receive handler is taken: a bridge's or another bond's port, a macvlan's lower device
 }
 
 // LinkLocalHost is a bond's Host that keeps the bond's IPv6 link-local address on its
@@ -237,15 +244,31 @@ func NewBonds(e *Engine) *Bonds {
 }
 
 // otherDevice asks the devices' maker about a device that is not the engine's (see
-// OtherDevices); false when it cannot tell.
-func (bs *Bonds) otherDevice(name string) (up, exists bool) {
+// OtherDevices); false when there is none or it cannot tell.
+func (bs *Bonds) otherDevice(name string) (OtherDevice, bool) {
 	bs.mu.Lock()
 	od, ok := bs.devs.(OtherDevices)
 	bs.mu.Unlock()
 	if !ok || name == "" {
-		return false, false
+		return OtherDevice{}, false
 	}
 	return od.OtherDevice(name)
+}
+
+// engineName is the engine's name for a device that the namespace knows by another
+// (an alternative name): "" unless that device is an interface or a bond of the
+// engine.
+func (bs *Bonds) engineName(d OtherDevice, asked string) string {
+	if d.Name == asked {
+		return ""
+	}
+	if _, ok := bs.e.Interface(d.Name); ok {
+		return d.Name
+	}
+	if _, ok := bs.Bond(d.Name); ok {
+		return d.Name
+	}
+	return ""
 }
 
 // SetDevices installs the device maker for bonds created from now on.
@@ -1126,7 +1149,14 @@ func (b *Bond) setActiveSlave(val string) error {
 		i, known = b.bs.e.Interface(name)
 		if !known {
 			if _, isBond = b.bs.Bond(name); !isBond {
-				_, other = b.bs.otherDevice(name)
+				var d OtherDevice
+				if d, other = b.bs.otherDevice(name); other {
+					if n := b.bs.engineName(d, name); n != "" {
+						name = n // an alternative name of the engine's device
+						i, known = b.bs.e.Interface(name)
+						_, isBond = b.bs.Bond(name)
+					}
+				}
 			}
 		}
 	}
@@ -1163,7 +1193,9 @@ func (b *Bond) setActiveSlave(val string) error {
 
 // Enslave makes interface name a slave (bond_enslave), in the driver's order of
 // checks: no such device ENODEV (a bond EPERM; another device of the namespace EPERM
-// while up, else EINVAL beside slaves and EOPNOTSUPP without), already a slave
+// when a master, EBUSY in use, EPERM while up, else EINVAL beside slaves and
+// EOPNOTSUPP without; an alternative name of an engine's device is that device),
+// already a slave
 // EBUSY, up EPERM (ifenslave and ifup bring a slave down first), another partition
 // than the other slaves EINVAL (the driver's "different type"), fail_over_mac other
 // than active once there are slaves EOPNOTSUPP, and the bond's MTU refused by the
@@ -1177,15 +1209,23 @@ func (b *Bond) Enslave(name string) error {
 		if _, isBond := b.bs.Bond(name); isBond {
 			return b.err("enslave", syscall.EPERM, "%s is a bond: only IPoIB interfaces can be slaves", name)
 		}
-		up, other := b.bs.otherDevice(name)
+		d, other := b.bs.otherDevice(name)
 		if !other {
 			return b.err("enslave", syscall.ENODEV, "interface %s does not exist", name)
 		}
+		if n := b.bs.engineName(d, name); n != "" {
+			return b.Enslave(n) // an alternative name of the engine's device
+		}
 		// A device of the namespace that is not an IPoIB interface of the engine, in
-		// the driver's order: up, then another type than the slaves'. With no slave
-		// yet the driver would turn the bond into one of that type: here bonds are
-		// IPoIB only.
-		if up {
+		// the driver's order: a master that is not a bond, a device in use, up,
+		// then another type than the slaves'. With no slave yet the driver would
+		// turn the bond into one of that type: here bonds are IPoIB only.
+		switch {
+		case d.Master:
+			return b.err("enslave", syscall.EPERM, "Device %s is a master device (not a bond) and cannot be enslaved", name)
+		case d.Busy:
+			return b.err("enslave", syscall.EBUSY, "Device %s is in use and cannot be enslaved", name)
+		case d.Up:
 			return b.err("enslave", syscall.EPERM, "Device %s can not be enslaved while up", name)
 		}
 		b.mu.Lock()
@@ -1326,7 +1366,10 @@ func (b *Bond) Release(name string) error {
 		if _, isBond := b.bs.Bond(name); isBond {
 			return b.err("release", syscall.EINVAL, "cannot release %s: not a slave of %s", name, b.name)
 		}
-		if _, other := b.bs.otherDevice(name); other {
+		if d, other := b.bs.otherDevice(name); other {
+			if n := b.bs.engineName(d, name); n != "" {
+				return b.Release(n) // an alternative name of the engine's device
+			}
 			return b.err("release", syscall.EINVAL, "cannot release %s: not a slave of %s", name, b.name)
 		}
 		return b.err("release", syscall.ENODEV, "interface %s does not exist", name)

@@ -278,27 +278,31 @@ func TestBondMTU(t *testing.T) {
 	}
 }
 
-// otherDevs is a namespace's devices that are not the engine's: name to up.
-type otherDevs map[string]bool
+// otherDevs is a namespace's devices that are not the engine's, by every name.
+type otherDevs map[string]OtherDevice
 
 func (otherDevs) CreateBond(*Bond) error { return nil }
 func (otherDevs) DeleteBond(*Bond)       {}
-func (o otherDevs) OtherDevice(name string) (up, exists bool) {
-	up, exists = o[name]
-	return up, exists
+func (o otherDevs) OtherDevice(name string) (OtherDevice, bool) {
+	d, ok := o[name]
+	return d, ok
 }
 
 // A write naming a device of the namespace that is not the engine's (lo, eth1) gets the
-// driver's errno for it, which looks names up among all the namespace's devices: EPERM
-// to enslave one that is up, EINVAL for one of another type beside slaves (and
-// EOPNOTSUPP before any: the driver would make the bond that type), EINVAL to release
-// or make active one that is no slave; only a name no device has is ENODEV.
+// driver's errno for it, which looks names up among all the namespace's devices, in
+// bond_enslave's order: EPERM for a master that is not a bond, EBUSY for a device in
+// use (a bridge port), EPERM for one that is up, EINVAL for one of another type beside
+// slaves (and EOPNOTSUPP before any: the driver would make the bond that type), EINVAL
+// to release or make active one that is no slave; only a name no device has is ENODEV.
+// An alternative name of an engine interface's device names that interface.
 func TestBondOtherDevicesErrnos(t *testing.T) {
 	r := newRig(t)
 	e := r.engine("a", 2, Options{})
 	bs := NewBonds(e)
 	t.Cleanup(bs.Close)
-	bs.SetDevices(otherDevs{"lo": true, "eth1": false})
+	bs.SetDevices(otherDevs{"lo": {Name: "lo", Up: true}, "eth1": {Name: "eth1"},
+		"eql": {Name: "eql", Master: true}, "v0": {Name: "v0", Busy: true}, "v2": {Name: "v2", Up: true, Busy: true},
+		"slot1": {Name: "ib1"}, "ib1": {Name: "ib1"}})
 	b, err := bs.Create("bond0")
 	if err != nil {
 		t.Fatal(err)
@@ -319,17 +323,25 @@ func TestBondOtherDevicesErrnos(t *testing.T) {
 	}
 	check("slaves", "+lo\n", syscall.EPERM)
 	check("slaves", "+eth1\n", syscall.EOPNOTSUPP)
+	check("slaves", "+eql\n", syscall.EPERM)
+	check("slaves", "+v0\n", syscall.EBUSY)
+	check("slaves", "+v2\n", syscall.EBUSY)
 	check("slaves", "+eth9\n", syscall.ENODEV)
 	check("slaves", "-lo\n", syscall.EINVAL)
 	check("slaves", "-bond1\n", syscall.EINVAL)
 	check("slaves", "-eth9\n", syscall.ENODEV)
 	check("active_slave", "lo\n", syscall.EINVAL)
 	check("active_slave", "eth9\n", syscall.ENODEV)
-	check("slaves", "+ib1\n", 0)
+	check("slaves", "+slot1\n", 0) // ib1's device by an alternative name
 	check("slaves", "+eth1\n", syscall.EINVAL)
+	check("slaves", "+v0\n", syscall.EBUSY)
 	check("slaves", "+lo\n", syscall.EPERM)
 	if got, _ := b.Option("slaves"); got != "ib1\n" {
 		t.Errorf("slaves %q after the refused writes, want ib1", got)
+	}
+	check("slaves", "-slot1\n", 0)
+	if got, _ := b.Option("slaves"); got != "" {
+		t.Errorf("slaves %q after -slot1, want none", got)
 	}
 }
 

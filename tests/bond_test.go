@@ -231,11 +231,23 @@ ip -n `+td.ns+` link set lo up
 ( echo -lo > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
 ( echo lo > class/net/bond0/bonding/active_slave ) 2>&1 | sed 's/.*: //'
 ( echo +eth9 > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
+# A bridge's port is in use (EBUSY); ib1's device by an alternative name is ib1.
+ip -n `+td.ns+` link add br9 type bridge
+ip -n `+td.ns+` link add v9 type veth peer name v10
+ip -n `+td.ns+` link set v9 master br9
+( echo +v9 > class/net/bond0/bonding/slaves ) 2>&1 | sed 's/.*: //'
+ip -n `+td.ns+` link del v9
+ip -n `+td.ns+` link del br9
+ip -n `+td.ns+` link property add dev ib1 altname slot1
+echo -slot1 > class/net/bond0/bonding/slaves
+cat class/net/bond0/bonding/slaves
+echo +slot1 > class/net/bond0/bonding/slaves
 ( echo 65520 > class/net/bond0/mtu ) 2>&1 | sed 's/.*: //'
 cat class/net/bond0/bonding/slaves class/net/bond0/type class/net/bond0/bonding/fail_over_mac
 }`)
 	want := "bond0\nInvalid argument\nOperation not permitted\nOperation not supported\n" +
 		"Invalid argument\nOperation not permitted\nInvalid argument\nInvalid argument\nNo such device\n" +
+		"Device or resource busy\nib0\n" +
 		"Invalid argument\nib0 ib1\n32\nactive 1\n"
 	if out != want {
 		t.Fatalf("transcript:\n%s\nwant:\n%s", out, want)

@@ -77,10 +77,11 @@ func (bb *bondBridges) CreateBond(b *ipoib.Bond) error {
 	return nil
 }
 
-// OtherDevice says whether the bonds' namespace has a device of that name, and whether
-// it is up (ipoib.OtherDevices: the driver's errnos for lo, eth0 and the like).
-func (bb *bondBridges) OtherDevice(name string) (up, exists bool) {
-	return kernel.LinkUp(bb.netns, name)
+// OtherDevice describes the bonds' namespace's device of that name (ipoib.OtherDevices:
+// the driver's errnos for lo, eth0 and the like, and alternative names).
+func (bb *bondBridges) OtherDevice(name string) (ipoib.OtherDevice, bool) {
+	l, ok := kernel.LookupLink(bb.netns, name)
+	return ipoib.OtherDevice{Name: l.Name, Up: l.Up, Master: l.Master, Busy: l.Busy}, ok
 }
 
 // DeleteBond removes the bond's device.

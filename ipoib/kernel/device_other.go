@@ -179,8 +179,14 @@ func LinkAddrs(netnsName, name string) ([]netip.Prefix, error) {
 // LinkExists reports false.
 func LinkExists(netnsName, name string) bool { return false }
 
-// LinkUp reports no interface.
-func LinkUp(netnsName, name string) (up, exists bool) { return false, false }
+// LinkInfo describes a device (netns_linux.go).
+type LinkInfo struct {
+	Name             string
+	Up, Master, Busy bool
+}
+
+// LookupLink reports no interface.
+func LookupLink(netnsName, name string) (LinkInfo, bool) { return LinkInfo{}, false }
 
 // Queue is one of a device's TUN queues; none exist here.
 type Queue struct{ d *Device }

@@ -189,19 +189,53 @@ func LinkExists(netnsName, name string) bool {
 	return err == nil
 }
 
-// LinkUp reports whether an interface of that name exists in the namespace, and
-// whether it is administratively up (IFF_UP).
-func LinkUp(netnsName, name string) (up, exists bool) {
+// LinkInfo is what the bonding driver's checks look at on a device that is not the
+// engine's (bond_enslave): its name (the one asked may be an alternative name), IFF_UP,
+// IFF_MASTER on a device that is not a bond, and whether its receive handler is taken.
+type LinkInfo struct {
+	Name   string
+	Up     bool
+	Master bool // IFF_MASTER, and not a bond (eql)
+	Busy   bool // a port of a bridge, bond, team or Open vSwitch, or the lower device of a macvlan, macvtap, ipvlan or macsec device
+}
+
+// LookupLink describes the interface called name (or with that alternative name) in
+// the namespace; false when there is none.
+func LookupLink(netnsName, name string) (LinkInfo, bool) {
 	h, closeNS, err := nsHandle(netnsName)
 	if err != nil {
-		return false, false
+		return LinkInfo{}, false
 	}
 	defer closeNS()
 	l, err := h.LinkByName(name)
 	if err != nil {
-		return false, false
+		return LinkInfo{}, false
 	}
-	return l.Attrs().RawFlags&unix.IFF_UP != 0, true
+	a := l.Attrs()
+	info := LinkInfo{Name: a.Name, Up: a.RawFlags&unix.IFF_UP != 0, Master: a.RawFlags&unix.IFF_MASTER != 0 && l.Type() != "bond"}
+	if a.MasterIndex != 0 {
+		if m, err := h.LinkByIndex(a.MasterIndex); err == nil {
+			switch m.Type() {
+			case "bridge", "bond", "team", "openvswitch":
+				info.Busy = true
+			}
+		}
+	}
+	if !info.Busy {
+		// The devices that take over a lower device's receive handler.
+		if links, err := h.LinkList(); err == nil {
+			for _, o := range links {
+				if o.Attrs().ParentIndex != a.Index || o.Attrs().Index == a.Index {
+					continue
+				}
+				switch o.Type() {
+				case "macvlan", "macvtap", "ipvlan", "ipvtap", "macsec":
+					info.Busy = true
+				}
+			}
+		}
+	}
+	return info, true
 }
 
 // nsHandle is a netlink handle whose socket lives in the named namespace.
