@@ -216,12 +216,24 @@ var ProcIsOurs = sync.OnceValue(func() error {
 })
 
 // ProcNetAdminInItsNS reports whether process pid holds CAP_NET_ADMIN in its effective
-// set over its own user namespace, whichever that is (ProcNetAdmin without the
-// namespace check; false when its status cannot be read). For a process the daemon may
-// not look into, it says whether the process has the capability somewhere: one with
-// more capabilities than the daemon's, or in a namespace above the daemon's, has.
+// set over its own user namespace, where that namespace maps users as the daemon's
+// does (/proc/<pid>/uid_map, which anyone may read, the same as the daemon's): the
+// daemon's own, or one only a process privileged over it could make. A user namespace
+// any user can make (unshare -U) maps that user alone and gives every capability in
+// it; such a process counts as without, as does one whose uid_map the daemon sees
+// otherwise (a namespace above the daemon's). False when its status cannot be read.
+// For a process the daemon may not look into (one with more capabilities than the
+// daemon's), it says whether the process has the capability where it counts.
 func ProcNetAdminInItsNS(pid uint32) bool {
-	return ProcIsOurs() == nil && ProcCap(pid, capNetAdmin)
+	if ProcIsOurs() != nil || !ProcCap(pid, capNetAdmin) {
+		return false
+	}
+	theirs, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/uid_map")
+	if err != nil {
+		return false
+	}
+	ours, err := os.ReadFile("/proc/self/uid_map")
+	return err == nil && string(theirs) == string(ours)
 }
 
 // ProcCap reports whether process (or thread) pid has capability bit c in its

@@ -139,6 +139,14 @@ func TestProcNetAdminCountsOnlyTheDaemonsUserNamespace(t *testing.T) {
 	if ok, tid, err := ProcThreadsNetAdmin(pid); ok || tid != pid || err != nil {
 		t.Fatalf("ProcThreadsNetAdmin of a process of another user namespace: %v, thread %d, %v; want false, %d, nil", ok, tid, err, pid)
 	}
+	// In its own namespace it has the capability, but that namespace maps one user,
+	// as any user's unshare -U does: it counts for nothing here either.
+	if !ProcNetAdminInItsNS(uint32(os.Getpid())) {
+		t.Error("the test itself: no CAP_NET_ADMIN in its own namespace")
+	}
+	if ProcNetAdminInItsNS(pid) {
+		t.Error("a process of a user namespace mapping one user counted as holding CAP_NET_ADMIN in its own")
+	}
 }
 
 // Capabilities are a thread's: a process one of whose threads dropped CAP_NET_ADMIN
