@@ -246,8 +246,7 @@ var ifAttrs = []ifAttr{
 			if v > 1<<32-1 { // net-sysfs: a length must fit unsigned int
 				return errorf(syscall.ERANGE, "%q does not fit an unsigned int", clip(b))
 			}
-			i.SetTxQueueLen(uint32(v))
-			return nil
+			return i.SetTxQueueLen(uint32(v))
 		}},
 	{name: "type", perm: 0444, read: func(*ipoib.Interface) (string, error) { return "32\n", nil }},
 	{name: "umcast", perm: 0644, read: func(i *ipoib.Interface) (string, error) { return yes01(i.Umcast()), nil },

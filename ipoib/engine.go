@@ -66,9 +66,11 @@ type AdminHost interface {
 	SetAdminUp(up bool)
 }
 
-// TxQueueHost is a Host whose device has a transmit queue length of its own.
+// TxQueueHost is a Host whose device has a transmit queue length of its own. The
+// device may refuse a length (a TUN's ring past what the kernel allocates: ENOMEM),
+// as a netdev's qdisc may: the error goes back to the writer.
 type TxQueueHost interface {
-	SetTxQueueLen(n uint32)
+	SetTxQueueLen(n uint32) error
 }
 
 // AliasHost is a Host whose device has an alias of its own (IFLA_IFALIAS).

@@ -1264,7 +1264,10 @@ type pushHost struct {
 
 func (h *pushHost) record(s string)        { h.mu.Lock(); h.pushes = append(h.pushes, s); h.mu.Unlock() }
 func (h *pushHost) SetAlias(s string)      { h.record("alias " + s) }
-func (h *pushHost) SetTxQueueLen(n uint32) { h.record(fmt.Sprintf("txqueuelen %d", n)) }
+func (h *pushHost) SetTxQueueLen(n uint32) error {
+	h.record(fmt.Sprintf("txqueuelen %d", n))
+	return nil
+}
 func (h *pushHost) SetMulticast(on bool)   { h.record("multicast " + onOff(on)) }
 func (h *pushHost) SetUserFlags(f uint32)  { h.record(fmt.Sprintf("flags %#x", f)) }
 
@@ -1346,5 +1349,37 @@ func TestRefusedAdoptionPutsTheEngineValueBack(t *testing.T) {
 	want = []string{"alias bond's", "multicast off", fmt.Sprintf("flags %#x", iffAllMulti)}
 	if got := bh.take(); !slices.Equal(got, want) {
 		t.Errorf("bond pushes after refused adoptions %q, want the bond's values %q", got, want)
+	}
+}
+
+// A transmit queue length's change is an event as every other attribute's, whether
+// written in the tree or taken from the device (ip link set txqueuelen); an unchanged
+// one is none.
+func TestTxQueueLenChangeIsAnEvent(t *testing.T) {
+	var mu sync.Mutex
+	var evs []string
+	_, nodes := testFabricWith(t, "", func(_ *soft.Config, o *Options) {
+		o.Event = func(s string) { mu.Lock(); evs = append(evs, s); mu.Unlock() }
+	}, "a")
+	i := nodes[0].ib0
+	if err := i.SetTxQueueLen(2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := i.SetTxQueueLen(2000); err != nil {
+		t.Fatal(err)
+	}
+	if !i.AdoptTxQueueLen(2000, 3000) {
+		t.Fatal("3000 set on the device not taken")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var got []string
+	for _, e := range evs {
+		if strings.Contains(e, "txqueuelen") {
+			got = append(got, e)
+		}
+	}
+	if want := []string{"ib0: txqueuelen 2000", "ib0: txqueuelen 3000"}; !slices.Equal(got, want) {
+		t.Errorf("txqueuelen events %q, want %q", got, want)
 	}
 }

@@ -15,6 +15,10 @@ func (i *Interface) PushMTU() { i.pushMTU() }
 // PushMTU tells the bond's host the bond's MTU again, as Interface.PushMTU.
 func (b *Bond) PushMTU() { b.pushMTU() }
 
+// PushOffloads tells the bond's host the bond's offloads again: a bond's come from its
+// slaves (no tree file sets them), so a change made on its device is put back.
+func (b *Bond) PushOffloads() { b.pushOffloads() }
+
 // pushMTU tells the host the current MTU.
 func (i *Interface) pushMTU() {
 	i.hostMu.Lock()
@@ -62,7 +66,7 @@ func (i *Interface) pushTxQueueLen() {
 		n := i.txQueueLen
 		return func(h Host) {
 			if th, ok := h.(TxQueueHost); ok {
-				th.SetTxQueueLen(n)
+				_ = th.SetTxQueueLen(n) // the host logs a refusal
 			}
 		}
 	})

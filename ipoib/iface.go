@@ -684,8 +684,37 @@ func (i *Interface) TxQueueLen() uint32 {
 	return i.txQueueLen
 }
 
-// SetTxQueueLen sets the transmit queue length, which the kernel device follows.
-func (i *Interface) SetTxQueueLen(n uint32) { i.setTxQueueLen(n, nil) }
+// SetTxQueueLen sets the transmit queue length, which the kernel device follows. A
+// length the device refuses is not taken: the old one stays and the device's error is
+// returned, as dev_change_tx_queue_len puts the old length back when the qdisc cannot
+// follow.
+func (i *Interface) SetTxQueueLen(n uint32) error {
+	i.hostMu.Lock()
+	defer i.hostMu.Unlock()
+	i.mu.Lock()
+	old := i.txQueueLen
+	i.txQueueLen = n
+	h := i.data().host
+	i.mu.Unlock()
+	if old == n {
+		return nil
+	}
+	i.e.event("%s: txqueuelen %d", i.Name(), n)
+	th, ok := h.(TxQueueHost)
+	if !ok {
+		return nil
+	}
+	if err := th.SetTxQueueLen(n); err != nil {
+		i.mu.Lock()
+		if i.txQueueLen == n {
+			i.txQueueLen = old
+		}
+		i.mu.Unlock()
+		i.e.event("%s: txqueuelen %d (the device refused %d)", i.Name(), old, n)
+		return err
+	}
+	return nil
+}
 
 // AdoptTxQueueLen is SetTxQueueLen for a length someone set on the device, taken only
 // while the interface's is still prev, the device's before (see AdoptAlias).
@@ -702,6 +731,7 @@ func (i *Interface) setTxQueueLen(n uint32, prev *uint32) bool {
 	i.txQueueLen = n
 	i.mu.Unlock()
 	if changed {
+		i.e.event("%s: txqueuelen %d", i.Name(), n)
 		i.pushTxQueueLen()
 	}
 	return true
@@ -728,7 +758,7 @@ func (i *Interface) AttachHost(h Host) {
 	h.SetCarrier(carrier)
 	h.SetOffloads(f)
 	if th, ok := h.(TxQueueHost); ok {
-		th.SetTxQueueLen(txq)
+		_ = th.SetTxQueueLen(txq) // the bridge logs a refusal
 	}
 	if mh, ok := h.(MulticastHost); ok {
 		mh.SetMulticast(mcast)

@@ -173,6 +173,10 @@ func (br *bondBridge) onLink(l kernel.Link) {
 		})
 	}
 	br.b.SetCounted(l.Counted)
+	if l.FeaturesChanged {
+		log.Printf("%s: offloads changed outside ipoibfs (ethtool -K); a bond's follow its slaves here, put back to %+v", name, br.b.Features())
+		br.b.PushOffloads()
+	}
 	if l.Up && (l.UpChanged || l.MTUChanged) {
 		br.ensureLinkLocal()
 	}

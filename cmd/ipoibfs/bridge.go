@@ -203,7 +203,7 @@ func (b *bridge) onLink(l kernel.Link) {
 		// ip link set txqueuelen: adopted as is.
 		b.adopt(attrTxq, l.TxQLen, func() {
 			if b.outOfSync(attrTxq) {
-				b.i.SetTxQueueLen(uint32(l.TxQLen)) // the newest: see adopter.failed
+				_ = b.i.SetTxQueueLen(uint32(l.TxQLen)) // the newest: see adopter.failed (a refusal is logged)
 			} else if !b.i.AdoptTxQueueLen(uint32(l.PrevTxQLen), uint32(l.TxQLen)) {
 				logNotAdopted(name, "txqueuelen", l.TxQLen)
 			}
@@ -511,9 +511,11 @@ func (b *bridge) SetCarrier(on bool) {
 	b.logErr(b.dev.SetSpeed(speed))
 }
 
-// SetTxQueueLen follows a tx_queue_len write.
-func (b *bridge) SetTxQueueLen(n uint32) {
-	b.logErr(push(&b.adopter, attrTxq, int(n), b.dev.SetTxQueueLen, b.dev.SetTxQueueLenIfChanged))
+// SetTxQueueLen follows a tx_queue_len write; the device's refusal goes back to it.
+func (b *bridge) SetTxQueueLen(n uint32) error {
+	err := push(&b.adopter, attrTxq, int(n), b.dev.SetTxQueueLen, b.dev.SetTxQueueLenIfChanged)
+	b.logErr(err)
+	return err
 }
 
 // ReadAlias reads the device's alias from the kernel (ifalias of a device that is
