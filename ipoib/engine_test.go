@@ -1262,14 +1262,14 @@ type pushHost struct {
 	pushes []string
 }
 
-func (h *pushHost) record(s string)        { h.mu.Lock(); h.pushes = append(h.pushes, s); h.mu.Unlock() }
-func (h *pushHost) SetAlias(s string)      { h.record("alias " + s) }
+func (h *pushHost) record(s string)   { h.mu.Lock(); h.pushes = append(h.pushes, s); h.mu.Unlock() }
+func (h *pushHost) SetAlias(s string) { h.record("alias " + s) }
 func (h *pushHost) SetTxQueueLen(n uint32) error {
 	h.record(fmt.Sprintf("txqueuelen %d", n))
 	return nil
 }
-func (h *pushHost) SetMulticast(on bool)   { h.record("multicast " + onOff(on)) }
-func (h *pushHost) SetUserFlags(f uint32)  { h.record(fmt.Sprintf("flags %#x", f)) }
+func (h *pushHost) SetMulticast(on bool)  { h.record("multicast " + onOff(on)) }
+func (h *pushHost) SetUserFlags(f uint32) { h.record(fmt.Sprintf("flags %#x", f)) }
 
 // take returns and forgets the pushes so far.
 func (h *pushHost) take() []string {
