@@ -27,70 +27,72 @@ func runHolder(role string) {
 	switch role {
 	case "recv":
 		fmt.Println("ready")
-		buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
-		if _, oobn, _, _, err := unix.Recvmsg(3, buf, oob, 0); err != nil || oobn == 0 {
+		if recvDescriptor() != nil {
 			os.Exit(1)
 		}
 		select {}
 	case "unshared":
 		// A thread that leaves the process's descriptor table (unshare(CLONE_FILES))
 		// and takes the socket into its own, which /proc/<pid>/fd does not show.
-		got := make(chan error)
-		var take func()
-		take = func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the process
-			if unix.Gettid() == unix.Getpid() {
-				go take() // the first thread's table is /proc/<pid>/fd's: another
-				select {}
-			}
+		if err := onOtherThread(func() error {
 			if err := unix.Unshare(unix.CLONE_FILES); err != nil {
-				got <- err
-				return
+				return err
 			}
 			fmt.Printf("ready %d\n", unix.Gettid())
-			buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
-			_, oobn, _, _, err := unix.Recvmsg(3, buf, oob, 0)
-			if err == nil && oobn == 0 {
-				err = errors.New("no descriptor")
-			}
-			got <- err
-			select {}
-		}
-		go take()
-		if err := <-got; err != nil {
+			return recvDescriptor()
+		}); err != nil {
 			fmt.Println("unshared:", err)
 			os.Exit(1)
 		}
 		select {}
 	case "thread":
-		done := make(chan error)
-		var drop func()
-		drop = func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the process
-			if unix.Gettid() == unix.Getpid() {
-				// The first thread: its capabilities are the process's as /proc/<pid>
-				// shows them; keep it and drop them on another.
-				go drop()
-				select {}
-			}
+		// The first thread's capabilities are the process's as /proc/<pid> shows
+		// them: they are dropped on another.
+		if err := onOtherThread(func() error {
 			var hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 			var data [2]unix.CapUserData
 			if err := unix.Capget(&hdr, &data[0]); err != nil {
-				done <- err
-				return
+				return err
 			}
 			data[0].Effective &^= 1 << 12 // CAP_NET_ADMIN
-			done <- unix.Capset(&hdr, &data[0])
-			select {}
-		}
-		go drop()
-		if err := <-done; err != nil {
+			return unix.Capset(&hdr, &data[0])
+		}); err != nil {
 			fmt.Println("capset:", err)
 			os.Exit(1)
 		}
 	}
 	fmt.Println("ready")
 	select {}
+}
+
+// onOtherThread runs f on a locked OS thread other than the process's first (whose
+// state /proc/<pid> shows; a locked goroutine may run on it) and returns its result.
+// The thread stays locked and alive, so what f changed on it lasts with the process.
+func onOtherThread(f func() error) error {
+	done := make(chan error)
+	var run func()
+	run = func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the process
+		if unix.Gettid() == unix.Getpid() {
+			go run() // with this one held, another goroutine gets another thread
+			select {}
+		}
+		done <- f()
+		select {}
+	}
+	go run()
+	return <-done
+}
+
+// recvDescriptor takes one descriptor sent over fd 3 (SCM_RIGHTS) into the calling
+// thread's table, and keeps it.
+func recvDescriptor() error {
+	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(3, buf, oob, 0)
+	if err == nil && oobn == 0 {
+		err = errors.New("no descriptor")
+	}
+	return err
 }
 
 // startHolder starts runHolder's role in a child with extra files, and waits for it to
