@@ -187,17 +187,36 @@ const capNetAdmin = 12
 // writer's). Comparing uid_map instead would not do: a new namespace can map the
 // whole range as the initial one does.
 func ProcNetAdmin(pid uint32) bool {
-	if ProcIsOurs() != nil {
-		return false
-	}
-	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10)
-	ns, err := os.Readlink(dir + "/ns/user")
-	if err != nil || ns != ownUserNS() {
+	if ours, err := inOurUserNS(pid); err != nil || !ours {
 		return false
 	}
 	caps, err := procCapEff(pid)
 	return err == nil && caps&(1<<capNetAdmin) != 0
 }
+
+// inOurUserNS says whether process (or thread) pid is in the daemon's user namespace,
+// or why it cannot be told (/proc is not the daemon's PID namespace's, or the process
+// may not be looked into).
+func inOurUserNS(pid uint32) (bool, error) {
+	if err := ProcIsOurs(); err != nil {
+		return false, err
+	}
+	ns, err := os.Readlink("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/ns/user")
+	if err != nil {
+		return false, err
+	}
+	return ns == ownUserNS(), nil
+}
+
+// ownUIDMap is the daemon's /proc/self/uid_map (a string no uid_map holds if it cannot
+// be read: then no process's matches).
+var ownUIDMap = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return "\x00"
+	}
+	return string(b)
+})
 
 // ProcIsOurs says why /proc does not show the daemon's own PID namespace, nil when it
 // does. The kernel names processes to the daemon (a FUSE request's pid, a unix peer's)
@@ -229,11 +248,7 @@ func ProcNetAdminInItsNS(pid uint32) bool {
 		return false
 	}
 	theirs, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/uid_map")
-	if err != nil {
-		return false
-	}
-	ours, err := os.ReadFile("/proc/self/uid_map")
-	return err == nil && string(theirs) == string(ours)
+	return err == nil && string(theirs) == ownUIDMap()
 }
 
 // ProcCap reports whether process (or thread) pid has capability bit c in its
@@ -266,17 +281,14 @@ func procCapEff(pid uint32) (uint64, error) {
 // thread found without (pid itself when the process is in another user namespace), or
 // why it cannot be looked into. Threads that end while looked at are passed over.
 func ProcThreadsNetAdmin(pid uint32) (ok bool, without uint32, err error) {
-	if err := ProcIsOurs(); err != nil {
-		return false, 0, err
-	}
-	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10)
-	ns, err := os.Readlink(dir + "/ns/user")
+	ours, err := inOurUserNS(pid)
 	if err != nil {
 		return false, 0, err
 	}
-	if ns != ownUserNS() {
+	if !ours {
 		return false, pid, nil // what it has there, it has over nothing of ours
 	}
+	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10)
 	tasks, err := os.ReadDir(dir + "/task")
 	if err != nil || len(tasks) == 0 {
 		return false, 0, fmt.Errorf("%s/task: %v", dir, err)
